@@ -1,0 +1,131 @@
+"""Convert GSM8K to hybrid_rl/veRL parquet (``train.parquet``, ``test.parquet``).
+
+Same semantics as veRL's ``examples/data_preprocess/gsm8k.py``: the question is followed by the
+instruction below, ``data_source="openai/gsm8k"``, the ground truth is the number after ``####``
+in the reference answer (commas removed), and ``extra_info`` keeps split/index/answer/question.
+
+    python scripts/data/gsm8k.py --input_dir ../shared/data/gsm8k --output_dir data/gsm8k   # local JSONL
+    python scripts/data/gsm8k.py --hf_dataset openai/gsm8k --output_dir data/gsm8k           # hub (online)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+logger = logging.getLogger("gsm8k")
+
+DATA_SOURCE = "openai/gsm8k"
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+SPLITS = ("train", "test")
+_ANSWER_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+
+def extract_solution(answer: str) -> str | None:
+    """The number after ``#### `` with thousands separators removed, or None when absent."""
+    match = _ANSWER_RE.search(answer)
+    return match.group(1).replace(",", "") if match else None
+
+
+def make_row(question: str, answer: str, split: str, index: int, where: str) -> dict:
+    """One veRL-schema row; ``where`` (file and line) is named in the error for a malformed example."""
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"{where}: field 'question' is missing or not a non-empty string")
+    if not isinstance(answer, str):
+        raise ValueError(f"{where}: field 'answer' is missing or not a string")
+    solution = extract_solution(answer)
+    if solution is None:
+        raise ValueError(f"{where}: field 'answer' has no final '#### <number>' line")
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": question + " " + INSTRUCTION}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": solution},
+        "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
+    }
+
+
+def rows_from_jsonl(path: Path, split: str) -> list[dict]:
+    """Rows of one GSM8K JSONL file (``question``/``answer`` per line)."""
+    if not path.is_file():
+        raise ValueError(f"GSM8K file {str(path)!r} not found; --input_dir must hold {split}.jsonl")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path} line {line_no}"
+            try:
+                example = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{where}: invalid JSON ({err})") from err
+            if not isinstance(example, dict):
+                raise ValueError(f"{where}: expected a JSON object with 'question' and 'answer'")
+            rows.append(make_row(example.get("question"), example.get("answer"), split, len(rows), where))
+    if not rows:
+        raise ValueError(f"GSM8K file {str(path)!r} has no rows")
+    return rows
+
+
+def rows_from_hub(name: str, split: str) -> list[dict]:
+    """Rows of one split of a hub dataset (needs the optional ``datasets`` package and network)."""
+    try:
+        import datasets
+    except ImportError as err:
+        raise RuntimeError("--hf_dataset needs the 'datasets' package (pip install datasets); "
+                           "or download the JSONL files and use --input_dir") from err
+    try:
+        ds = datasets.load_dataset(name, "main", split=split)
+    except Exception as err:  # offline, unknown name, ...: the hub raises many types
+        raise RuntimeError(f"could not load {name!r} split {split!r} from the hub ({err}); "
+                           f"use --input_dir with local train.jsonl/test.jsonl instead") from err
+    return [make_row(ex["question"], ex["answer"], split, i, f"{name}[{split}] row {i}") for i, ex in enumerate(ds)]
+
+
+def write_parquet(rows: list[dict], path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pq.write_table(pa.Table.from_pylist(rows), tmp)
+    os.replace(tmp, path)
+
+
+def convert(output_dir: str | os.PathLike, *, input_dir: str | os.PathLike | None = None,
+            hf_dataset: str | None = None, splits: Iterable[str] = SPLITS) -> dict[str, str]:
+    """Write ``<split>.parquet`` for each split into ``output_dir``; return {split: path}."""
+    if (input_dir is None) == (hf_dataset is None):
+        raise ValueError("give exactly one of --input_dir (local JSONL folder) or --hf_dataset (hub name)")
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split in splits:
+        if input_dir is not None:
+            rows = rows_from_jsonl(Path(input_dir) / f"{split}.jsonl", split)
+        else:
+            rows = rows_from_hub(hf_dataset, split)
+        paths[split] = str(out / f"{split}.parquet")
+        write_parquet(rows, Path(paths[split]))
+        logger.info("%s: %d rows -> %s", split, len(rows), paths[split])
+    return paths
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, str]:
+    parser = argparse.ArgumentParser(description="Convert GSM8K to hybrid_rl parquet.")
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--input_dir", help="folder with train.jsonl and test.jsonl")
+    src.add_argument("--hf_dataset", help="hub dataset name, e.g. openai/gsm8k (needs network + datasets)")
+    parser.add_argument("--output_dir", "--local_dir", dest="output_dir", default="data/gsm8k",
+                        help="where train.parquet/test.parquet go (--local_dir as in veRL)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    return convert(args.output_dir, input_dir=args.input_dir, hf_dataset=args.hf_dataset)
+
+
+if __name__ == "__main__":
+    main()
