@@ -1,0 +1,140 @@
+"""Per-token log-probabilities and entropies from ``[..., V]`` logits without vocab-sized activations.
+
+A naive ``log_softmax(logits).gather(labels)`` materialises (and keeps alive for backward) a second
+``[batch, seq, vocab]`` tensor — for a 150k vocabulary that doubles the largest activation of the
+step. Here both functions are custom autograd ops that save only the logits (already alive as the
+model output) plus one or two ``[...]`` statistics, compute in float32 over blocks of rows (so the
+float32 temporaries are bounded by ``chunk_rows * V``), and recompute the softmax block by block in
+backward. Outputs are float32 (float64 for float64 logits).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import torch
+
+#: Rows per block: 2**24 / V rows keeps each float32 temporary at about 64 MiB.
+_BLOCK_ELEMENTS = 1 << 24
+
+
+def _default_chunk_rows(vocab_size: int) -> int:
+    return max(1, _BLOCK_ELEMENTS // max(vocab_size, 1))
+
+
+def _row_blocks(x: torch.Tensor, chunk_rows: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """Yield ``(first_row, block [n, V])`` covering the rows of ``x [..., V]`` in row-major order.
+
+    Uses views whenever the leading dims can be flattened; otherwise (e.g. ``logits[:, -R-1:-1]``
+    sliced out of ``[B, L, V]``) walks dim 0 so no full contiguous copy is ever made.
+    """
+    vocab = x.shape[-1]
+    try:
+        flat = x.view(-1, vocab)
+    except RuntimeError:
+        inner = math.prod(x.shape[1:-1])
+        for i in range(x.shape[0]):
+            for start, block in _row_blocks(x[i], chunk_rows):
+                yield i * inner + start, block
+        return
+    for start in range(0, flat.shape[0], chunk_rows):
+        yield start, flat[start : start + chunk_rows]
+
+
+def _out_dtype(logits: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(logits.dtype, torch.float32)
+
+
+class _LogProbsFromLogits(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int) -> torch.Tensor:
+        dtype = _out_dtype(logits)
+        flat_labels = labels.reshape(-1).long()
+        lse = torch.empty(flat_labels.shape[0], dtype=dtype, device=logits.device)  # [N]
+        out = torch.empty_like(lse)  # [N]
+        for start, block in _row_blocks(logits, chunk_rows):
+            end = start + block.shape[0]
+            block = block.to(dtype)
+            lse[start:end] = torch.logsumexp(block, dim=-1)
+            out[start:end] = block.gather(-1, flat_labels[start:end, None]).squeeze(-1) - lse[start:end]
+        ctx.save_for_backward(logits, flat_labels, lse)
+        ctx.chunk_rows = chunk_rows
+        return out.view(labels.shape)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, flat_labels, lse = ctx.saved_tensors
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        grad_flat, g = grad.view(-1, logits.shape[-1]), grad_out.reshape(-1).to(lse.dtype)
+        for start, block in _row_blocks(logits, ctx.chunk_rows):
+            end = start + block.shape[0]
+            # d/dz_j [z_y - lse(z)] = 1[j = y] - softmax(z)_j, built in place in one temporary
+            block_grad = block.to(lse.dtype) - lse[start:end, None]
+            block_grad.exp_().mul_(-g[start:end, None])
+            block_grad.scatter_add_(-1, flat_labels[start:end, None], g[start:end, None])
+            grad_flat[start:end] = block_grad
+        return grad, None, None
+
+
+class _EntropyFromLogits(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, chunk_rows: int) -> torch.Tensor:
+        dtype = _out_dtype(logits)
+        num_rows = math.prod(logits.shape[:-1])
+        lse = torch.empty(num_rows, dtype=dtype, device=logits.device)  # [N]
+        mean_logit = torch.empty_like(lse)  # [N] E_p[z]
+        for start, block in _row_blocks(logits, chunk_rows):
+            end = start + block.shape[0]
+            block = block.to(dtype)
+            lse[start:end] = torch.logsumexp(block, dim=-1)
+            probs = torch.exp(block - lse[start:end, None])
+            mean_logit[start:end] = (probs * block).sum(dim=-1)
+        ctx.save_for_backward(logits, lse, mean_logit)
+        ctx.chunk_rows = chunk_rows
+        return (lse - mean_logit).view(logits.shape[:-1])  # H = lse - E_p[z]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, lse, mean_logit = ctx.saved_tensors
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        grad_flat, g = grad.view(-1, logits.shape[-1]), grad_out.reshape(-1).to(lse.dtype)
+        for start, block in _row_blocks(logits, ctx.chunk_rows):
+            end = start + block.shape[0]
+            block = block.to(lse.dtype)
+            # dH/dz_j = -p_j * (z_j - E_p[z]), built in place in two temporaries
+            block_grad = (block - lse[start:end, None]).exp_()
+            block_grad.mul_(block - mean_logit[start:end, None]).mul_(-g[start:end, None])
+            grad_flat[start:end] = block_grad
+        return grad, None
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int | None = None) -> torch.Tensor:
+    """``log_softmax(logits)[..., labels]`` without a vocab-sized copy kept for backward.
+
+    Args:
+        logits: ``[..., V]`` (any float dtype; any strides).
+        labels: ``[...]`` integer token ids in ``[0, V)``.
+        chunk_rows: rows processed per block (default: about 2**24 / V).
+
+    Returns:
+        ``[...]`` float32 (float64 for float64 logits) log-probabilities of ``labels``.
+    """
+    if tuple(labels.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(f"labels {tuple(labels.shape)} must match logits {tuple(logits.shape)} without the vocab dim")
+    return _LogProbsFromLogits.apply(logits, labels, chunk_rows or _default_chunk_rows(logits.shape[-1]))
+
+
+def entropy_from_logits(logits: torch.Tensor, chunk_rows: int | None = None) -> torch.Tensor:
+    """Entropy of ``softmax(logits)`` along the last dim, memory-frugal like :func:`logprobs_from_logits`.
+
+    Args:
+        logits: ``[..., V]``.
+        chunk_rows: rows processed per block (default: about 2**24 / V).
+
+    Returns:
+        ``[...]`` float32 (float64 for float64 logits) entropies in nats.
+    """
+    return _EntropyFromLogits.apply(logits, chunk_rows or _default_chunk_rows(logits.shape[-1]))

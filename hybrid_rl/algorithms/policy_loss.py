@@ -1,0 +1,197 @@
+"""Policy-gradient losses behind a name registry (``actor.policy_loss.loss_mode`` in veRL terms).
+
+Every registered loss has the uniform signature::
+
+    fn(old_log_prob, log_prob, advantages, response_mask, *, loss_agg_mode="token-mean",
+       clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0,
+       global_batch_num_tokens=None, global_batch_num_seqs=None, **kwargs)
+    -> (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)
+
+All tensors are ``[B, R]``; the outputs are 0-dim tensors. ``pg_loss`` is aggregated with
+:func:`~hybrid_rl.algorithms.loss_agg.agg_loss` and so obeys its micro-batch/rank split contract
+when the global denominators are passed; the three metrics are plain masked means over *this*
+call's tokens (for logging, not for summing).
+
+* ``vanilla``: PPO clipped surrogate (Schulman et al. 2017) with asymmetric ``clip_ratio_low/high``
+  and dual-clip (Ye et al. 2019): for negative advantages the loss is capped at
+  ``-A * clip_ratio_c``. The log-ratio is clamped to [-20, 20] before ``exp`` for stability.
+* ``gspo``: Group Sequence Policy Optimization (Zheng et al. 2025): the importance ratio is the
+  per-sequence geometric mean ``exp(mean_t(log_prob - old_log_prob))``, applied per token as
+  ``sg[s_i] * pi / sg[pi]`` so each token gets the gradient of its own log-prob scaled by ``s_i``.
+  veRL recommends ``loss_agg_mode="seq-mean-token-mean"`` with it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from hybrid_rl.algorithms.loss_agg import agg_loss
+from hybrid_rl.algorithms.masked import masked_mean
+from hybrid_rl.algorithms.registry import Registry
+
+_POLICY_LOSS_REGISTRY = Registry("policy loss", "actor.policy_loss.loss_mode")
+
+#: Bound on ``log_prob - old_log_prob`` before exponentiation (exp(20) ~ 5e8 is still finite in fp32).
+LOG_RATIO_CLAMP = 20.0
+#: Upper bound of GSPO's sequence log-ratio, as in veRL.
+GSPO_LOG_RATIO_MAX = 10.0
+
+
+def register_policy_loss(name: str) -> Callable:
+    """Decorator registering a policy loss with the uniform signature (duplicate names raise ValueError)."""
+    return _POLICY_LOSS_REGISTRY.register(name)
+
+
+def get_policy_loss_fn(name: str) -> Callable:
+    """The policy loss registered as ``name``; unknown names raise ValueError listing the registered ones."""
+    return _POLICY_LOSS_REGISTRY.get(name)
+
+
+def registered_policy_losses() -> list[str]:
+    """Names of all registered policy losses."""
+    return _POLICY_LOSS_REGISTRY.names()
+
+
+def _check_clip(clip_ratio_low: float, clip_ratio_high: float, clip_ratio_c: float | None = None) -> None:
+    if clip_ratio_low is None or clip_ratio_high is None:
+        raise ValueError(
+            f"clip ratios must be set, got clip_ratio_low={clip_ratio_low}, clip_ratio_high={clip_ratio_high}; "
+            "set actor.clip_ratio (or clip_ratio_low / clip_ratio_high), e.g. 0.2"
+        )
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(
+            f"clip_ratio_c ({clip_ratio_c}) is the dual-clip lower bound of the ratio for negative advantages "
+            "and must be > 1.0; the usual value is 3.0"
+        )
+
+
+@register_policy_loss("vanilla")
+def compute_policy_loss_vanilla(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+    global_batch_num_tokens: Any = None,
+    global_batch_num_seqs: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO clipped surrogate with dual-clip; see the module docstring.
+
+    Args:
+        old_log_prob: ``[B, R]`` log-probs of the behaviour policy (no grad).
+        log_prob: ``[B, R]`` log-probs of the current policy (with grad).
+        advantages: ``[B, R]``.
+        response_mask: ``[B, R]``.
+        loss_agg_mode, global_batch_num_tokens, global_batch_num_seqs: passed to ``agg_loss``.
+        clip_ratio_low / clip_ratio_high: ratio clipped to ``[1 - low, 1 + high]``.
+        clip_ratio_c: dual-clip bound (> 1) for negative advantages.
+
+    Returns:
+        ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``: the loss; fraction of tokens where
+        the clipped term was active; mean ``old_log_prob - log_prob``; fraction of tokens where the
+        dual clip was active.
+    """
+    _check_clip(clip_ratio_low, clip_ratio_high, clip_ratio_c)
+    log_ratio = torch.clamp(log_prob - old_log_prob, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)  # [B, R]
+    ppo_kl = masked_mean(-log_ratio, response_mask)
+
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    clip_loss = torch.maximum(loss_unclipped, loss_clipped)
+    pg_clipfrac = masked_mean(torch.gt(loss_clipped, loss_unclipped).to(ratio.dtype), response_mask)
+
+    # Dual clip: with A < 0 a huge ratio would give an unbounded loss; cap it at -A * c.
+    loss_dual = -advantages * clip_ratio_c
+    negative = advantages < 0
+    pg_clipfrac_lower = masked_mean((torch.gt(clip_loss, loss_dual) & negative).to(ratio.dtype), response_mask)
+    pg_losses = torch.where(negative, torch.minimum(clip_loss, loss_dual), clip_loss)
+
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, global_batch_num_tokens, global_batch_num_seqs)
+    return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
+
+
+@register_policy_loss("gspo")
+def compute_policy_loss_gspo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+    global_batch_num_tokens: Any = None,
+    global_batch_num_seqs: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GSPO: PPO clipping applied to the sequence-level importance ratio.
+
+    Args:
+        old_log_prob, log_prob, advantages, response_mask: ``[B, R]``.
+        loss_agg_mode: passed to ``agg_loss``; GSPO is meant for ``"seq-mean-token-mean"``.
+        clip_ratio_low / clip_ratio_high: sequence ratio clipped to ``[1 - low, 1 + high]``
+            (GSPO uses much smaller values than token-level PPO, e.g. 3e-4 / 4e-4).
+        clip_ratio_c: unused (no dual clip in GSPO); accepted for the uniform signature.
+
+    Returns:
+        ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``; ``pg_clipfrac_lower`` is always 0.
+    """
+    _check_clip(clip_ratio_low, clip_ratio_high)
+    mask = response_mask.to(log_prob.dtype)
+    log_ratio = log_prob - old_log_prob  # [B, R]
+    seq_len = mask.sum(dim=-1).clamp(min=1)  # [B]
+    seq_log_ratio = (log_ratio * mask).sum(dim=-1) / seq_len  # [B] log s_i
+
+    # log s_i,t = sg[log s_i] + log_prob - sg[log_prob]: value s_i, gradient s_i * d log_prob.
+    token_log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)  # [B, R]
+    ratio = torch.exp(torch.clamp(token_log_ratio, max=GSPO_LOG_RATIO_MAX))
+
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    pg_losses = torch.maximum(loss_unclipped, loss_clipped)
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, global_batch_num_tokens, global_batch_num_seqs)
+
+    pg_clipfrac = masked_mean(torch.gt(loss_clipped, loss_unclipped).to(ratio.dtype), response_mask)
+    ppo_kl = masked_mean(-log_ratio, response_mask)
+    pg_clipfrac_lower = torch.zeros((), dtype=pg_loss.dtype, device=pg_loss.device)
+    return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
+
+
+def compute_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange: float | None = None,
+    cliprange_low: float | None = None,
+    cliprange_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """veRL's classic PPO loss entry point; equals ``vanilla`` with ``cliprange_low/high`` defaulting to ``cliprange``.
+
+    Args:
+        old_log_prob, log_prob, advantages, response_mask: ``[B, R]``.
+        cliprange: symmetric clip epsilon, used for whichever side is not given.
+        cliprange_low / cliprange_high: asymmetric clip epsilons.
+        clip_ratio_c: dual-clip bound (> 1).
+        loss_agg_mode: see ``agg_loss``.
+
+    Returns:
+        ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``.
+    """
+    low = cliprange if cliprange_low is None else cliprange_low
+    high = cliprange if cliprange_high is None else cliprange_high
+    return compute_policy_loss_vanilla(
+        old_log_prob, log_prob, advantages, response_mask,
+        loss_agg_mode=loss_agg_mode, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=clip_ratio_c,
+    )
