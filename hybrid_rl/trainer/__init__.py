@@ -1,0 +1,32 @@
+"""The RL trainer: Hydra config, the driver loop (:class:`RayPPOTrainer`) and its entry points.
+
+Notebook API::
+
+    from hybrid_rl.trainer import get_config, run_ppo, RayPPOTrainer
+    cfg = get_config(["trainer.total_training_steps=5"])
+    run_ppo(cfg)
+
+Attributes are imported lazily so ``import hybrid_rl.trainer`` does not pull in Ray or torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "get_config": "hybrid_rl.trainer.config_loader",
+    "to_ppo_config": "hybrid_rl.trainer.config_loader",
+    "PPOConfig": "hybrid_rl.trainer.config",
+    "validate_config": "hybrid_rl.trainer.validate",
+    "RayPPOTrainer": "hybrid_rl.trainer.ray_trainer",
+    "run_ppo": "hybrid_rl.trainer.main_ppo",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'hybrid_rl.trainer' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -1,0 +1,210 @@
+"""Typed configuration of the trainer-owned groups and the top-level :class:`PPOConfig`.
+
+Hydra composes ``config/ppo_trainer.yaml`` on top of :class:`PPOConfig` (registered as the schema
+``ppo_trainer_schema``), so a misspelt key or a wrong type is an error at composition time. Key
+names follow veRL wherever the feature is the same. The worker groups (``actor_rollout_ref``,
+``critic``) are the workers' own dataclasses from :mod:`hybrid_rl.workers.config`.
+
+Values computed from the config (device, world size, number of steps) never overwrite a field the
+user set: they live in :class:`hybrid_rl.trainer.validate.RunPlan`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hybrid_rl.workers.config import ActorRolloutRefConfig, CriticConfig
+
+
+@dataclass
+class ArithmeticDataConfig:
+    """The synthetic arithmetic task used when ``data.train_files`` is unset."""
+
+    cache_dir: str = "~/.cache/hybrid_rl/arithmetic"
+    """Folder where ``train.parquet`` / ``test.parquet`` are generated on first use."""
+    num_train: int = 4096
+    """Number of training problems to generate."""
+    num_test: int = 256
+    """Number of held-out problems (the validation set) to generate."""
+    seed: int = 0
+    """Seed of the problem generator (train and test sets are disjoint)."""
+
+
+@dataclass
+class DataConfig:
+    """Datasets, prompt/response lengths and batch sizes (veRL ``data.*``)."""
+
+    tokenizer: Optional[str] = None
+    """Tokenizer path; null uses ``actor_rollout_ref.model.path``."""
+    train_files: Any = None
+    """Parquet file or list of files with the training prompts. Null = the synthetic arithmetic
+    task generated into ``data.arithmetic.cache_dir``."""
+    val_files: Any = None
+    """Parquet file(s) for validation. Null = the arithmetic test split when train_files is null,
+    else no validation."""
+    prompt_key: str = "prompt"
+    """Column holding the chat messages of the prompt."""
+    reward_fn_key: str = "data_source"
+    """Column that selects the scoring function (rule-based rewards are registered by it)."""
+    max_prompt_length: int = 128
+    """Prompts longer than this (in tokens) are filtered or truncated (see below)."""
+    max_response_length: int = 16
+    """Maximum number of generated tokens per response."""
+    train_batch_size: int = 16
+    """Prompts per training step (each is sampled ``rollout.n`` times)."""
+    val_batch_size: Optional[int] = None
+    """Prompts per validation generate call; null = the whole validation set at once."""
+    filter_overlong_prompts: bool = True
+    """Drop prompts longer than ``max_prompt_length`` when the dataset is loaded."""
+    truncation: str = "error"
+    """What to do with an overlong prompt that was not filtered: error | left | right."""
+    shuffle: bool = True
+    """Shuffle the training prompts each epoch (seeded by ``data.seed``)."""
+    seed: int = 1
+    """Seed of the training sampler's shuffle."""
+    arithmetic: ArithmeticDataConfig = field(default_factory=ArithmeticDataConfig)
+    """Synthetic arithmetic task settings (only used when ``train_files`` is null)."""
+
+
+@dataclass
+class KLCtrlConfig:
+    """KL coefficient controller for the in-reward KL penalty (``algorithm.kl_ctrl.*``)."""
+
+    type: str = "fixed"
+    """fixed | adaptive (Ziegler et al. 2019 proportional controller)."""
+    kl_coef: float = 0.001
+    """Initial (fixed: constant) coefficient beta of the KL penalty."""
+    horizon: int = 10000
+    """Adaptive controller horizon (samples)."""
+    target_kl: float = 0.1
+    """Adaptive controller target KL."""
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantage estimation and in-reward KL (veRL ``algorithm.*``)."""
+
+    adv_estimator: str = "grpo"
+    """Name in the advantage-estimator registry: gae, grpo, reinforce_plus_plus, rloo, remax, ..."""
+    gamma: float = 1.0
+    """Discount factor (GAE / returns)."""
+    lam: float = 1.0
+    """GAE lambda."""
+    norm_adv_by_std_in_grpo: bool = True
+    """GRPO: divide the group-centred score by the group std (False = Dr. GRPO)."""
+    use_kl_in_reward: bool = False
+    """Subtract beta * KL(actor || ref) from the token-level rewards."""
+    kl_penalty: str = "kl"
+    """KL estimator used in the reward: kl (k1) | abs | mse (k2) | low_var_kl (k3) | full."""
+    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    """Controller of the in-reward KL coefficient."""
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    """A user scoring function loaded from a Python file (veRL ``custom_reward_function.*``)."""
+
+    path: Optional[str] = None
+    """Python file defining the function; null = the built-in scorers by data_source."""
+    name: str = "compute_score"
+    """Function name in that file: ``fn(data_source, solution_str, ground_truth, extra_info)``."""
+
+
+@dataclass
+class RewardModelConfig:
+    """How rewards are computed (veRL ``reward_model.*``; only rule/function rewards here)."""
+
+    enable: bool = False
+    """A learned reward model. Not supported: must stay False (rewards are functions)."""
+    reward_manager: str = "naive"
+    """naive (one call per sample) | batch (one call per batch) | any registered manager."""
+    timeout: float = 10.0
+    """Seconds one scoring call may take before it is abandoned and scored 0."""
+    num_examine: int = 1
+    """Decoded samples per data_source written to the log at each training step."""
+
+
+@dataclass
+class RayInitConfig:
+    """Arguments of ``ray.init`` (veRL ``ray_init.*``)."""
+
+    num_cpus: Optional[int] = None
+    """CPUs Ray may schedule; null = all cores of the machine."""
+    address: Optional[str] = None
+    """Address of an existing Ray cluster; null starts a local one."""
+
+
+@dataclass
+class TrainerConfig:
+    """Run length, devices, logging, validation and checkpoints (veRL ``trainer.*``)."""
+
+    total_epochs: int = 1
+    """Passes over the training prompts (bounded by total_training_steps)."""
+    total_training_steps: Optional[int] = 20
+    """Stop after this many steps; null = total_epochs * steps per epoch."""
+    project_name: str = "hybrid_rl"
+    """Project name for trackers and the checkpoint folder."""
+    experiment_name: str = "arithmetic_grpo"
+    """Run name for trackers and the checkpoint folder."""
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    """Trackers: console, jsonl, tensorboard, wandb, mlflow, swanlab."""
+    log_val_generations: int = 3
+    """Decoded validation samples (prompt, response, score) logged at each validation."""
+    nnodes: int = 1
+    """Number of machines."""
+    n_gpus_per_node: int = 1
+    """Workers per machine: GPUs on GPU; worker processes on CPU (cores are split among them)."""
+    device: str = "auto"
+    """auto | cpu | cuda. auto = cuda when available, else cpu."""
+    save_freq: int = 10
+    """Save a checkpoint every N steps (and at the last step); -1 = never."""
+    test_freq: int = -1
+    """Validate every N steps; -1 = only before training (if val_before_train) and at the end."""
+    val_before_train: bool = True
+    """Validate once before the first step."""
+    val_at_end: bool = True
+    """Validate after the last step."""
+    resume_mode: str = "auto"
+    """auto (resume from the latest checkpoint if any) | disable | resume_path."""
+    resume_from_path: Optional[str] = None
+    """global_step_N folder to resume from when resume_mode=resume_path."""
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    """Run folder: checkpoints, metrics.jsonl and the end-of-run plot."""
+    max_actor_ckpt_to_keep: Optional[int] = 2
+    """Keep only the N newest global_step_* checkpoints; null = keep all."""
+    max_critic_ckpt_to_keep: Optional[int] = None
+    """Accepted for veRL compatibility; must be null or equal to max_actor_ckpt_to_keep
+    (actor and critic are saved in the same step folder)."""
+    critic_warmup: int = 0
+    """Steps during which only the critic is trained."""
+    seed: int = 42
+    """Seed of the driver RNG and the workers' sampling."""
+    progress_bar: bool = True
+    """Show a tqdm progress bar (step, ETA, latest reward) on the driver."""
+    plot: bool = True
+    """Write reward_curve.png (reward and validation score per step) into the run folder."""
+
+
+@dataclass
+class PPOConfig:
+    """The whole run. Groups mirror veRL's ``ppo_trainer.yaml``."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    """Datasets and batch sizes."""
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    """Model, actor optimisation, reference policy and rollout engine (workers' config)."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """Value model (used by GAE)."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantage estimator and in-reward KL."""
+    custom_reward_function: CustomRewardFunctionConfig = field(
+        default_factory=CustomRewardFunctionConfig
+    )
+    """User scoring function."""
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """Reward manager settings."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Run length, devices, logging, checkpoints."""
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+    """ray.init arguments."""

@@ -1,0 +1,284 @@
+"""One validation pass over the composed config, and the values derived from it.
+
+:func:`validate_config` checks what no single group can check alone (batch sizes against the
+number of workers, ``rollout.n`` against the estimator, a critic for GAE, files on disk, ...).
+Every problem is one line naming the keys, their values and the fix; all problems are reported
+together in one ``ValueError``. Derived values go into :class:`RunPlan`; the config is never
+rewritten.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from hybrid_rl.trainer.config import PPOConfig
+
+# Estimators whose baseline comes from the other responses to the same prompt: with n=1 every
+# group has one member and the advantage is identically zero (nothing is learned).
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Values derived once from the config (never written back into it)."""
+
+    device: str
+    """Resolved device: cpu or cuda."""
+    world_size: int
+    """Data-parallel workers = nnodes * n_gpus_per_node."""
+    use_critic: bool
+    """A critic is trained (GAE)."""
+    use_reference_policy: bool
+    """The reference policy is needed (KL in reward or KL loss)."""
+    threads_per_worker: int
+    """CPU threads each worker process uses (cores split evenly among workers)."""
+
+
+def as_file_list(files: Any) -> list[str]:
+    """``data.train_files`` as a list: veRL accepts a single path or a list of paths."""
+    if files is None:
+        return []
+    if isinstance(files, (str, os.PathLike)):
+        return [os.fspath(files)]
+    return [os.fspath(f) for f in files]
+
+
+def resolve_device(requested: str) -> str:
+    """``trainer.device`` -> cpu | cuda (auto = cuda when available)."""
+    import torch
+
+    if requested not in DEVICES:
+        raise ValueError(f"trainer.device={requested!r} must be one of {DEVICES}")
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+def make_run_plan(cfg: PPOConfig) -> RunPlan:
+    """Derived values (call after :func:`validate_config`)."""
+    device = resolve_device(cfg.trainer.device)
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    actor = cfg.actor_rollout_ref.actor
+    cores = cfg.ray_init.num_cpus or os.cpu_count() or 1
+    return RunPlan(
+        device=device,
+        world_size=world,
+        use_critic=cfg.algorithm.adv_estimator == "gae",
+        use_reference_policy=cfg.algorithm.use_kl_in_reward or actor.use_kl_loss,
+        threads_per_worker=max(1, cores // cfg.trainer.n_gpus_per_node),
+    )
+
+
+def validate_config(cfg: PPOConfig) -> None:
+    """Raise one ValueError listing every inconsistency of ``cfg`` (each line: keys, values, fix)."""
+    errors: list[str] = []
+    for check in (_check_devices, _check_batch_sizes, _check_algorithm, _check_files, _check_trainer, _check_reward):
+        errors.extend(check(cfg))
+    if len(errors) == 1:
+        raise ValueError(errors[0])
+    if errors:
+        raise ValueError(f"{len(errors)} config problems:\n" + "\n".join(f"- {e}" for e in errors))
+
+
+def _check_devices(cfg: PPOConfig) -> list[str]:
+    import torch
+
+    t = cfg.trainer
+    if t.device not in DEVICES:
+        return [f"trainer.device={t.device!r} is not one of {DEVICES}; set trainer.device=auto."]
+    errors = []
+    if t.nnodes < 1 or t.n_gpus_per_node < 1:
+        errors.append(
+            f"trainer.nnodes={t.nnodes} and trainer.n_gpus_per_node={t.n_gpus_per_node} must both be >= 1."
+        )
+    device = resolve_device(t.device)
+    if t.device == "cuda" and not torch.cuda.is_available():
+        errors.append("trainer.device=cuda but no CUDA device is visible; set trainer.device=cpu (or auto).")
+    elif device == "cuda" and t.nnodes == 1 and t.n_gpus_per_node > torch.cuda.device_count():
+        errors.append(
+            f"trainer.n_gpus_per_node={t.n_gpus_per_node} but this machine has {torch.cuda.device_count()} GPUs; "
+            "lower trainer.n_gpus_per_node."
+        )
+    elif device == "cpu" and t.nnodes == 1 and t.n_gpus_per_node > (cfg.ray_init.num_cpus or os.cpu_count() or 1):
+        cores = cfg.ray_init.num_cpus or os.cpu_count()
+        errors.append(
+            f"trainer.n_gpus_per_node={t.n_gpus_per_node} CPU workers but only {cores} cores are available "
+            "(ray_init.num_cpus / os.cpu_count()); lower trainer.n_gpus_per_node to at most the core count."
+        )
+    tp = getattr(cfg.actor_rollout_ref.rollout, "tensor_model_parallel_size", 1)
+    if tp > 1 and t.n_gpus_per_node % tp != 0:
+        errors.append(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide "
+            f"trainer.n_gpus_per_node={t.n_gpus_per_node}; change one of them."
+        )
+    return errors
+
+
+def _divides(rows: int, by: int) -> bool:
+    return by > 0 and rows % by == 0
+
+
+def _check_batch_sizes(cfg: PPOConfig) -> list[str]:
+    t, data, arr = cfg.trainer, cfg.data, cfg.actor_rollout_ref
+    world = max(1, t.nnodes * t.n_gpus_per_node)
+    n = arr.rollout.n
+    errors = []
+    if n < 1:
+        return [f"actor_rollout_ref.rollout.n={n} must be >= 1 (responses per prompt)."]
+    if data.train_batch_size < 1:
+        return [f"data.train_batch_size={data.train_batch_size} must be >= 1."]
+    rows = data.train_batch_size * n
+    if not _divides(rows, world):
+        errors.append(
+            f"data.train_batch_size ({data.train_batch_size}) * rollout.n ({n}) = {rows} rows is not divisible by "
+            f"the {world} workers (trainer.nnodes * trainer.n_gpus_per_node); change the batch size or the worker count."
+        )
+    groups = [("actor_rollout_ref.actor", arr.actor)]
+    if cfg.algorithm.adv_estimator == "gae":
+        groups.append(("critic", cfg.critic))
+    for prefix, group in groups:
+        errors.extend(_check_group_batches(prefix, group, data.train_batch_size, n, world))
+    for data_key, rollout_key in (("max_response_length", "response_length"), ("max_prompt_length", "prompt_length")):
+        if getattr(data, data_key) != getattr(arr.rollout, rollout_key):
+            errors.append(
+                f"actor_rollout_ref.rollout.{rollout_key}={getattr(arr.rollout, rollout_key)} differs from "
+                f"data.{data_key}={getattr(data, data_key)}; set only data.{data_key} "
+                f"(rollout.{rollout_key} follows it by default)."
+            )
+    if cfg.critic.rollout_n != n and cfg.algorithm.adv_estimator == "gae":
+        errors.append(
+            f"critic.rollout_n={cfg.critic.rollout_n} differs from actor_rollout_ref.rollout.n={n}; "
+            "leave critic.rollout_n at its default (${actor_rollout_ref.rollout.n})."
+        )
+    return errors
+
+
+def _check_group_batches(prefix: str, group: Any, train_batch_size: int, n: int, world: int) -> list[str]:
+    mini = group.ppo_mini_batch_size
+    if mini < 1:
+        return []  # the group's own __post_init__ reports it
+    errors = []
+    if mini > train_batch_size or train_batch_size % mini != 0:
+        errors.append(
+            f"data.train_batch_size ({train_batch_size}) must be a multiple of {prefix}.ppo_mini_batch_size ({mini}) "
+            f"(prompts per optimizer step); set {prefix}.ppo_mini_batch_size to a divisor of {train_batch_size}."
+        )
+    mini_rows = mini * n
+    if mini_rows % world != 0:
+        if mini == train_batch_size:
+            return errors  # same rows as the whole batch: already reported by the caller
+        errors.append(
+            f"{prefix}.ppo_mini_batch_size ({mini}) * rollout.n ({n}) = {mini_rows} rows is not divisible by the "
+            f"{world} workers; change {prefix}.ppo_mini_batch_size or trainer.n_gpus_per_node."
+        )
+    elif not group.use_dynamic_bsz and group.ppo_micro_batch_size_per_gpu:
+        per_rank, micro = mini_rows // world, group.ppo_micro_batch_size_per_gpu
+        # A micro-batch larger than the rank's mini-batch is just one micro-batch.
+        if micro < per_rank and per_rank % micro != 0:
+            errors.append(
+                f"{prefix}.ppo_micro_batch_size_per_gpu ({micro}) must divide the {per_rank} rows each worker gets per "
+                f"mini-batch ({prefix}.ppo_mini_batch_size {mini} * n {n} / {world} workers); use a divisor of {per_rank}."
+            )
+    return errors
+
+
+def _check_algorithm(cfg: PPOConfig) -> list[str]:
+    from hybrid_rl.algorithms import KL_PENALTY_TYPES, registered_adv_estimators
+
+    alg, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
+    errors = []
+    if alg.adv_estimator not in registered_adv_estimators():
+        errors.append(
+            f"algorithm.adv_estimator={alg.adv_estimator!r} is not registered; valid: {registered_adv_estimators()}."
+        )
+    if alg.adv_estimator in GROUP_ESTIMATORS and n < 2:
+        errors.append(
+            f"algorithm.adv_estimator={alg.adv_estimator} compares the responses to the same prompt but "
+            f"actor_rollout_ref.rollout.n={n}; set rollout.n >= 2 (e.g. 8), or use adv_estimator=gae with a critic."
+        )
+    if alg.kl_penalty not in KL_PENALTY_TYPES:
+        errors.append(f"algorithm.kl_penalty={alg.kl_penalty!r} is not one of {list(KL_PENALTY_TYPES)}.")
+    if alg.kl_ctrl.type not in ("fixed", "adaptive"):
+        errors.append(f"algorithm.kl_ctrl.type={alg.kl_ctrl.type!r} must be fixed or adaptive.")
+    if not 0.0 <= alg.gamma <= 1.0 or not 0.0 <= alg.lam <= 1.0:
+        errors.append(f"algorithm.gamma={alg.gamma} and algorithm.lam={alg.lam} must lie in [0, 1].")
+    if cfg.trainer.critic_warmup > 0 and alg.adv_estimator != "gae":
+        errors.append(
+            f"trainer.critic_warmup={cfg.trainer.critic_warmup} but algorithm.adv_estimator={alg.adv_estimator} "
+            "trains no critic; set trainer.critic_warmup=0 or adv_estimator=gae."
+        )
+    if alg.adv_estimator == "gae":
+        errors.extend(_check_model_path("critic.model.path", cfg.critic.model.path))
+    return errors
+
+
+def _check_model_path(key: str, path: str) -> list[str]:
+    from hybrid_rl.workers.model_loader import EMBEDDED_MODEL_ID
+
+    if not path:
+        return [f"{key} is empty but algorithm.adv_estimator=gae needs a critic; set {key} (usually the actor's model path)."]
+    local = os.path.expanduser(path)
+    if path != EMBEDDED_MODEL_ID and not os.path.isfile(os.path.join(local, "config.json")):
+        return [f"{key}={path!r} is not a local HF model folder (no config.json) nor {EMBEDDED_MODEL_ID!r}; fix the path."]
+    return []
+
+
+def _check_files(cfg: PPOConfig) -> list[str]:
+    errors = []
+    for key, files in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
+        for path in as_file_list(files):
+            if not os.path.isfile(os.path.expanduser(path)):
+                errors.append(f"{key}: file {path!r} does not exist; fix the path or leave {key} unset.")
+    if cfg.data.train_files is None and cfg.data.val_files is not None:
+        errors.append(
+            "data.val_files is set but data.train_files is not (the built-in arithmetic task is used); "
+            "set both, or neither."
+        )
+    errors.extend(_check_model_path("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path))
+    path = cfg.custom_reward_function.path
+    if path is not None and not os.path.isfile(os.path.expanduser(path)):
+        errors.append(f"custom_reward_function.path={path!r} does not exist; point it at a .py file or set it to null.")
+    return errors
+
+
+def _check_trainer(cfg: PPOConfig) -> list[str]:
+    from hybrid_rl.trainer.checkpoint_manager import RESUME_MODES
+    from hybrid_rl.trainer.tracking import check_backends
+
+    t = cfg.trainer
+    errors = check_backends(list(t.logger))
+    if t.total_training_steps is not None and t.total_training_steps < 1:
+        errors.append(f"trainer.total_training_steps={t.total_training_steps} must be >= 1 or null.")
+    if t.total_epochs < 1:
+        errors.append(f"trainer.total_epochs={t.total_epochs} must be >= 1.")
+    for key in ("save_freq", "test_freq"):
+        value = getattr(t, key)
+        if value == 0 or value < -1:
+            errors.append(f"trainer.{key}={value} must be a positive number of steps or -1 (never).")
+    if t.resume_mode not in RESUME_MODES:
+        errors.append(f"trainer.resume_mode={t.resume_mode!r} must be one of {RESUME_MODES}.")
+    elif t.resume_mode == "resume_path" and not t.resume_from_path:
+        errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<.../global_step_N>.")
+    if t.max_actor_ckpt_to_keep is not None and t.max_actor_ckpt_to_keep < 1:
+        errors.append(f"trainer.max_actor_ckpt_to_keep={t.max_actor_ckpt_to_keep} must be >= 1 or null (keep all).")
+    if t.max_critic_ckpt_to_keep not in (None, t.max_actor_ckpt_to_keep):
+        errors.append(
+            f"trainer.max_critic_ckpt_to_keep={t.max_critic_ckpt_to_keep} differs from trainer.max_actor_ckpt_to_keep="
+            f"{t.max_actor_ckpt_to_keep}: actor and critic share one step folder; set it to null."
+        )
+    return errors
+
+
+def _check_reward(cfg: PPOConfig) -> list[str]:
+    errors = []
+    if cfg.reward_model.enable:
+        errors.append(
+            "reward_model.enable=true asks for a learned reward model, which hybrid_rl does not run; "
+            "set it to false and score with a rule (data_source) or custom_reward_function.path."
+        )
+    if cfg.reward_model.timeout <= 0:
+        errors.append(f"reward_model.timeout={cfg.reward_model.timeout} must be > 0 seconds.")
+    return errors

@@ -1,0 +1,131 @@
+"""Config composition (Hydra + typed schema) and the one-shot validation errors."""
+
+import os
+
+import pytest
+from omegaconf import OmegaConf
+
+from hybrid_rl.trainer.config import PPOConfig
+from hybrid_rl.trainer.config_loader import CONFIG_DIR, get_config, to_ppo_config
+from hybrid_rl.trainer.validate import make_run_plan, validate_config
+
+
+def _cfg(*overrides):
+    return to_ppo_config(get_config(list(overrides)))
+
+
+def _flat_keys(node, prefix=""):
+    keys = set()
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            keys |= _flat_keys(value, path + ".")
+        else:
+            keys.add(path)
+    return keys
+
+
+def test_yaml_lists_every_schema_key():
+    raw = OmegaConf.to_container(OmegaConf.load(os.path.join(CONFIG_DIR, "ppo_trainer.yaml")), resolve=False)
+    raw.pop("defaults"), raw.pop("hydra")
+    schema = OmegaConf.to_container(OmegaConf.structured(PPOConfig), resolve=False)
+    assert _flat_keys(raw) == _flat_keys(schema)
+
+
+def test_yaml_and_dataclass_defaults_agree_for_trainer_groups():
+    composed = OmegaConf.to_container(get_config(), resolve=False)
+    schema = OmegaConf.to_container(OmegaConf.structured(PPOConfig), resolve=False)
+    for group in ("data", "algorithm", "custom_reward_function", "reward_model", "trainer", "ray_init"):
+        assert composed[group] == schema[group], group
+
+
+def test_default_run_config():
+    cfg = _cfg()
+    validate_config(cfg)
+    assert cfg.algorithm.adv_estimator == "grpo" and cfg.actor_rollout_ref.rollout.n == 8
+    assert cfg.actor_rollout_ref.rollout.response_length == cfg.data.max_response_length == 16
+    assert cfg.critic.rollout_n == 8 and cfg.data.train_files is None
+    plan = make_run_plan(cfg)
+    assert plan.world_size == 1 and not plan.use_critic and not plan.use_reference_policy
+    assert plan.threads_per_worker == os.cpu_count()
+
+
+def test_overrides_and_interpolations():
+    cfg = _cfg("data.max_response_length=32", "actor_rollout_ref.rollout.n=4", "trainer.logger=[console]")
+    assert cfg.actor_rollout_ref.rollout.response_length == 32
+    assert cfg.critic.rollout_n == 4 and cfg.trainer.logger == ["console"]
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("data.train_batch_siz=4", "Did you mean 'data.train_batch_size'"),
+        ("actor_rollout_ref.rolout.n=2", "Did you mean 'actor_rollout_ref.rollout.n'"),
+        ("data.train_batch_size=abc", "data.train_batch_size"),
+    ],
+)
+def test_unknown_keys_and_types_are_errors(override, message):
+    with pytest.raises(ValueError, match=message):
+        get_config([override])
+
+
+def test_worker_group_checks_run_on_conversion():
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        _cfg("actor_rollout_ref.actor.clip_ratio_c=0.5")
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.n_gpus_per_node=2", "data.train_batch_size=3", "actor_rollout_ref.rollout.n=3",
+          "actor_rollout_ref.actor.ppo_mini_batch_size=3"], r"= 9 rows is not divisible by the 2 workers"),
+        (["actor_rollout_ref.actor.ppo_mini_batch_size=5", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"], r"multiple of actor_rollout_ref.actor.ppo_mini_batch_size \(5\)"),
+        (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=48"], r"ppo_micro_batch_size_per_gpu \(48\) must divide the 128 rows"),
+        (["actor_rollout_ref.rollout.n=1"], r"rollout.n=1; set rollout.n >= 2"),
+        (["algorithm.adv_estimator=gae", "critic.model.path=/nonexistent/critic"], r"critic.model.path='/nonexistent/critic'"),
+        (["algorithm.adv_estimator=nope"], r"algorithm.adv_estimator='nope' is not registered"),
+        (["algorithm.kl_penalty=k9"], r"algorithm.kl_penalty='k9'"),
+        (["data.train_files=/nonexistent/train.parquet"], r"data.train_files: file '/nonexistent/train.parquet' does not exist"),
+        (["custom_reward_function.path=/nonexistent/reward.py"], r"custom_reward_function.path='/nonexistent/reward.py'"),
+        (["trainer.logger=[console,wandbx]"], r"unknown tracker 'wandbx'"),
+        (["trainer.critic_warmup=2"], r"trainer.critic_warmup=2 but algorithm.adv_estimator=grpo trains no critic"),
+        (["trainer.resume_mode=resume_path"], r"needs trainer.resume_from_path"),
+        (["trainer.resume_mode=latest"], r"trainer.resume_mode='latest'"),
+        (["trainer.save_freq=0"], r"trainer.save_freq=0"),
+        (["trainer.n_gpus_per_node=4"], r"n_gpus_per_node=4 CPU workers"),
+        (["reward_model.enable=true"], r"reward_model.enable=true"),
+        (["trainer.max_critic_ckpt_to_keep=5"], r"max_critic_ckpt_to_keep=5 differs"),
+        (["actor_rollout_ref.rollout.response_length=8"], r"rollout.response_length=8 differs from data.max_response_length=16"),
+        (["critic.rollout_n=2", "algorithm.adv_estimator=gae"], r"critic.rollout_n=2 differs"),
+        (["trainer.device=tpu"], r"trainer.device='tpu'"),
+    ],
+)
+def test_each_inconsistency_is_one_error(overrides, message):
+    cfg = _cfg(*overrides)
+    with pytest.raises(ValueError, match=message) as info:
+        validate_config(cfg)
+    assert "config problems" not in str(info.value)  # exactly one problem reported
+
+
+def test_all_problems_reported_together():
+    cfg = _cfg("actor_rollout_ref.rollout.n=1", "trainer.save_freq=0")
+    with pytest.raises(ValueError, match="2 config problems") as info:
+        validate_config(cfg)
+    assert "rollout.n=1" in str(info.value) and "trainer.save_freq=0" in str(info.value)
+
+
+def test_cuda_requested_without_gpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("machine has a GPU")
+    with pytest.raises(ValueError, match="trainer.device=cuda but no CUDA device"):
+        validate_config(_cfg("trainer.device=cuda"))
+
+
+def test_validation_never_rewrites_the_config():
+    cfg = _cfg()
+    before = OmegaConf.to_container(OmegaConf.structured(cfg))
+    validate_config(cfg)
+    make_run_plan(cfg)
+    assert OmegaConf.to_container(OmegaConf.structured(cfg)) == before
