@@ -1,0 +1,277 @@
+"""Reward managers: a DataProto of generated responses -> ``token_level_scores`` [B, R].
+
+Per row: decode the valid response tokens, look up ``data_source`` (``non_tensor_batch[reward_fn_key]``)
+and ``reward_model["ground_truth"]``, score under the guard (:mod:`hybrid_rl.reward.guard`), and write
+the score at the row's last valid response token (zeros elsewhere; a row without any valid token keeps
+all zeros).
+
+* ``naive`` calls ``compute_score(data_source=, solution_str=, ground_truth=, extra_info=, **reward_kwargs)``
+  once per row; ``timeout_s`` bounds each call.
+* ``batch`` calls ``compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=,
+  **reward_kwargs)`` once for all rows (e.g. a batched LLM judge); ``timeout_s`` bounds that one call
+  and a failure of the call zeroes every row.
+
+Failures never raise: they score 0.0 and are counted. The counts are in ``manager.last_metrics``
+*and*, with ``return_dict=True``, under the extra key ``"reward_metrics"`` (so they also come back when
+the manager runs in a remote process): ``reward/num_errors``, ``reward/num_timeouts``,
+``reward/num_invalid``, ``reward/num_failed`` (their sum), ``reward/num_samples`` and
+``reward/all_failed`` (1.0 when every row failed -- the trainer stops after K such steps). The first
+failure of each kind is logged once per manager with its (truncated) input.
+
+``reward_extra_info`` holds the non-``score`` keys of dict results, one list entry per row (``None`` for
+rows whose result lacked the key, e.g. failed rows), plus ``"score"`` when any such key exists (as veRL).
+Configuration errors (a data source with no scorer, missing ``ground_truth``) raise ValueError.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections import Counter
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+import torch
+
+from hybrid_rl.protocol import DataProto
+from hybrid_rl.reward.guard import ScoreOutcome, normalize_score, run_guarded, safe_score_many
+from hybrid_rl.reward.registry import check_data_sources, default_compute_score, default_compute_score_batched
+
+__all__ = ["BatchRewardManager", "NaiveRewardManager", "get_reward_manager_cls", "register_reward_manager"]
+
+logger = logging.getLogger(__name__)
+
+_MANAGERS: dict[str, type] = {}
+_MAX_LOGGED_CHARS = 500
+
+
+def register_reward_manager(name: str) -> Callable[[type], type]:
+    """Class decorator adding a reward manager under ``name`` (``reward_model.reward_manager``)."""
+
+    def decorator(cls: type) -> type:
+        if name in _MANAGERS and _MANAGERS[name] is not cls:
+            raise ValueError(f"reward manager {name!r} is already registered as {_MANAGERS[name].__qualname__}")
+        _MANAGERS[name] = cls
+        return cls
+
+    return decorator
+
+
+def get_reward_manager_cls(name: str) -> type:
+    """The manager class registered as ``name``; ValueError listing the valid names otherwise."""
+    if name not in _MANAGERS:
+        raise ValueError(f"unknown reward_model.reward_manager {name!r}; valid: {sorted(_MANAGERS)}")
+    return _MANAGERS[name]
+
+
+class _Rows(NamedTuple):
+    """What the scorer sees for each of the B rows, plus where the score goes."""
+
+    solution_strs: list[str]
+    ground_truths: list[Any]
+    data_sources: list[Any]
+    extra_infos: list[Any]
+    last_index: torch.Tensor  # [B] int64: last valid response position, -1 if the response is empty
+
+
+def _last_valid_index(data: DataProto) -> torch.Tensor:
+    """[B] position of the last valid response token (-1 when none), from the response-part mask."""
+    responses = data.batch["responses"]  # [B, R]
+    num_resp = responses.shape[1]
+    if "attention_mask" in data.batch.keys():
+        mask = data.batch["attention_mask"][:, -num_resp:]  # as veRL: the response part of prompt||response
+    elif "response_mask" in data.batch.keys():
+        mask = data.batch["response_mask"]
+    else:
+        raise ValueError("the reward manager needs 'attention_mask' [B, P+R] or 'response_mask' [B, R] in "
+                         f"DataProto.batch to find the valid response tokens; got {sorted(data.batch.keys())}")
+    positions = torch.arange(num_resp, device=mask.device).expand_as(mask)  # [B, R]
+    return torch.where(mask.bool(), positions, -1).amax(dim=1).cpu()  # [B]
+
+
+def _ground_truth(reward_model: Any, row: int) -> Any:
+    if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
+        raise ValueError(f"row {row}: non_tensor_batch['reward_model'] must be a dict with a 'ground_truth' key, "
+                         f"got {reward_model!r:.200}; check the dataset's reward_model column")
+    return reward_model["ground_truth"]
+
+
+def _require_non_tensor(data: DataProto, key: str, hint: str) -> np.ndarray:
+    if key not in data.non_tensor_batch:
+        raise ValueError(f"DataProto.non_tensor_batch has no {key!r} ({hint}); present keys: "
+                         f"{sorted(data.non_tensor_batch)}")
+    return data.non_tensor_batch[key]
+
+
+def _normalize_batch(raw: Any, num_rows: int) -> list[ScoreOutcome]:
+    if isinstance(raw, (np.ndarray, torch.Tensor)):
+        raw = raw.tolist()
+    if not isinstance(raw, (list, tuple)) or len(raw) != num_rows:
+        shown = f"length {len(raw)}" if isinstance(raw, (list, tuple)) else type(raw).__name__
+        msg = f"batched compute_score must return a list of {num_rows} scores, got {shown}"
+        return [ScoreOutcome(0.0, {}, "invalid", msg)] * num_rows
+    return [normalize_score(item) for item in raw]
+
+
+def _truncate(value: Any) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= _MAX_LOGGED_CHARS else text[:_MAX_LOGGED_CHARS] + f"... [{len(text)} chars]"
+
+
+class _RewardManagerBase(abc.ABC):
+    """Shared decoding, tensor placement, metrics and logging; subclasses implement ``_score``.
+
+    Args:
+        tokenizer: decodes ``responses`` (special tokens skipped, as veRL).
+        num_examine: decoded samples logged (INFO) per data source per call; 0 disables.
+        compute_score: the scorer; None = the built-in dispatcher by data source.
+        reward_fn_key: ``non_tensor_batch`` key holding each row's data source.
+        timeout_s: time bound of one scorer call (per row for ``naive``, whole batch for ``batch``);
+            <= 0 disables it.
+        isolation: ``"process"`` (default on POSIX) or ``"thread"``, see :mod:`hybrid_rl.reward._isolation`.
+        **reward_kwargs: extra keyword arguments passed to every ``compute_score`` call.
+    """
+
+    _default_compute_score: Callable[..., Any]
+
+    def __init__(self, tokenizer, num_examine: int, compute_score: Callable[..., Any] | None = None,
+                 reward_fn_key: str = "data_source", timeout_s: float = 10.0, isolation: str | None = None,
+                 **reward_kwargs: Any) -> None:
+        self.tokenizer = tokenizer
+        self.num_examine = int(num_examine)
+        self.uses_default_scorer = compute_score is None
+        self.compute_score = compute_score or type(self)._default_compute_score
+        self.reward_fn_key = reward_fn_key
+        self.timeout_s = float(timeout_s)
+        self.isolation = isolation
+        self.reward_kwargs = reward_kwargs
+        self.last_metrics: dict[str, float] = {}
+        self._logged_failure_kinds: set[str] = set()
+
+    def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
+        """``token_level_scores`` float32 [B, R], or ``{"reward_tensor", "reward_extra_info", "reward_metrics"}``."""
+        if "rm_scores" in data.batch.keys():  # a reward model already scored the batch (veRL behaviour)
+            return self._result(data.batch["rm_scores"], {}, self._metrics([]), return_dict)
+        rows = self._rows(data)
+        outcomes = self._score(rows) if rows.solution_strs else []
+        responses = data.batch["responses"]
+        reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)  # [B, R]
+        scores = torch.tensor([o.score for o in outcomes], dtype=torch.float32)  # [B]
+        has_token = rows.last_index >= 0  # [B]
+        reward_tensor[has_token.nonzero(as_tuple=True)[0], rows.last_index[has_token]] = scores[has_token]
+        self._log_failures(rows, outcomes)
+        self._log_examples(data, rows, outcomes)
+        self.last_metrics = self._metrics(outcomes)
+        return self._result(reward_tensor.to(responses.device), self._extra_info(outcomes), self.last_metrics,
+                            return_dict)
+
+    @abc.abstractmethod
+    def _score(self, rows: _Rows) -> list[ScoreOutcome]:
+        """One outcome per row, in row order."""
+
+    def _rows(self, data: DataProto) -> _Rows:
+        last_index = _last_valid_index(data)  # [B]
+        responses = data.batch["responses"].cpu()
+        token_lists = [responses[i, : int(last) + 1].tolist() for i, last in enumerate(last_index)]
+        solution_strs = self.tokenizer.batch_decode(token_lists, skip_special_tokens=True)
+        reward_models = _require_non_tensor(data, "reward_model", "a dict per row with 'ground_truth'")
+        data_sources = list(_require_non_tensor(data, self.reward_fn_key, "set by reward_fn_key"))
+        extra = data.non_tensor_batch.get("extra_info")
+        extra_infos = list(extra) if extra is not None else [None] * len(data)
+        ground_truths = [_ground_truth(rm, i) for i, rm in enumerate(reward_models)]
+        if self.uses_default_scorer:
+            # Unknown source = a config error: fail loudly, not as N zero rewards.
+            check_data_sources(data_sources, warmup=True)
+        return _Rows(solution_strs, ground_truths, data_sources, extra_infos, last_index)
+
+    @staticmethod
+    def _result(reward_tensor, extra_info, metrics, return_dict):
+        if not return_dict:
+            return reward_tensor
+        return {"reward_tensor": reward_tensor, "reward_extra_info": extra_info, "reward_metrics": dict(metrics)}
+
+    @staticmethod
+    def _extra_info(outcomes: list[ScoreOutcome]) -> dict[str, list]:
+        keys = list(dict.fromkeys(k for o in outcomes for k in o.extra))
+        if not keys:
+            return {}
+        info = {"score": [o.score for o in outcomes]}
+        info.update({k: [o.extra.get(k) for o in outcomes] for k in keys if k != "score"})
+        return info
+
+    @staticmethod
+    def _metrics(outcomes: list[ScoreOutcome]) -> dict[str, float]:
+        counts = Counter(o.status for o in outcomes)
+        failed = len(outcomes) - counts["ok"]
+        return {
+            "reward/num_errors": counts["error"],
+            "reward/num_timeouts": counts["timeout"],
+            "reward/num_invalid": counts["invalid"],
+            "reward/num_failed": failed,
+            "reward/num_samples": len(outcomes),
+            "reward/all_failed": float(bool(outcomes) and failed == len(outcomes)),
+        }
+
+    def _log_failures(self, rows: _Rows, outcomes: list[ScoreOutcome]) -> None:
+        for i, outcome in enumerate(outcomes):
+            if outcome.status == "ok" or outcome.status in self._logged_failure_kinds:
+                continue
+            self._logged_failure_kinds.add(outcome.status)  # once per kind, or a bad scorer floods the log
+            logger.warning(
+                "reward %s (scored 0.0; further %s failures are only counted in reward/num_*): %s\n"
+                "  data_source=%r ground_truth=%s\n  solution_str=%s",
+                outcome.status, outcome.status, outcome.message, rows.data_sources[i],
+                _truncate(rows.ground_truths[i]), _truncate(rows.solution_strs[i]),
+            )
+
+    def _log_examples(self, data: DataProto, rows: _Rows, outcomes: list[ScoreOutcome]) -> None:
+        if self.num_examine <= 0 or not logger.isEnabledFor(logging.INFO):
+            return
+        shown: Counter = Counter()
+        for i, outcome in enumerate(outcomes):
+            source = rows.data_sources[i]
+            if shown[source] >= self.num_examine:
+                continue
+            shown[source] += 1
+            logger.info("[%s] prompt: %s\n[response] %s\n[ground_truth] %s\n[score] %s (%s)", source,
+                        _truncate(self._prompt_text(data, i)), _truncate(rows.solution_strs[i]),
+                        _truncate(rows.ground_truths[i]), outcome.score, outcome.status)
+
+    def _prompt_text(self, data: DataProto, row: int) -> str:
+        if "prompts" not in data.batch.keys():
+            return "<no 'prompts' in batch>"
+        prompt = data.batch["prompts"][row]  # [P], left-padded
+        if "attention_mask" in data.batch.keys():
+            prompt = prompt[data.batch["attention_mask"][row, : prompt.shape[0]].bool()]
+        return self.tokenizer.decode(prompt.tolist(), skip_special_tokens=True)
+
+
+@register_reward_manager("naive")
+class NaiveRewardManager(_RewardManagerBase):
+    """One guarded ``compute_score`` call per row (each bounded by ``timeout_s``)."""
+
+    _default_compute_score = staticmethod(default_compute_score)
+
+    def _score(self, rows: _Rows) -> list[ScoreOutcome]:
+        calls = [((), dict(data_source=ds, solution_str=s, ground_truth=gt, extra_info=ei, **self.reward_kwargs))
+                 for ds, s, gt, ei in zip(rows.data_sources, rows.solution_strs, rows.ground_truths,
+                                          rows.extra_infos)]
+        return safe_score_many(self.compute_score, calls, timeout_s=self.timeout_s, isolation=self.isolation)
+
+
+@register_reward_manager("batch")
+class BatchRewardManager(_RewardManagerBase):
+    """One guarded batched ``compute_score`` call for all rows (bounded as a whole by ``timeout_s``)."""
+
+    _default_compute_score = staticmethod(default_compute_score_batched)
+
+    def _score(self, rows: _Rows) -> list[ScoreOutcome]:
+        num_rows = len(rows.solution_strs)
+        fn, kwargs = self.compute_score, dict(
+            data_sources=rows.data_sources, solution_strs=rows.solution_strs, ground_truths=rows.ground_truths,
+            extra_infos=rows.extra_infos, **self.reward_kwargs)
+        status, value = run_guarded(lambda: _normalize_batch(fn(**kwargs), num_rows), self.timeout_s,
+                                    self.isolation)
+        if status == "ok":
+            return value
+        return [ScoreOutcome(0.0, {}, status, str(value))] * num_rows

@@ -1,0 +1,220 @@
+"""Reward functions by ``data_source``: the registry, the default dispatcher, custom loading.
+
+A scorer has veRL's signature ``fn(data_source, solution_str, ground_truth, extra_info=None)`` and
+returns a float or ``{"score": float, ...extra}``. Reward managers call it with keyword arguments
+(as veRL does), so the parameter *names* matter.
+
+Duplicate names: registering a data source that already has a scorer raises, unless ``override=True``
+or the new function is the same function redefined (same module and qualified name: re-running a
+notebook cell or reloading a module), which replaces it silently -- what a user would expect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import inspect
+import itertools
+import logging
+import os
+import sys
+from functools import partial
+from typing import Any, Callable
+
+from hybrid_rl.reward.scorers import arithmetic, gsm8k, math
+
+__all__ = [
+    "MATH_DATA_SOURCES",
+    "check_data_sources",
+    "default_compute_score",
+    "default_compute_score_batched",
+    "get_reward_fn",
+    "load_custom_reward_fn",
+    "register_reward",
+    "registered_data_sources",
+    "unregister_reward",
+]
+
+logger = logging.getLogger(__name__)
+
+ScoreFn = Callable[..., Any]
+_REWARDS: dict[str, ScoreFn] = {}
+_WARMUPS: dict[ScoreFn, Callable[[], None]] = {}  # scorer -> its costly one-time initialisation
+_SAMPLE_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+_BATCH_ARGS = ("data_sources", "solution_strs", "ground_truths", "extra_infos")
+_module_counter = itertools.count()
+MATH_DATA_SOURCES = ("math", "lighteval/MATH", "HuggingFaceH4/MATH-500", "DigitalLearningGmbH/MATH-lighteval")
+_HOW_TO_ADD = (
+    "register one with `@hybrid_rl.reward.register_reward({name!r})` on a function "
+    "`(data_source, solution_str, ground_truth, extra_info=None) -> float`, or point "
+    "custom_reward_function.path/.name at a Python file defining it"
+)
+
+
+def check_scorer_signature(fn: Callable, what: str, batched: bool = False, **reward_kwargs: Any) -> None:
+    """Raise ValueError unless ``fn(**{the scorer arguments}, **reward_kwargs)`` would bind."""
+    names = _BATCH_ARGS if batched else _SAMPLE_ARGS
+    if not callable(fn):
+        raise ValueError(f"{what} is a {type(fn).__name__}, not a function")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # builtins/C callables without a signature: trust them, the guard catches misuse
+    try:
+        signature.bind(**{name: None for name in names}, **reward_kwargs)
+    except TypeError as exc:
+        extra = f" and the reward kwargs {sorted(reward_kwargs)}" if reward_kwargs else ""
+        raise ValueError(
+            f"{what} has signature {signature}, which cannot be called with the keyword arguments "
+            f"({', '.join(names)}){extra}: {exc}. Define it as "
+            f"`def {getattr(fn, '__name__', 'score')}({', '.join(names[:3])}, {names[3]}=None, **kwargs)`"
+        ) from exc
+
+
+def _same_function(a: Callable, b: Callable) -> bool:
+    key = lambda f: (getattr(f, "__module__", None), getattr(f, "__qualname__", None))  # noqa: E731
+    return key(a) == key(b) and key(a)[1] is not None
+
+
+def register_reward(*data_sources: str, override: bool = False) -> Callable[[ScoreFn], ScoreFn]:
+    """Decorator registering a scorer for one or more ``data_source`` names.
+
+    >>> @register_reward("my_source")
+    ... def score(data_source, solution_str, ground_truth, extra_info=None):
+    ...     return float(solution_str.strip() == ground_truth)
+    """
+    if len(data_sources) == 1 and callable(data_sources[0]):
+        raise ValueError("register_reward needs the data source names: use @register_reward('my_source')")
+    if not data_sources or not all(isinstance(s, str) and s for s in data_sources):
+        raise ValueError(f"register_reward needs one or more non-empty data source names, got {data_sources!r}")
+
+    def decorator(fn: ScoreFn) -> ScoreFn:
+        check_scorer_signature(fn, f"reward function {getattr(fn, '__qualname__', fn)!r}")
+        for source in data_sources:
+            existing = _REWARDS.get(source)
+            if existing is not None and existing is not fn and not override and not _same_function(existing, fn):
+                raise ValueError(
+                    f"data_source {source!r} already has the reward function "
+                    f"{existing.__module__}.{existing.__qualname__}; pass override=True to replace it "
+                    f"(`@register_reward({source!r}, override=True)`) or pick another name"
+                )
+        for source in data_sources:
+            if source in _REWARDS and _REWARDS[source] is not fn:
+                logger.info("reward for data_source %r replaced by %s", source, getattr(fn, "__qualname__", fn))
+            _REWARDS[source] = fn
+        return fn
+
+    return decorator
+
+
+def unregister_reward(*data_sources: str) -> None:
+    """Remove scorers (unknown names are ignored). Mostly for tests and notebooks."""
+    for source in data_sources:
+        _REWARDS.pop(source, None)
+
+
+def registered_data_sources() -> list[str]:
+    """Sorted names that :func:`default_compute_score` can score."""
+    return sorted(_REWARDS)
+
+
+def _unknown_source_error(data_source: Any) -> ValueError:
+    return ValueError(
+        f"no reward function for data_source {data_source!r}. Known data sources: "
+        f"{registered_data_sources()}. To add it, " + _HOW_TO_ADD.format(name=data_source)
+    )
+
+
+def get_reward_fn(data_source: str) -> ScoreFn:
+    """The scorer registered for ``data_source``; ValueError naming the known ones otherwise."""
+    try:
+        return _REWARDS[data_source]
+    except (KeyError, TypeError):
+        raise _unknown_source_error(data_source) from None
+
+
+def check_data_sources(data_sources, warmup: bool = False) -> None:
+    """Fail fast (before any scoring) if a data source in the batch has no scorer.
+
+    ``warmup=True`` also runs the one-time initialisation of the built-in scorers involved, so it
+    happens once in this process rather than in every forked scoring child.
+    """
+    for source in dict.fromkeys(data_sources):
+        fn = get_reward_fn(source)
+        if warmup and fn in _WARMUPS:
+            _WARMUPS[fn]()
+
+
+def default_compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
+                          **kwargs: Any) -> float | dict:
+    """Score one response with the scorer registered for ``data_source``; ``kwargs`` go to the scorer."""
+    fn = get_reward_fn(data_source)
+    return fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
+              extra_info=extra_info, **kwargs)
+
+
+def default_compute_score_batched(data_sources, solution_strs, ground_truths, extra_infos, **kwargs) -> list:
+    """Batched form of :func:`default_compute_score` (the ``batch`` reward manager's default)."""
+    return [default_compute_score(ds, s, gt, ei, **kwargs)
+            for ds, s, gt, ei in zip(data_sources, solution_strs, ground_truths, extra_infos)]
+
+
+def _import_from_path(path: str) -> Any:
+    """Import the module at exactly ``path`` under a fresh unique name (never via sys.path)."""
+    digest = hashlib.sha1(path.encode()).hexdigest()[:10]
+    name = f"hybrid_rl_custom_reward_{digest}_{next(_module_counter)}"
+    loader = importlib.machinery.SourceFileLoader(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses/pickle look modules up by name while executing
+    try:
+        loader.exec_module(module)
+    except (Exception, SystemExit) as exc:  # SyntaxError, ImportError, a module that calls exit()
+        del sys.modules[name]
+        raise ValueError(f"custom_reward_function.path {path!r} failed to import: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def load_custom_reward_fn(path: str, name: str = "compute_score", reward_kwargs: dict | None = None,
+                          batched: bool = False) -> ScoreFn:
+    """Load ``name`` from the Python file at ``path``, optionally binding ``reward_kwargs``.
+
+    The module is imported only from that exact file. ``batched=True`` checks the batch signature
+    ``(data_sources, solution_strs, ground_truths, extra_infos)`` used by the ``batch`` manager.
+    """
+    if not path:
+        raise ValueError("custom_reward_function.path is empty; set it to a Python file defining the scorer")
+    path = os.path.abspath(os.path.expanduser(str(path)))
+    if not os.path.isfile(path):
+        raise ValueError(f"custom_reward_function.path {path!r} does not exist or is not a file")
+    module = _import_from_path(path)
+    fn = getattr(module, name, None)
+    if fn is None:
+        available = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_")
+                           and getattr(v, "__module__", None) == module.__name__)
+        raise ValueError(f"custom_reward_function.name {name!r} not found in {path}; functions defined "
+                         f"there: {available}")
+    reward_kwargs = dict(reward_kwargs or {})
+    check_scorer_signature(fn, f"custom reward function {name!r} in {path}", batched=batched, **reward_kwargs)
+    logger.info("using custom reward function %r from %s", name, path)
+    return partial(fn, **reward_kwargs) if reward_kwargs else fn
+
+
+def _score_gsm8k(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return gsm8k.compute_score(solution_str, ground_truth, **kwargs)
+
+
+def _score_math(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return math.compute_score(solution_str, ground_truth, **kwargs)
+
+
+def _score_arithmetic(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return arithmetic.compute_score(solution_str, ground_truth, **kwargs)
+
+
+register_reward("openai/gsm8k")(_score_gsm8k)
+register_reward(*MATH_DATA_SOURCES)(_score_math)
+_WARMUPS[_score_math] = math.warmup
+register_reward("arithmetic")(_score_arithmetic)

@@ -1,0 +1,212 @@
+"""Reward managers: decoding, score placement, naive == batch, failure metrics and logging."""
+
+import logging
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from hybrid_rl.protocol import DataProto
+from hybrid_rl.reward import (
+    BatchRewardManager,
+    NaiveRewardManager,
+    get_reward_manager_cls,
+    register_reward_manager,
+)
+from hybrid_rl.reward import manager as manager_module
+from hybrid_rl.utils.testing import build_byte_tokenizer
+
+EOS, PAD = 2, 0
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_byte_tokenizer()
+
+
+def make_batch(tokenizer, responses, ground_truths, sources=None, prompt="Q?", resp_len=16, eos=True,
+               extra_infos=None):
+    """Left-padded prompts || right-padded responses (+EOS), in the schema's key names."""
+    rows = len(responses)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    prompt_len = len(prompt_ids) + 2
+    prompts = torch.full((rows, prompt_len), PAD)
+    prompts[:, -len(prompt_ids):] = torch.tensor(prompt_ids)
+    resp = torch.full((rows, resp_len), PAD)
+    resp_mask = torch.zeros(rows, resp_len, dtype=torch.int64)
+    for i, text in enumerate(responses):
+        ids = (tokenizer(text, add_special_tokens=False)["input_ids"] + ([EOS] if eos else []))[:resp_len]
+        resp[i, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+        resp_mask[i, : len(ids)] = 1
+    prompt_mask = (prompts != PAD).long()
+    non_tensors = {
+        "data_source": np.array(sources or ["arithmetic"] * rows, dtype=object),
+        "reward_model": np.array([{"ground_truth": gt, "style": "rule"} for gt in ground_truths], dtype=object),
+    }
+    if extra_infos is not None:
+        non_tensors["extra_info"] = np.array(extra_infos, dtype=object)
+    return DataProto.from_dict(
+        tensors={"prompts": prompts, "responses": resp, "response_mask": resp_mask,
+                 "input_ids": torch.cat([prompts, resp], 1), "attention_mask": torch.cat([prompt_mask, resp_mask], 1)},
+        non_tensors=non_tensors,
+    )
+
+
+def test_scores_at_last_valid_token(tokenizer):
+    data = make_batch(tokenizer, ["#### 7", "#### 8", "", "#### 12345678901234567"], [7, 7, 7, 12345678901])
+    scores = NaiveRewardManager(tokenizer, num_examine=0)(data)
+    assert scores.dtype == torch.float32 and scores.shape == (4, 16)
+    expected = torch.zeros(4, 16)
+    expected[0, 6] = 1.0  # "#### 7" is 6 bytes + EOS at index 6
+    expected[3, 15] = 1.0  # cut at 16 tokens (no EOS): the model's visible answer is "#### 12345678901"
+    # row 1: wrong answer scores 0; row 2: EOS only, scored "" -> 0
+    assert torch.equal(scores, expected)
+
+
+def test_custom_manager_and_empty_mask_row(tokenizer, monkeypatch):
+    monkeypatch.setattr(manager_module, "_MANAGERS", dict(manager_module._MANAGERS))
+
+    @register_reward_manager("test_always_one")
+    class AlwaysOne(NaiveRewardManager):
+        pass
+
+    data = make_batch(tokenizer, ["a", ""], [1, 1], eos=False)
+    scores = get_reward_manager_cls("test_always_one")(tokenizer, 0, compute_score=lambda **kw: 1.0)(data)
+    assert scores[0].tolist() == [1.0] + [0.0] * 15
+    assert scores[1].abs().sum() == 0  # no valid token to carry the score
+
+
+def test_response_mask_fallback_and_decoding(tokenizer):
+    data = make_batch(tokenizer, ["#### 7 é∑"], [7])  # multi-byte unicode decodes intact
+    data.pop(batch_keys=["attention_mask"])
+    seen = []
+
+    def spy(data_source, solution_str, ground_truth, extra_info=None):
+        seen.append((data_source, solution_str, ground_truth, extra_info))
+        return 0.5
+
+    scores = NaiveRewardManager(tokenizer, 0, compute_score=spy, isolation="thread")(data)
+    assert seen == [("arithmetic", "#### 7 é∑", 7, None)]  # EOS (a special token) is skipped
+    last = len("#### 7 é∑".encode())  # index of EOS
+    assert scores[0, last] == 0.5 and scores.sum() == 0.5
+
+
+def test_naive_and_batch_agree(tokenizer):
+    texts = ["#### 3", r"\boxed{\frac12}", "#### 9", "#### 10", r"\boxed{2}", "#### 4"]
+    truths = [3, "0.5", "9", 11, "3", "4"]
+    sources = ["arithmetic", "math", "openai/gsm8k", "arithmetic", "lighteval/MATH", "openai/gsm8k"]
+    data = make_batch(tokenizer, texts, truths, sources, resp_len=24)
+    naive = NaiveRewardManager(tokenizer, 0)(data, return_dict=True)
+    batch = BatchRewardManager(tokenizer, 0)(data, return_dict=True)
+    assert torch.equal(naive["reward_tensor"], batch["reward_tensor"])
+    assert naive["reward_tensor"].sum(1).tolist() == [1.0, 1.0, 1.0, 0.0, 0.0, 1.0]
+    assert naive["reward_metrics"] == batch["reward_metrics"]
+    assert get_reward_manager_cls("naive") is NaiveRewardManager
+    assert get_reward_manager_cls("batch") is BatchRewardManager
+
+
+def test_reward_kwargs_and_extra_info(tokenizer):
+    data = make_batch(tokenizer, ["#### 1", "#### 2"], [1, 1], extra_infos=[{"index": 0}, {"index": 1}])
+
+    def scorer(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
+        return {"score": float(solution_str.endswith(str(ground_truth))) + bonus, "idx": extra_info["index"]}
+
+    out = NaiveRewardManager(tokenizer, 0, compute_score=scorer, bonus=0.5)(data, return_dict=True)
+    assert out["reward_extra_info"] == {"score": [1.5, 0.5], "idx": [0, 1]}
+    assert out["reward_tensor"].sum(1).tolist() == [1.5, 0.5]
+
+
+def _mixed_scorer(data_source, solution_str, ground_truth, extra_info=None):
+    kind = solution_str.split()[-1]
+    if kind == "raise":
+        raise ValueError("boom")
+    if kind == "sleep":
+        time.sleep(30)
+    return {"nan": float("nan"), "none": None, "str": "1.0", "ok": 1.0}[kind]
+
+
+@pytest.mark.parametrize("isolation", ["process", "thread"])
+def test_failure_metrics_and_logging_once(tokenizer, caplog, isolation):
+    texts = ["x ok", "x raise", "x nan", "x none", "x str", "x sleep", "x raise", "x ok"]
+    data = make_batch(tokenizer, texts, [0] * len(texts))
+    manager = NaiveRewardManager(tokenizer, 0, compute_score=_mixed_scorer, timeout_s=0.3, isolation=isolation)
+    start = time.perf_counter()
+    with caplog.at_level(logging.WARNING, logger="hybrid_rl.reward.manager"):
+        out = manager(data, return_dict=True)
+    assert time.perf_counter() - start < 3.0
+    assert out["reward_tensor"].sum(1).tolist() == [1.0, 0, 0, 0, 0, 0, 0, 1.0]
+    assert manager.last_metrics == out["reward_metrics"] == {
+        "reward/num_errors": 2, "reward/num_timeouts": 1, "reward/num_invalid": 3, "reward/num_failed": 6,
+        "reward/num_samples": 8, "reward/all_failed": 0.0}
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 3  # one per failure kind, not one per failed row
+    assert "reward error" in warnings[0] and "boom" in warnings[0] and "x raise" in warnings[0]
+    caplog.clear()
+    manager(data)
+    assert not caplog.records  # already logged once
+
+
+def test_all_failed_and_truncated_logging(tokenizer, caplog):
+    data = make_batch(tokenizer, ["y" * 40, "z"], [0, 0], resp_len=64)
+    manager = NaiveRewardManager(tokenizer, 0, compute_score=lambda **kw: 1 / 0, isolation="thread")
+    with caplog.at_level(logging.WARNING):
+        manager(data)
+    assert manager.last_metrics["reward/all_failed"] == 1.0 and manager.last_metrics["reward/num_errors"] == 2
+    assert "ZeroDivisionError" in caplog.text
+
+
+def test_batch_manager_guards_the_whole_call(tokenizer):
+    data = make_batch(tokenizer, ["#### 1", "#### 2", "#### 3"], [1, 2, 3])
+
+    def wrong_length(data_sources, solution_strs, ground_truths, extra_infos):
+        return [1.0]
+
+    def hangs(**kwargs):
+        time.sleep(30)
+
+    def mixed(data_sources, solution_strs, ground_truths, extra_infos):
+        return np.array([1.0, np.nan, 0.5])
+
+    out = BatchRewardManager(tokenizer, 0, compute_score=wrong_length)(data, return_dict=True)
+    assert out["reward_metrics"]["reward/num_invalid"] == 3 and out["reward_tensor"].sum() == 0
+    start = time.perf_counter()
+    manager = BatchRewardManager(tokenizer, 0, compute_score=hangs, timeout_s=0.2)
+    assert manager(data).sum() == 0 and manager.last_metrics["reward/num_timeouts"] == 3
+    assert time.perf_counter() - start < 1.5
+    manager = BatchRewardManager(tokenizer, 0, compute_score=mixed)
+    assert manager(data).sum(1).tolist() == [1.0, 0.0, 0.5]
+    assert manager.last_metrics["reward/num_invalid"] == 1
+
+
+def test_rm_scores_pass_through(tokenizer):
+    data = make_batch(tokenizer, ["a"], [0])
+    data.batch["rm_scores"] = torch.full((1, 16), 0.25)
+    assert torch.equal(NaiveRewardManager(tokenizer, 0)(data), torch.full((1, 16), 0.25))
+
+
+def test_configuration_errors_raise(tokenizer):
+    data = make_batch(tokenizer, ["#### 1"], [1], sources=["no/such_source"])
+    with pytest.raises(ValueError, match="no reward function for data_source 'no/such_source'"):
+        NaiveRewardManager(tokenizer, 0)(data)
+    data = make_batch(tokenizer, ["#### 1"], [1])
+    with pytest.raises(ValueError, match="non_tensor_batch has no 'source'"):
+        NaiveRewardManager(tokenizer, 0, reward_fn_key="source")(data)
+    data.non_tensor_batch["reward_model"] = np.array([{"style": "rule"}], dtype=object)
+    with pytest.raises(ValueError, match="row 0: .*'ground_truth'"):
+        NaiveRewardManager(tokenizer, 0)(data)
+    with pytest.raises(ValueError, match="unknown reward_model.reward_manager 'fancy'.*'batch', 'naive'"):
+        get_reward_manager_cls("fancy")
+    with pytest.raises(ValueError, match="already registered"):
+        register_reward_manager("naive")(BatchRewardManager)
+
+
+def test_num_examine_logs_per_data_source(tokenizer, caplog):
+    data = make_batch(tokenizer, ["#### 1", "#### 2", "#### 3", "#### 4"], [1, 2, 3, 4],
+                      sources=["arithmetic", "arithmetic", "openai/gsm8k", "openai/gsm8k"])
+    with caplog.at_level(logging.INFO, logger="hybrid_rl.reward.manager"):
+        NaiveRewardManager(tokenizer, num_examine=1)(data)
+    examples = [r.getMessage() for r in caplog.records]
+    assert len(examples) == 2
+    assert examples[0].startswith("[arithmetic] prompt: Q?") and "[response] #### 1" in examples[0]
+    assert examples[1].startswith("[openai/gsm8k]") and "[score] 1.0 (ok)" in examples[1]
