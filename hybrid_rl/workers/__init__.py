@@ -1,0 +1,11 @@
+"""Model workers: thin Ray shells (``fsdp_workers``) over plain, Ray-free classes.
+
+* :mod:`~hybrid_rl.workers.config` — typed configs (veRL key names),
+* :mod:`~hybrid_rl.workers.actor` / :mod:`~hybrid_rl.workers.critic` — PPO actor and critic on one rank,
+* :mod:`~hybrid_rl.workers.model_loader` — local HF folders and the embedded SmolLM2 default,
+* :mod:`~hybrid_rl.workers.fsdp_utils` — FSDP2 wrapping and full-weight streaming,
+* :mod:`~hybrid_rl.workers.checkpoint` — atomic per-worker checkpoints,
+* :mod:`~hybrid_rl.workers.rollout` — generation engines (HF, vLLM).
+
+Nothing is imported here so that ``import hybrid_rl.workers.config`` stays cheap.
+"""

@@ -1,0 +1,203 @@
+"""PPO actor on one data-parallel rank: log-probs and policy updates (no Ray inside).
+
+``update_policy`` runs ``ppo_epochs`` x mini-batches x micro-batches. Each micro-batch loss is
+aggregated with the *global* denominators of its mini-batch (valid tokens / sequences summed over
+all micro-batches and all ranks, see :mod:`hybrid_rl.algorithms.loss_agg`), so summing the
+micro-batch gradients gives exactly the gradient of the whole mini-batch loss, whatever the split.
+FSDP averages gradients over ranks; the loss is multiplied by ``dp_size`` to turn that into the sum.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from hybrid_rl.algorithms import agg_loss, get_policy_loss_fn, global_batch_denominators, kl_penalty
+from hybrid_rl.protocol import DataProto
+from hybrid_rl.workers.batching import all_reduce_sum, restore_order, split_micro_batches
+from hybrid_rl.workers.config import ActorConfig
+from hybrid_rl.workers.forward import response_log_probs
+from hybrid_rl.workers.fsdp_utils import clip_grad_norm, dp_world
+
+logger = logging.getLogger(__name__)
+
+_MODEL_INPUTS = ["responses", "input_ids", "attention_mask", "position_ids"]
+
+
+def _require_meta(data: DataProto, keys: list[str], method: str) -> None:
+    missing = [k for k in keys if k not in data.meta_info]
+    if missing:
+        raise ValueError(f"{method}: data.meta_info lacks {missing}; the worker sets them from the "
+                         "rollout/actor config (temperature, micro_batch_size, use_dynamic_bsz, "
+                         "max_token_len).")
+
+
+class DataParallelPPOActor:
+    """Computes log-probs and PPO updates of ``actor_module`` on this rank's share of a batch.
+
+    Args:
+        config: the actor section of the config.
+        actor_module: an HF causal LM, FSDP2-sharded or plain (single process).
+        actor_optimizer: optimizer over ``actor_module``'s parameters; None for log-prob-only
+            use (the reference policy).
+        ppo_mini_batch_size_per_gpu: rows of one mini-batch on this rank (= ppo_mini_batch_size *
+            rollout.n / dp_size, computed by the worker); None = ``config.ppo_mini_batch_size``.
+        use_remove_padding: pack valid tokens instead of running on padding.
+        device: where micro-batches are moved for compute.
+    """
+
+    def __init__(self, config: ActorConfig, actor_module: nn.Module,
+                 actor_optimizer: Optional[torch.optim.Optimizer] = None, *,
+                 ppo_mini_batch_size_per_gpu: Optional[int] = None,
+                 use_remove_padding: bool = False, device: torch.device | str = "cpu"):
+        self.config = config
+        self.actor_module = actor_module
+        self.actor_optimizer = actor_optimizer
+        self.mini_batch_rows = ppo_mini_batch_size_per_gpu or config.ppo_mini_batch_size
+        self.use_remove_padding = use_remove_padding
+        self.device = torch.device(device)
+        self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
+        self.rank, self.dp_size = dp_world()
+        self.num_skipped_steps = 0  # optimizer steps skipped so far (non-finite gradient norm)
+
+    # ------------------------------------------------------------------ log-probs
+    @torch.no_grad()
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False
+                         ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Log-probs ``[B, R]`` (and entropies ``[B, R]``) of ``data["responses"]``.
+
+        ``data.meta_info`` must hold ``temperature``, ``micro_batch_size``, ``use_dynamic_bsz``
+        and (dynamic) ``max_token_len``. Logits are divided by the temperature, as in sampling.
+        """
+        _require_meta(data, ["temperature", "micro_batch_size", "use_dynamic_bsz"], "compute_log_prob")
+        meta = data.meta_info
+        micro_batches, order = split_micro_batches(
+            data.select(batch_keys=_MODEL_INPUTS), micro_batch_size=meta["micro_batch_size"],
+            use_dynamic_bsz=meta["use_dynamic_bsz"], max_token_len=meta.get("max_token_len"),
+            key="log_prob_max_token_len_per_gpu", device=self.device)
+        self.actor_module.eval()
+        log_probs, entropys = [], []
+        for micro in micro_batches:
+            batch = {k: v.to(self.device) for k, v in micro.batch.items()}
+            lp, ent = response_log_probs(self.actor_module, batch, meta["temperature"],
+                                         self.use_remove_padding, calculate_entropy)
+            log_probs.append(lp.cpu())
+            entropys.append(ent.cpu() if ent is not None else None)
+        log_prob = restore_order(torch.cat(log_probs), order)
+        entropy = restore_order(torch.cat(entropys), order) if calculate_entropy else None
+        return log_prob, entropy
+
+    # ------------------------------------------------------------------ policy update
+    def update_policy(self, data: DataProto) -> dict[str, list[float]]:
+        """PPO update over ``data`` (this rank's rows); returns metric lists with veRL names.
+
+        Needs batch keys ``responses, response_mask, input_ids, attention_mask, position_ids,
+        old_log_probs, advantages`` (+ ``ref_log_prob`` with ``use_kl_loss``) and
+        ``meta_info["temperature"]``.
+        """
+        if self.actor_optimizer is None:
+            raise ValueError("update_policy needs an optimizer; this actor was built without one")
+        _require_meta(data, ["temperature"], "update_policy")
+        keys = _MODEL_INPUTS + ["response_mask", "old_log_probs", "advantages"]
+        if self.config.use_kl_loss:
+            keys.append("ref_log_prob")
+        missing = [k for k in keys if k not in data.batch.keys()]
+        if missing:
+            raise ValueError(f"update_policy: batch lacks {missing} (actor.use_kl_loss="
+                             f"{self.config.use_kl_loss}); compute them before update_actor")
+        self._check_mini_batch(len(data))
+        data = data.select(batch_keys=keys)
+        metrics: dict[str, list[float]] = defaultdict(list)
+        skipped_before = self.num_skipped_steps
+        self.actor_module.train()  # gradient checkpointing only runs in train mode
+        for epoch in range(self.config.ppo_epochs):
+            for mini in self._mini_batches(data, epoch):
+                self._update_mini_batch(mini, data.meta_info["temperature"], metrics)
+        self.actor_module.eval()
+        metrics["actor/num_skipped_steps"].append(self.num_skipped_steps - skipped_before)
+        return dict(metrics)
+
+    def _check_mini_batch(self, num_rows: int) -> None:
+        if num_rows < self.mini_batch_rows or num_rows % self.mini_batch_rows:
+            raise ValueError(
+                f"update_policy got {num_rows} rows on this rank but a mini-batch is "
+                f"{self.mini_batch_rows} rows (actor.ppo_mini_batch_size x rollout.n / dp_size); the "
+                "rows must be a positive multiple of it. Fix: make data.train_batch_size a multiple "
+                "of actor.ppo_mini_batch_size.")
+
+    def _mini_batches(self, data: DataProto, epoch: int) -> list[DataProto]:
+        if self.config.shuffle:
+            seed = int(data.meta_info.get("global_steps", 0)) * 1000 + epoch
+            generator = torch.Generator().manual_seed(seed)
+            data = data.select_idxs(torch.randperm(len(data), generator=generator))
+        return data.split(self.mini_batch_rows)
+
+    def _update_mini_batch(self, mini: DataProto, temperature: float,
+                           metrics: dict[str, list[float]]) -> None:
+        """Accumulate gradients over the micro-batches of ``mini`` and take one optimizer step."""
+        cfg = self.config
+        denoms = {k: all_reduce_sum(v, self.device)
+                  for k, v in global_batch_denominators(mini.batch["response_mask"]).items()}
+        micro_batches, _ = split_micro_batches(
+            mini, micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
+            use_dynamic_bsz=cfg.use_dynamic_bsz, max_token_len=cfg.ppo_max_token_len_per_gpu,
+            key="actor.ppo_max_token_len_per_gpu", device=self.device)
+        self.actor_optimizer.zero_grad(set_to_none=True)
+        totals = torch.zeros(3, dtype=torch.float64)  # pg_loss, entropy, kl_loss contributions
+        for micro in micro_batches:
+            batch = {k: v.to(self.device) for k, v in micro.batch.items()}
+            loss, parts, stats = self._micro_loss(batch, temperature, denoms)
+            # FSDP averages gradients over ranks; the global denominators need their sum.
+            (loss * self.dp_size).backward()
+            totals += parts
+            for name, value in stats.items():
+                metrics[name].append(value)
+        totals = all_reduce_sum(totals, self.device)
+        metrics["actor/pg_loss"].append(float(totals[0]))
+        metrics["actor/entropy"].append(float(totals[1]))
+        if cfg.use_kl_loss:
+            metrics["actor/kl_loss"].append(float(totals[2]))
+            metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
+        self._optimizer_step(metrics)
+
+    def _micro_loss(self, batch: dict[str, torch.Tensor], temperature: float,
+                    denoms: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """Loss of one micro-batch (its share of the mini-batch loss) and its metrics."""
+        cfg = self.config
+        mask = batch["response_mask"]
+        log_prob, entropy = response_log_probs(self.actor_module, batch, temperature,
+                                               self.use_remove_padding, calculate_entropy=True)
+        agg = dict(loss_agg_mode=cfg.loss_agg_mode, **denoms)
+        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = self.policy_loss_fn(
+            batch["old_log_probs"], log_prob, batch["advantages"], mask,
+            clip_ratio_low=cfg.effective_clip_ratio_low,
+            clip_ratio_high=cfg.effective_clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c, **agg)
+        entropy_term = agg_loss(entropy, mask, cfg.loss_agg_mode, denoms["global_batch_num_tokens"],
+                                denoms["global_batch_num_seqs"])
+        loss = pg_loss - cfg.entropy_coeff * entropy_term
+        kl_term = pg_loss.new_zeros(())
+        if cfg.use_kl_loss:
+            kl = kl_penalty(log_prob, batch["ref_log_prob"], cfg.kl_loss_type)  # [B, R]
+            kl_term = agg_loss(kl, mask, cfg.loss_agg_mode, denoms["global_batch_num_tokens"],
+                               denoms["global_batch_num_seqs"])
+            loss = loss + cfg.kl_loss_coef * kl_term
+        parts = torch.stack([pg_loss.detach(), entropy_term.detach(), kl_term.detach()]).double().cpu()
+        stats = {"actor/pg_clipfrac": pg_clipfrac.item(), "actor/ppo_kl": ppo_kl.item(),
+                 "actor/pg_clipfrac_lower": pg_clipfrac_lower.item()}
+        return loss, parts, stats
+
+    def _optimizer_step(self, metrics: dict[str, list[Any]]) -> None:
+        """Clip, then step — or skip the step when the gradient norm is not finite."""
+        params = [p for p in self.actor_module.parameters() if p.requires_grad]
+        grad_norm = clip_grad_norm(params, self.config.grad_clip)
+        if torch.isfinite(grad_norm):
+            self.actor_optimizer.step()
+        else:
+            self.num_skipped_steps += 1
+            logger.warning("actor: non-finite grad norm %s, optimizer step skipped", grad_norm.item())
+        self.actor_optimizer.zero_grad(set_to_none=True)
+        metrics["actor/grad_norm"].append(float(grad_norm))

@@ -1,0 +1,112 @@
+"""Split a rank's rows into micro-batches: fixed row count, or token-balanced (dynamic batch size).
+
+Dynamic batch size packs rows by their number of valid tokens (``attention_mask.sum(-1)``) into
+``k`` micro-batches of at most ``max_token_len`` tokens, balanced with the LPT greedy rule (longest
+row first, into the currently lightest micro-batch). ``k`` starts at ``ceil(total / max_token_len)``
+and grows until every micro-batch fits. Under data parallelism every rank must run the same number
+of forward/backward passes (each one gathers FSDP shards collectively), so ``k`` is the maximum over
+the ranks.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from hybrid_rl.protocol import DataProto
+
+
+def _dist_on() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce_sum(tensor: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Sum of ``tensor`` over all ranks (a copy; identity without a process group)."""
+    out = tensor.detach().to(device=device, dtype=torch.float64).clone()
+    if _dist_on():
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out.to(tensor.dtype).cpu()
+
+
+def all_reduce_max_int(value: int, device: torch.device | str = "cpu") -> int:
+    """Maximum of an integer over all ranks."""
+    if not _dist_on():
+        return value
+    out = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return int(out.item())
+
+
+def balanced_partitions(seqlens: list[int], k: int) -> list[list[int]]:
+    """Partition row indices into ``k`` non-empty groups with near-equal token sums (LPT greedy).
+
+    Returns groups of ascending indices, ordered by their smallest index (deterministic).
+    """
+    if not 1 <= k <= len(seqlens):
+        raise ValueError(f"cannot split {len(seqlens)} rows into {k} non-empty micro-batches")
+    order = sorted(range(len(seqlens)), key=lambda i: (-seqlens[i], i))
+    groups: list[list[int]] = [[] for _ in range(k)]
+    heap = [(0, g) for g in range(k)]  # (tokens, group id)
+    for i in order:
+        load, g = heapq.heappop(heap)
+        groups[g].append(i)
+        heapq.heappush(heap, (load + seqlens[i], g))
+    return sorted((sorted(g) for g in groups), key=lambda g: g[0])
+
+
+def dynamic_partitions(seqlens: list[int], max_token_len: int, key: str,
+                       device: torch.device | str = "cpu") -> list[list[int]]:
+    """Token-balanced micro-batches of at most ``max_token_len`` valid tokens each.
+
+    ``key`` names the config field in the error raised when a single row is longer than the budget.
+    """
+    longest = max(seqlens)
+    if longest > max_token_len:
+        raise ValueError(f"{key}={max_token_len} is smaller than one row of {longest} tokens "
+                         "(prompt + response). Fix: raise it to at least "
+                         "max_prompt_length + max_response_length.")
+    k = max(1, math.ceil(sum(seqlens) / max_token_len))
+    while True:
+        groups = balanced_partitions(seqlens, k)
+        if all(sum(seqlens[i] for i in g) <= max_token_len for g in groups) or k == len(seqlens):
+            break
+        k += 1
+    k_all = all_reduce_max_int(k, device)
+    if k_all != k:  # another rank needs more passes: re-balance into as many
+        groups = balanced_partitions(seqlens, min(k_all, len(seqlens)))
+    if len(groups) < k_all:
+        raise ValueError(f"this rank has {len(seqlens)} rows but another needs {k_all} "
+                         "micro-batches; give every data-parallel rank the same number of rows")
+    return groups
+
+
+def split_micro_batches(data: DataProto, *, micro_batch_size: Optional[int],
+                        use_dynamic_bsz: bool, max_token_len: Optional[int], key: str,
+                        device: torch.device | str = "cpu"
+                        ) -> tuple[list[DataProto], Optional[list[int]]]:
+    """Micro-batches of ``data`` and, under dynamic batch size, the row order they imply.
+
+    Returns ``(micro_batches, order)``: ``order`` is None for fixed-size splitting (rows stay in
+    order); otherwise ``concat(micro_batches)`` holds the rows ``order`` of ``data``.
+    """
+    if not use_dynamic_bsz:
+        if micro_batch_size is None:
+            raise ValueError(f"{key}: a micro-batch size is required when use_dynamic_bsz is false")
+        return data.split(micro_batch_size), None
+    seqlens = data.batch["attention_mask"].sum(-1).tolist()
+    groups = dynamic_partitions(seqlens, max_token_len, key, device)
+    order = [i for g in groups for i in g]
+    return [data.select_idxs(g) for g in groups], order
+
+
+def restore_order(tensor: torch.Tensor, order: Optional[list[int]]) -> torch.Tensor:
+    """Undo the permutation of :func:`split_micro_batches` on a ``[B, ...]`` result."""
+    if order is None:
+        return tensor
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
+    return tensor[inverse]

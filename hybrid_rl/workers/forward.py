@@ -1,0 +1,103 @@
+"""Model forward passes that return per-response-token quantities, shared by actor and critic.
+
+A row is ``prompt (left-padded, P) || response (right-padded, R)``; the token ``responses[:, r]``
+sits at column ``P + r`` and is predicted by the output at column ``P + r - 1``. So the outputs
+needed are the columns ``[L - R - 1, L - 1)``; only those go through the LM head
+(``logits_to_keep``), which saves a vocab-sized matmul per prompt token.
+
+With ``use_remove_padding`` the valid tokens of all rows are packed into one sequence of shape
+``[1, T]`` without an attention mask; HF rebuilds a block-diagonal causal mask from the
+``position_ids`` restarting at 0 for each row, so no compute is spent on padding.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from hybrid_rl.algorithms import entropy_from_logits, logprobs_from_logits
+
+
+def trim_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      position_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Drop leading columns that are padding in every row (exact: they are masked anyway)."""
+    valid_cols = attention_mask.any(dim=0).nonzero()
+    start = int(valid_cols[0]) if len(valid_cols) else 0
+    return input_ids[:, start:], attention_mask[:, start:], position_ids[:, start:]
+
+
+def _packed(input_ids, attention_mask, position_ids, response_length):
+    """Pack valid tokens; return packed ids/positions ``[1, T]`` and the response-window map.
+
+    ``window`` ``[B, R]`` marks response-predicting columns that are valid tokens and ``keep``
+    ``[N]`` their indices in the packed sequence (ascending, row-major).
+    """
+    mask = attention_mask.bool()
+    flat_mask = mask.reshape(-1)
+    ids = input_ids.reshape(-1)[flat_mask].unsqueeze(0)  # [1, T]
+    pos = position_ids.reshape(-1)[flat_mask].unsqueeze(0)  # [1, T]
+    packed_index = torch.cumsum(flat_mask.long(), 0).reshape(mask.shape) - 1  # [B, L]
+    length = input_ids.shape[1]
+    cols = slice(length - response_length - 1, length - 1)
+    window = mask[:, cols]  # [B, R]
+    keep = packed_index[:, cols][window]  # [N]
+    return ids, pos, window, keep
+
+
+def response_logits(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float,
+                    use_remove_padding: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Logits predicting each response token, divided by ``temperature``.
+
+    Returns ``(logits, window)``: padded path ``logits`` is ``[B, R, V]`` and ``window`` None;
+    packed path ``logits`` is ``[N, V]`` for the valid positions marked by ``window [B, R]``.
+    """
+    response_length = batch["responses"].shape[1]
+    input_ids, attention_mask, position_ids = trim_left_padding(
+        batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+    if use_remove_padding:
+        ids, pos, window, keep = _packed(input_ids, attention_mask, position_ids, response_length)
+        out = module(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False,
+                     logits_to_keep=keep)
+        return out.logits[0] / temperature, window  # [N, V]
+    out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                 use_cache=False, logits_to_keep=response_length + 1)
+    return out.logits[:, :-1, :] / temperature, None  # [B, R, V]
+
+
+def _unpack(values: torch.Tensor, window: Optional[torch.Tensor]) -> torch.Tensor:
+    """``[N]`` packed values -> ``[B, R]`` with zeros outside the window (padded path: as is)."""
+    if window is None:
+        return values
+    out = values.new_zeros(window.shape)
+    out[window] = values
+    return out
+
+
+def response_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float,
+                       use_remove_padding: bool, calculate_entropy: bool
+                       ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``(log_probs [B, R], entropy [B, R] | None)`` of the response tokens (float32)."""
+    logits, window = response_logits(module, batch, temperature, use_remove_padding)
+    labels = batch["responses"] if window is None else batch["responses"][window]
+    log_probs = _unpack(logprobs_from_logits(logits, labels), window)
+    entropy = _unpack(entropy_from_logits(logits), window) if calculate_entropy else None
+    return log_probs, entropy
+
+
+def response_values(module: nn.Module, batch: dict[str, torch.Tensor],
+                    use_remove_padding: bool) -> torch.Tensor:
+    """Critic values ``[B, R]`` (float32): the value head at the columns predicting each response
+    token, i.e. the value of the state before that token is generated."""
+    response_length = batch["responses"].shape[1]
+    input_ids, attention_mask, position_ids = trim_left_padding(
+        batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+    if use_remove_padding:
+        ids, pos, window, keep = _packed(input_ids, attention_mask, position_ids, response_length)
+        out = module(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False)
+        return _unpack(out.logits[0, keep, 0].float(), window)
+    out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                 use_cache=False)
+    length = input_ids.shape[1]
+    return out.logits[:, length - response_length - 1:length - 1, 0].float()  # [B, R]
