@@ -20,7 +20,7 @@ from hybrid_rl.protocol import DataProto
 PROMPT_TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
-def prepare_rollout_batch(batch: DataProto, n: int, step: int) -> DataProto:
+def prepare_rollout_batch(batch: DataProto, n: int, step: int | str) -> DataProto:
     """Give every prompt a ``uid`` (``"<step>-<row>"``, deterministic for resumed runs) and repeat
     the batch ``n`` times interleaved: rows ``[p0, p0, ..., p1, p1, ...]`` ([B] -> [B * n])."""
     uids = np.array([f"{step}-{i}" for i in range(len(batch))], dtype=object)

@@ -1,0 +1,197 @@
+"""Builders for what the trainer drives: tokenizer, datasets and loader, reward managers, workers.
+
+Each takes the typed :class:`PPOConfig` and returns one component, so a variant trainer (or a
+notebook) can replace one of them and keep the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from hybrid_rl.trainer.config import PPOConfig
+from hybrid_rl.trainer.validate import RunPlan, as_file_list
+
+logger = logging.getLogger(__name__)
+
+
+def build_tokenizer(cfg: PPOConfig):
+    """The tokenizer of ``data.tokenizer`` or the actor model (the embedded model is resolved)."""
+    from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path
+
+    model = cfg.actor_rollout_ref.model
+    path = cfg.data.tokenizer or model.tokenizer_path or model.path
+    key = "data.tokenizer" if cfg.data.tokenizer else "actor_rollout_ref.model.path"
+    return load_tokenizer(resolve_model_path(path, key=key), trust_remote_code=model.trust_remote_code)
+
+
+def resolve_data_files(cfg: PPOConfig) -> tuple[list[str], list[str]]:
+    """(train files, val files). Unset train files = the arithmetic task, generated on first use."""
+    if cfg.data.train_files is None:
+        from hybrid_rl.data import ensure_arithmetic_data
+
+        arith = cfg.data.arithmetic
+        train, test = ensure_arithmetic_data(
+            os.path.expanduser(arith.cache_dir), num_train=arith.num_train, num_test=arith.num_test, seed=arith.seed
+        )
+        return [train], [test]
+    return as_file_list(cfg.data.train_files), as_file_list(cfg.data.val_files)
+
+
+def build_dataset(files: list[str], tokenizer, cfg: PPOConfig):
+    from hybrid_rl.data import RLHFDataset
+
+    data = cfg.data
+    return RLHFDataset(
+        files,
+        tokenizer,
+        prompt_key=data.prompt_key,
+        max_prompt_length=data.max_prompt_length,
+        filter_overlong_prompts=data.filter_overlong_prompts,
+        truncation=data.truncation,
+    )
+
+
+def build_train_dataloader(dataset, cfg: PPOConfig):
+    """Resumable loader: ``state_dict()`` goes into every checkpoint."""
+    from hybrid_rl.data import build_dataloader
+
+    if len(dataset) < cfg.data.train_batch_size:
+        raise ValueError(
+            f"the training set has {len(dataset)} prompts after filtering, fewer than data.train_batch_size="
+            f"{cfg.data.train_batch_size}; lower the batch size or add data"
+        )
+    return build_dataloader(dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed, drop_last=True)
+
+
+def build_reward_manager(cfg: PPOConfig, tokenizer, num_examine: int):
+    """The reward manager of ``reward_model.reward_manager`` around the custom or built-in scorer.
+
+    It runs on the driver, so a scorer registered with ``@register_reward`` in the driver process
+    (e.g. a notebook cell) is used as is.
+    """
+    from hybrid_rl.reward import get_reward_manager_cls, load_custom_reward_fn
+
+    manager_cls = get_reward_manager_cls(cfg.reward_model.reward_manager)
+    compute_score = None
+    if cfg.custom_reward_function.path:
+        compute_score = load_custom_reward_fn(
+            cfg.custom_reward_function.path,
+            cfg.custom_reward_function.name,
+            batched=cfg.reward_model.reward_manager == "batch",
+        )
+    return manager_cls(
+        tokenizer,
+        num_examine=num_examine,
+        compute_score=compute_score,
+        reward_fn_key=cfg.data.reward_fn_key,
+        timeout_s=cfg.reward_model.timeout,
+    )
+
+
+@dataclass
+class WorkerGroups:
+    """Handles on the colocated worker group's role views."""
+
+    actor_rollout: Any
+    """View with the actor / rollout / reference methods."""
+    critic: Optional[Any]
+    """View with the critic methods (None without a critic)."""
+    resource_pool: Any
+    """The reserved devices (released at shutdown)."""
+
+    def shutdown(self) -> None:
+        self.actor_rollout.shutdown()
+        self.resource_pool.remove()
+
+
+def build_worker_groups(
+    cfg: PPOConfig,
+    plan: RunPlan,
+    total_training_steps: int,
+    actor_cls: Optional[type] = None,
+    critic_cls: Optional[type] = None,
+    call_timeout_s: Optional[float] = None,
+) -> WorkerGroups:
+    """Start ``world_size`` colocated processes, each hosting actor + rollout (+ ref) (+ critic).
+
+    ``total_training_steps`` sizes the LR schedules; it is passed to the workers, never written
+    into their configs.
+    """
+    from hybrid_rl.single_controller import (
+        RayClassWithInitArgs,
+        RayResourcePool,
+        RayWorkerGroup,
+        create_colocated_worker_cls,
+        init_ray,
+    )
+    from hybrid_rl.workers import ActorRolloutRefWorker, CriticWorker
+
+    init_ray(address=cfg.ray_init.address, num_cpus=cfg.ray_init.num_cpus)
+    pool = RayResourcePool(
+        [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes,
+        use_gpu=plan.device == "cuda",
+        num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker,
+    )
+    role = "actor_rollout_ref" if plan.use_reference_policy else "actor_rollout"
+    classes = {
+        "actor_rollout": RayClassWithInitArgs(
+            actor_cls or ActorRolloutRefWorker,
+            config=cfg.actor_rollout_ref,
+            role=role,
+            total_training_steps=total_training_steps,
+        )
+    }
+    if plan.use_critic:
+        classes["critic"] = RayClassWithInitArgs(
+            critic_cls or CriticWorker, config=cfg.critic, total_training_steps=total_training_steps
+        )
+    group = RayWorkerGroup(pool, create_colocated_worker_cls(classes), call_timeout_s=call_timeout_s)
+    views = group.spawn(list(classes))
+    # The critic first: the actor's rollout engine sizes its cache from what memory is left.
+    if plan.use_critic:
+        views["critic"].init_model()
+    views["actor_rollout"].init_model()
+    return WorkerGroups(actor_rollout=views["actor_rollout"], critic=views.get("critic"), resource_pool=pool)
+
+
+def count_model_params(cfg: PPOConfig) -> int:
+    """Parameters of the actor model, counted on the meta device (nothing is allocated)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hybrid_rl.workers.model_loader import load_hf_config, resolve_model_path
+
+    model = cfg.actor_rollout_ref.model
+    hf_config = load_hf_config(resolve_model_path(model.path), trust_remote_code=model.trust_remote_code)
+    with torch.device("meta"):
+        module = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=model.trust_remote_code)
+    return sum(p.numel() for p in module.parameters())
+
+
+def measure_peak_flops(device: str, seconds: float = 0.5) -> float:
+    """Achievable matmul FLOP/s of one worker's device (bf16), measured once at start-up.
+
+    MFU is reported against this measured peak rather than a datasheet number, so it reads the
+    same on a laptop CPU and on a GPU. On CPU the measurement uses this process's threads.
+    """
+    import time
+
+    import torch
+
+    dev = torch.device("cuda" if device == "cuda" else "cpu")
+    size = 2048 if device == "cuda" else 512
+    a = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
+    torch.matmul(a, b)  # warm-up
+    iters, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        torch.matmul(a, b)
+        iters += 1
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    return 2.0 * size**3 * iters / elapsed
+

@@ -1,0 +1,102 @@
+"""The driver loop (fit, named steps, checkpoints, resume, logging) with in-process fake workers."""
+
+import json
+import os
+
+import pytest
+
+from hybrid_rl.trainer.components import WorkerGroups
+from hybrid_rl.trainer.config_loader import get_config
+from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
+
+from trainer_fakes import FakeActorRollout, FakeCritic, FakePool
+
+
+def _overrides(tmp_path, model_dir, *extra):
+    return [
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"data.arithmetic.cache_dir={tmp_path}/data",
+        "data.arithmetic.num_train=40",
+        "data.arithmetic.num_test=6",
+        "data.train_batch_size=4",
+        "data.max_response_length=4",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "trainer.total_training_steps=5",
+        "trainer.save_freq=2",
+        f"trainer.default_local_dir={tmp_path}/run",
+        "trainer.progress_bar=false",
+        *extra,
+    ]
+
+
+def _trainer(tmp_path, model_dir, *extra, critic=False):
+    trainer = RayPPOTrainer(get_config(_overrides(tmp_path, model_dir, *extra)))
+    trainer.workers = WorkerGroups(FakeActorRollout(), FakeCritic() if critic else None, FakePool())
+    return trainer
+
+
+def _rows(run_dir):
+    return [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+
+
+def test_grpo_loop_steps_metrics_checkpoints(tmp_path, tiny_model_dir):
+    trainer = _trainer(tmp_path, tiny_model_dir)
+    trainer.fit()
+    calls = trainer.workers.actor_rollout.calls
+    # val before train, 5 x (generate, log-prob, update), final validation; saves at 2, 4, 5
+    assert calls.count("update_actor") == 5 and calls.count("generate_sequences") == 7
+    assert calls.count("compute_ref_log_prob") == 0 and calls.count("save_checkpoint") == 3
+    rows = _rows(tmp_path / "run")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
+    assert "val-core/arithmetic/reward/mean@1" in rows[0] and "val-core/arithmetic/reward/mean@1" in rows[-1]
+    step = rows[1]
+    for key in ("critic/score/mean", "critic/advantages/mean", "response_length/clip_ratio", "perf/throughput",
+                "timing_s/generate", "timing_s/gen", "timing_s/update_actor", "timing_s/step", "perf/mfu/actor",
+                "task_reward", "actor_clip_ratio", "no_eos_ratio", "avg_seq_len", "reward/num_failed",
+                "actor/entropy", "rollout/fake"):
+        assert key in step, key
+    assert "timing_s/save_checkpoint" in rows[2] and "timing_s/save_checkpoint" not in rows[3]
+    run = tmp_path / "run"
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == "5"
+    assert sorted(p for p in os.listdir(run) if p.startswith("global_step")) == ["global_step_4", "global_step_5"]
+    assert (run / "reward_curve.png").stat().st_size > 0 and (run / "val_generations.jsonl").exists()
+
+
+def test_resume_reaches_same_final_weights(tmp_path, tiny_model_dir):
+    straight = _trainer(tmp_path / "a", tiny_model_dir)
+    straight.fit()
+
+    interrupted = _trainer(tmp_path / "b", tiny_model_dir, "trainer.total_training_steps=5")
+    interrupted.total_training_steps = 3  # "killed" after step 3 (last checkpoint: step 2)
+    interrupted.config.trainer.save_freq = 2
+    interrupted._is_last_step = lambda: False  # no final save / validation, as in a crash
+    interrupted.fit()
+    assert (tmp_path / "b" / "run" / "latest_checkpointed_iteration.txt").read_text() == "2"
+
+    resumed = _trainer(tmp_path / "b", tiny_model_dir)
+    resumed.fit()
+    assert resumed.workers.actor_rollout.calls[0] == "load_checkpoint"
+    assert float(resumed.workers.actor_rollout.w) == float(straight.workers.actor_rollout.w)
+    steps = [r["step"] for r in _rows(tmp_path / "b" / "run")]
+    assert steps == [0, 1, 2, 3, 3, 4, 5]  # step 3 redone after resuming from 2
+
+
+def test_gae_with_kl_in_reward_and_critic_warmup(tmp_path, tiny_model_dir):
+    trainer = _trainer(tmp_path, tiny_model_dir, "algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=true",
+                       "trainer.critic_warmup=2", "trainer.val_before_train=false", critic=True)
+    assert trainer.step_plan()[:7] == ["generate", "compute_reward", "compute_old_log_prob", "compute_ref_log_prob",
+                                       "compute_values", "compute_advantage", "update_critic"]
+    trainer.fit()
+    assert trainer.workers.actor_rollout.calls.count("update_actor") == 3  # steps 3..5
+    assert trainer.workers.critic.calls.count("update_critic") == 5
+    row = _rows(tmp_path / "run")[0]
+    assert "actor/reward_kl_penalty" in row and "critic/vf_explained_var" in row and "critic/values/mean" in row
+    assert os.path.isdir(tmp_path / "run" / "global_step_5" / "critic")
+
+
+def test_resume_path_errors(tmp_path, tiny_model_dir):
+    trainer = _trainer(tmp_path, tiny_model_dir, "trainer.resume_mode=resume_path",
+                       f"trainer.resume_from_path={tmp_path}/run/global_step_9")
+    with pytest.raises(ValueError, match="not a global_step_N folder"):
+        trainer.fit()
