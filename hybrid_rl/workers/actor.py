@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from torch import nn
@@ -21,7 +21,8 @@ from hybrid_rl.protocol import DataProto
 from hybrid_rl.workers.batching import all_reduce_sum, restore_order, split_micro_batches
 from hybrid_rl.workers.config import ActorConfig
 from hybrid_rl.workers.forward import response_log_probs
-from hybrid_rl.workers.fsdp_utils import clip_grad_norm, dp_world
+from hybrid_rl.workers.fsdp_utils import dp_world
+from hybrid_rl.workers.update_utils import check_mini_batch_rows, mini_batches, optimizer_step
 
 logger = logging.getLogger(__name__)
 
@@ -109,32 +110,17 @@ class DataParallelPPOActor:
         if missing:
             raise ValueError(f"update_policy: batch lacks {missing} (actor.use_kl_loss="
                              f"{self.config.use_kl_loss}); compute them before update_actor")
-        self._check_mini_batch(len(data))
+        check_mini_batch_rows(len(data), self.mini_batch_rows, "actor")
         data = data.select(batch_keys=keys)
         metrics: dict[str, list[float]] = defaultdict(list)
         skipped_before = self.num_skipped_steps
         self.actor_module.train()  # gradient checkpointing only runs in train mode
         for epoch in range(self.config.ppo_epochs):
-            for mini in self._mini_batches(data, epoch):
+            for mini in mini_batches(data, self.mini_batch_rows, self.config.shuffle, epoch):
                 self._update_mini_batch(mini, data.meta_info["temperature"], metrics)
         self.actor_module.eval()
         metrics["actor/num_skipped_steps"].append(self.num_skipped_steps - skipped_before)
         return dict(metrics)
-
-    def _check_mini_batch(self, num_rows: int) -> None:
-        if num_rows < self.mini_batch_rows or num_rows % self.mini_batch_rows:
-            raise ValueError(
-                f"update_policy got {num_rows} rows on this rank but a mini-batch is "
-                f"{self.mini_batch_rows} rows (actor.ppo_mini_batch_size x rollout.n / dp_size); the "
-                "rows must be a positive multiple of it. Fix: make data.train_batch_size a multiple "
-                "of actor.ppo_mini_batch_size.")
-
-    def _mini_batches(self, data: DataProto, epoch: int) -> list[DataProto]:
-        if self.config.shuffle:
-            seed = int(data.meta_info.get("global_steps", 0)) * 1000 + epoch
-            generator = torch.Generator().manual_seed(seed)
-            data = data.select_idxs(torch.randperm(len(data), generator=generator))
-        return data.split(self.mini_batch_rows)
 
     def _update_mini_batch(self, mini: DataProto, temperature: float,
                            metrics: dict[str, list[float]]) -> None:
@@ -162,7 +148,9 @@ class DataParallelPPOActor:
         if cfg.use_kl_loss:
             metrics["actor/kl_loss"].append(float(totals[2]))
             metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
-        self._optimizer_step(metrics)
+        grad_norm, skipped = optimizer_step(self.actor_module, self.actor_optimizer, cfg.grad_clip, "actor")
+        self.num_skipped_steps += int(skipped)
+        metrics["actor/grad_norm"].append(grad_norm)
 
     def _micro_loss(self, batch: dict[str, torch.Tensor], temperature: float,
                     denoms: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -189,15 +177,3 @@ class DataParallelPPOActor:
         stats = {"actor/pg_clipfrac": pg_clipfrac.item(), "actor/ppo_kl": ppo_kl.item(),
                  "actor/pg_clipfrac_lower": pg_clipfrac_lower.item()}
         return loss, parts, stats
-
-    def _optimizer_step(self, metrics: dict[str, list[Any]]) -> None:
-        """Clip, then step — or skip the step when the gradient norm is not finite."""
-        params = [p for p in self.actor_module.parameters() if p.requires_grad]
-        grad_norm = clip_grad_norm(params, self.config.grad_clip)
-        if torch.isfinite(grad_norm):
-            self.actor_optimizer.step()
-        else:
-            self.num_skipped_steps += 1
-            logger.warning("actor: non-finite grad norm %s, optimizer step skipped", grad_norm.item())
-        self.actor_optimizer.zero_grad(set_to_none=True)
-        metrics["actor/grad_norm"].append(float(grad_norm))

@@ -1,0 +1,116 @@
+"""PPO critic on one data-parallel rank: values and clipped value-loss updates (no Ray inside).
+
+The value model is the backbone with a one-output token-classification head; ``values[:, r]`` is
+read at the column that predicts response token ``r`` (the state before it is generated). The update
+loop mirrors the actor's: global loss denominators per mini-batch, so micro-batch and data-parallel
+splits give the gradient of the whole mini-batch.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Optional
+
+import torch
+from torch import nn
+
+from hybrid_rl.algorithms import compute_value_loss, global_batch_denominators, masked_mean
+from hybrid_rl.protocol import DataProto
+from hybrid_rl.workers.batching import all_reduce_sum, restore_order, split_micro_batches
+from hybrid_rl.workers.config import CriticConfig
+from hybrid_rl.workers.forward import response_values
+from hybrid_rl.workers.fsdp_utils import dp_world
+from hybrid_rl.workers.update_utils import check_mini_batch_rows, mini_batches, optimizer_step
+
+_MODEL_INPUTS = ["responses", "input_ids", "attention_mask", "position_ids", "response_mask"]
+
+
+class DataParallelPPOCritic:
+    """Values and updates of ``critic_module`` on this rank's rows.
+
+    Args:
+        config: the critic section of the config.
+        critic_module: HF token-classification model with ``num_labels=1`` (FSDP2 or plain).
+        critic_optimizer: optimizer over its parameters (None: values only).
+        ppo_mini_batch_size_per_gpu: rows per mini-batch on this rank (= ppo_mini_batch_size *
+            rollout_n / dp_size); None = ``config.ppo_mini_batch_size * config.rollout_n``.
+        use_remove_padding: pack valid tokens instead of running on padding.
+        device: where micro-batches are moved for compute.
+    """
+
+    def __init__(self, config: CriticConfig, critic_module: nn.Module,
+                 critic_optimizer: Optional[torch.optim.Optimizer] = None, *,
+                 ppo_mini_batch_size_per_gpu: Optional[int] = None,
+                 use_remove_padding: bool = False, device: torch.device | str = "cpu"):
+        self.config = config
+        self.critic_module = critic_module
+        self.critic_optimizer = critic_optimizer
+        self.mini_batch_rows = ppo_mini_batch_size_per_gpu or config.ppo_mini_batch_size * config.rollout_n
+        self.use_remove_padding = use_remove_padding
+        self.device = torch.device(device)
+        self.rank, self.dp_size = dp_world()
+        self.num_skipped_steps = 0
+
+    @torch.no_grad()
+    def compute_values(self, data: DataProto) -> torch.Tensor:
+        """Values ``[B, R]`` (float32), zero outside ``response_mask``."""
+        cfg = self.config
+        micro_batches, order = split_micro_batches(
+            data.select(batch_keys=_MODEL_INPUTS),
+            micro_batch_size=cfg.forward_micro_batch_size_per_gpu or cfg.ppo_micro_batch_size_per_gpu,
+            use_dynamic_bsz=cfg.use_dynamic_bsz, max_token_len=cfg.ppo_max_token_len_per_gpu,
+            key="critic.ppo_max_token_len_per_gpu", device=self.device)
+        self.critic_module.eval()
+        values = []
+        for micro in micro_batches:
+            batch = {k: v.to(self.device) for k, v in micro.batch.items()}
+            values.append((response_values(self.critic_module, batch, self.use_remove_padding)
+                           * batch["response_mask"]).cpu())
+        return restore_order(torch.cat(values), order)
+
+    def update_critic(self, data: DataProto) -> dict[str, list[float]]:
+        """Clipped value-loss update over ``data``; needs ``values`` and ``returns`` [B, R]."""
+        if self.critic_optimizer is None:
+            raise ValueError("update_critic needs an optimizer; this critic was built without one")
+        keys = _MODEL_INPUTS + ["values", "returns"]
+        missing = [k for k in keys if k not in data.batch.keys()]
+        if missing:
+            raise ValueError(f"update_critic: batch lacks {missing}; run compute_values and the "
+                             "advantage estimator (returns) first")
+        check_mini_batch_rows(len(data), self.mini_batch_rows, "critic")
+        data = data.select(batch_keys=keys)
+        metrics: dict[str, list[float]] = defaultdict(list)
+        skipped_before = self.num_skipped_steps
+        self.critic_module.train()
+        for epoch in range(self.config.ppo_epochs):
+            for mini in mini_batches(data, self.mini_batch_rows, self.config.shuffle, epoch):
+                self._update_mini_batch(mini, metrics)
+        self.critic_module.eval()
+        metrics["critic/num_skipped_steps"].append(self.num_skipped_steps - skipped_before)
+        return dict(metrics)
+
+    def _update_mini_batch(self, mini: DataProto, metrics: dict[str, list[float]]) -> None:
+        cfg = self.config
+        denoms = {k: all_reduce_sum(v, self.device)
+                  for k, v in global_batch_denominators(mini.batch["response_mask"]).items()}
+        micro_batches, _ = split_micro_batches(
+            mini, micro_batch_size=cfg.ppo_micro_batch_size_per_gpu, use_dynamic_bsz=cfg.use_dynamic_bsz,
+            max_token_len=cfg.ppo_max_token_len_per_gpu, key="critic.ppo_max_token_len_per_gpu",
+            device=self.device)
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        vf_loss_total = torch.zeros((), dtype=torch.float64)
+        for micro in micro_batches:
+            batch = {k: v.to(self.device) for k, v in micro.batch.items()}
+            mask = batch["response_mask"]
+            vpreds = response_values(self.critic_module, batch, self.use_remove_padding)  # [b, R]
+            vf_loss, vf_clipfrac = compute_value_loss(
+                vpreds, batch["returns"], batch["values"], mask, cfg.cliprange_value,
+                loss_agg_mode=cfg.loss_agg_mode, **denoms)
+            (vf_loss * self.dp_size).backward()  # FSDP averages over ranks; the loss needs the sum
+            vf_loss_total += vf_loss.detach().double().cpu()
+            metrics["critic/vf_clipfrac"].append(vf_clipfrac.item())
+            metrics["critic/vpred_mean"].append(masked_mean(vpreds.detach(), mask).item())
+        metrics["critic/vf_loss"].append(float(all_reduce_sum(vf_loss_total, self.device)))
+        grad_norm, skipped = optimizer_step(self.critic_module, self.critic_optimizer, cfg.grad_clip, "critic")
+        self.num_skipped_steps += int(skipped)
+        metrics["critic/grad_norm"].append(grad_norm)

@@ -1,0 +1,51 @@
+"""Pieces of the PPO update loop shared by the actor and the critic: mini-batches and the step."""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+from torch import nn
+
+from hybrid_rl.protocol import DataProto
+from hybrid_rl.workers.fsdp_utils import clip_grad_norm
+
+logger = logging.getLogger(__name__)
+
+
+def check_mini_batch_rows(num_rows: int, mini_batch_rows: int, role: str) -> None:
+    """Every rank must take the same number of optimizer steps, so rows must split evenly."""
+    if num_rows < mini_batch_rows or num_rows % mini_batch_rows:
+        raise ValueError(
+            f"{role} update got {num_rows} rows on this rank but a mini-batch is {mini_batch_rows} rows "
+            f"({role}.ppo_mini_batch_size x rollout.n / dp_size); the rows must be a positive multiple "
+            f"of it. Fix: make data.train_batch_size a multiple of {role}.ppo_mini_batch_size.")
+
+
+def mini_batches(data: DataProto, mini_batch_rows: int, shuffle: bool, epoch: int) -> list[DataProto]:
+    """Consecutive mini-batches; with ``shuffle`` the rows are permuted first, seeded by
+    ``meta_info["global_steps"]`` and the epoch so a resumed run repeats the same order."""
+    if shuffle:
+        seed = int(data.meta_info.get("global_steps", 0)) * 1000 + epoch
+        generator = torch.Generator().manual_seed(seed)
+        data = data.select_idxs(torch.randperm(len(data), generator=generator))
+    return data.split(mini_batch_rows)
+
+
+def optimizer_step(module: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: Optional[float],
+                   role: str) -> tuple[float, bool]:
+    """Clip and step; skip the step when the global gradient norm is not finite.
+
+    Returns ``(grad_norm, skipped)``. The norm is reduced over all ranks, so every rank takes the
+    same decision. Gradients are cleared either way.
+    """
+    params = [p for p in module.parameters() if p.requires_grad]
+    grad_norm = clip_grad_norm(params, grad_clip)
+    skipped = not bool(torch.isfinite(grad_norm))
+    if skipped:
+        logger.warning("%s: non-finite grad norm %s, optimizer step skipped", role, grad_norm.item())
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(grad_norm), skipped
