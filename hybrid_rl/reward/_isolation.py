@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 
 ISOLATION_MODES = ("process", "thread")
 MAX_ABANDONED_THREADS = 4
+STARTUP_TIMEOUT_S = 30.0
 _HEADER = struct.Struct("<Q")
 _abandoned_threads: list[threading.Thread] = []
 _abandoned_lock = threading.Lock()
@@ -68,7 +69,13 @@ def run_bounded(thunks: Sequence[Callable[[], Any]], timeout_s: float, isolation
             break
         runner = start_runner(thunks, next_idx)
         try:
-            next_idx = _drain(runner, records, next_idx, len(thunks), timeout_s)
+            # The first item's budget starts once the runner is up: under heavy load a fork can
+            # take longer than a short per-item timeout, which must not count against the scorer.
+            if runner.wait_ready(STARTUP_TIMEOUT_S):
+                next_idx = _drain(runner, records, next_idx, len(thunks), timeout_s)
+            else:
+                records[next_idx] = ("error", f"scorer process did not start within {STARTUP_TIMEOUT_S}s")
+                next_idx += 1
         finally:
             runner.close()
     return records  # type: ignore[return-value]
@@ -122,6 +129,9 @@ class _ThreadRunner:
                 return
             self._queue.put((idx, _call(thunks[idx])))
 
+    def wait_ready(self, timeout_s: float) -> bool:
+        return True  # a thread starts at once
+
     def get(self, timeout_s: float):
         try:
             return self._queue.get(timeout=timeout_s)
@@ -154,6 +164,11 @@ class _ProcessRunner:
             _child_main(thunks, start, write_fd)
         os.close(write_fd)
         self._pid, self._fd, self._buf, self._eof = pid, read_fd, bytearray(), False
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """True once the child reported it is running (its first record is ``(-1, ("ready", None))``)."""
+        got = self.get(timeout_s)
+        return got is not None and got[0] == -1
 
     def get(self, timeout_s: float):
         deadline = time.monotonic() + timeout_s
@@ -225,6 +240,11 @@ def _reap(pid: int, flags: int) -> bool:
         return True
 
 
+def _frame(obj: Any) -> bytes:
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(payload)) + payload
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -236,13 +256,14 @@ def _child_main(thunks: Sequence[Callable[[], Any]], start: int, write_fd: int) 
     try:
         # Ctrl-C goes to the whole process group: let the parent handle it, the child just dies.
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        _write_all(write_fd, _frame((-1, ("ready", None))))
         for idx in range(start, len(thunks)):
             record = _call(thunks[idx])
             try:
-                payload = pickle.dumps((idx, record), protocol=pickle.HIGHEST_PROTOCOL)
+                message = _frame((idx, record))
             except Exception as exc:  # noqa: BLE001 -- e.g. a scorer returned a lock or generator
-                payload = pickle.dumps((idx, ("error", f"result not picklable: {exc}")))
-            _write_all(write_fd, _HEADER.pack(len(payload)) + payload)
+                message = _frame((idx, ("error", f"result not picklable: {exc}")))
+            _write_all(write_fd, message)
         os.close(write_fd)
         for stream in (sys.stdout, sys.stderr):
             stream.flush()  # the scorer's own prints

@@ -2,6 +2,7 @@
 
 import math
 import os
+import threading
 import time
 
 import numpy as np
@@ -12,6 +13,10 @@ from hybrid_rl.reward import _isolation
 from hybrid_rl.reward.guard import ScoreOutcome, normalize_score, run_guarded, safe_score, safe_score_many
 
 MODES = ["process", "thread"]
+# The test machine is shared and often heavily oversubscribed: wall-clock bounds get this much slack,
+# and items that must succeed get a per-item budget no scheduler hiccup can exhaust.
+SLACK_S = 3.0
+BUDGET_S = 2.0
 
 
 def _raise(*_, **__):
@@ -66,13 +71,21 @@ def test_safe_score_statuses(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_timeout_returns_promptly_and_later_items_still_score(mode):
+def test_hung_scorer_returns_promptly(mode):
     start = time.perf_counter()
-    out = safe_score_many(_sleep, [((0.0,), {}), ((30.0,), {}), ((0.0,), {})], timeout_s=0.2, isolation=mode)
-    elapsed = time.perf_counter() - start
+    out = safe_score(_sleep, 30.0, timeout_s=0.2, isolation=mode)
+    assert out[:3] == (0.0, {}, "timeout") and "0.2s" in out.message
+    assert time.perf_counter() - start < 0.2 + SLACK_S  # ~0.25 s on a quiet machine
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_timeout_hits_only_its_item(mode):
+    start = time.perf_counter()
+    calls = [((0.0,), {}), ((30.0,), {}), ((0.0,), {})]
+    out = safe_score_many(_sleep, calls, timeout_s=BUDGET_S, isolation=mode)
     assert [o.status for o in out] == ["ok", "timeout", "ok"]
     assert [o.score for o in out] == [1.0, 0.0, 1.0]
-    assert elapsed < 1.5
+    assert time.perf_counter() - start < BUDGET_S + SLACK_S
 
 
 def test_process_isolation_survives_gil_holding_code_and_hard_exits():
@@ -80,28 +93,35 @@ def test_process_isolation_survives_gil_holding_code_and_hard_exits():
     start = time.perf_counter()
     out = safe_score_many(lambda k: k(), [((lambda: 10 ** 10 ** 10,), {}), ((lambda: os._exit(7),), {}),
                                           ((lambda: os.kill(os.getpid(), 9),), {}), ((lambda: 0.5,), {})],
-                          timeout_s=0.3, isolation="process")
+                          timeout_s=BUDGET_S, isolation="process")
     assert [o.status for o in out] == ["timeout", "error", "error", "ok"]
     assert "exit code 7" in out[1].message and "signal 9" in out[2].message
     assert out[3].score == 0.5
-    assert time.perf_counter() - start < 3.0
+    assert time.perf_counter() - start < BUDGET_S + 2 * SLACK_S
 
 
 def test_process_results_must_pickle():
     out = safe_score(lambda: {"score": 1.0, "gen": (i for i in range(3))}, isolation="process")
     assert out.status == "ok" and out.extra["gen"].startswith("<generator")  # extras are stringified
-    status, message = run_guarded(lambda: (i for i in range(3)), timeout_s=1.0, isolation="process")
+    status, message = run_guarded(lambda: (i for i in range(3)), timeout_s=BUDGET_S, isolation="process")
     assert status == "error" and "not picklable" in message
 
 
 def test_thread_mode_bounds_abandoned_threads(monkeypatch):
     monkeypatch.setattr(_isolation, "MAX_ABANDONED_THREADS", 2)
     monkeypatch.setattr(_isolation, "_abandoned_threads", [])
-    out = safe_score_many(_sleep, [((1.0,), {})] * 4, timeout_s=0.05, isolation="thread")
+    release = threading.Event()
+    started = []
+    out = safe_score_many(lambda: started.append(1) or release.wait(30), [((), {})] * 4, timeout_s=0.05,
+                          isolation="thread")
     assert [o.status for o in out] == ["timeout"] * 4
-    assert "refused" in out[2].message and "refused" in out[3].message  # no third thread was started
-    time.sleep(1.2)  # the abandoned sleepers finish: new work is accepted again
-    assert safe_score(_sleep, 0.0, timeout_s=0.5, isolation="thread").status == "ok"
+    assert "refused" in out[2].message and "refused" in out[3].message
+    assert len(started) == 2  # no third thread was started
+    release.set()
+    deadline = time.monotonic() + 20
+    while _isolation._num_abandoned_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)  # the abandoned threads finish on their own...
+    assert safe_score(_sleep, 0.0, timeout_s=5.0, isolation="thread").status == "ok"  # ...and work resumes
 
 
 def test_no_timeout_and_bad_isolation():
@@ -114,8 +134,8 @@ def test_many_calls_use_one_process_and_keep_order(monkeypatch):
     forks = []
     real_fork = os.fork
     monkeypatch.setattr(os, "fork", lambda: forks.append(1) or real_fork())
-    out = safe_score_many(lambda x: math.sqrt(x), [((float(i),), {}) for i in range(300)], timeout_s=5)
+    out = safe_score_many(lambda x: math.sqrt(x), [((float(i),), {}) for i in range(300)], timeout_s=BUDGET_S)
     assert [o.score for o in out] == [math.sqrt(i) for i in range(300)]
     assert len(forks) == 1
-    safe_score_many(_sleep, [((0.0,), {}), ((5.0,), {}), ((0.0,), {})], timeout_s=0.1)
+    safe_score_many(_sleep, [((0.0,), {}), ((30.0,), {}), ((0.0,), {})], timeout_s=BUDGET_S)
     assert len(forks) == 3  # a timeout costs exactly one extra fork

@@ -80,7 +80,7 @@ def test_math_box_extraction_and_adversarial_inputs():
     huge = "{" * 1_000_000 + r"\boxed{" + "{" * 1_000_000  # never balanced
     assert math_scorer.compute_score(huge, "3") == 0.0
     assert math_scorer.compute_score("x" * 5_000_000 + r"\boxed{3}", "3") == 1.0
-    assert time.perf_counter() - start < 5.0  # linear scans
+    assert time.perf_counter() - start < 30.0  # linear scans (~0.5 s quiet); a quadratic scan would take hours
 
 
 @pytest.mark.parametrize(
@@ -118,4 +118,4 @@ def test_arithmetic_format_score_and_adversarial_inputs():
     start = time.perf_counter()
     assert arithmetic.compute_score("####" + " " * 2_000_000 + "x", 7) == 0.0  # no quadratic backtracking
     assert arithmetic.compute_score("#### 1 " * 200_000 + "#### 7", 7) == 1.0
-    assert time.perf_counter() - start < 5.0
+    assert time.perf_counter() - start < 30.0  # shared machine: generous, quadratic would be hours
