@@ -151,7 +151,8 @@ class _RewardManagerBase(abc.ABC):
     def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
         """``token_level_scores`` float32 [B, R], or ``{"reward_tensor", "reward_extra_info", "reward_metrics"}``."""
         if "rm_scores" in data.batch.keys():  # a reward model already scored the batch (veRL behaviour)
-            return self._result(data.batch["rm_scores"], {}, self._metrics([]), return_dict)
+            self.last_metrics = self._metrics([])
+            return self._result(data.batch["rm_scores"], {}, self.last_metrics, return_dict)
         rows = self._rows(data)
         outcomes = self._score(rows) if rows.solution_strs else []
         responses = data.batch["responses"]
