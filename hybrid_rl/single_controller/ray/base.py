@@ -1,0 +1,261 @@
+"""``RayWorkerGroup``: one Ray actor per bundle of a resource pool, driven as one object.
+
+Every ``@register``-ed method of the worker class becomes a method of the group: ``wg.update_actor(batch)``
+dispatches the arguments over the ranks, runs the method on them and collects the outputs (see
+:mod:`hybrid_rl.single_controller.decorator`). Waiting is failure-aware
+(:mod:`hybrid_rl.single_controller.future`): a dead worker raises ``WorkerGroupError`` naming it, and a
+call longer than ``call_timeout_s`` raises ``WorkerGroupTimeoutError`` naming the silent ranks.
+
+Rendezvous: before any actor starts, a zero-CPU task on rank 0's bundle picks ``MASTER_ADDR`` (that
+node's IP) and a free ``MASTER_PORT``; every actor then starts with the full torch.distributed
+environment, so worker constructors may call ``init_process_group`` right away.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+from typing import Any, Callable
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from hybrid_rl.single_controller.decorator import (
+    DISPATCH_MODE_FN_REGISTRY,
+    Dispatch,
+    Execute,
+    RegisterSpec,
+    collect_first,
+    collect_list,
+    registered_methods,
+)
+from hybrid_rl.single_controller.errors import WorkerGroupError, WorkerInfo
+from hybrid_rl.single_controller.future import WorkerGroupFuture, wait_for_results
+from hybrid_rl.single_controller.ray.resource_pool import RayResourcePool
+from hybrid_rl.single_controller.worker import Worker
+
+__all__ = ["RayClassWithInitArgs", "RayWorkerGroup"]
+
+logger = logging.getLogger(__name__)
+
+
+class RayClassWithInitArgs:
+    """A Worker class plus the arguments its constructor gets in every actor (veRL's name and signature).
+
+    ``cls`` may be the plain class or ``ray.remote(cls)``. Extra Ray actor options (e.g. ``runtime_env``)
+    can be added with :meth:`update_options`.
+    """
+
+    def __init__(self, cls: Any, *args: Any, **kwargs: Any):
+        self.raw_cls: type = getattr(cls, "__ray_actor_class__", cls)
+        if not (isinstance(self.raw_cls, type) and issubclass(self.raw_cls, Worker)):
+            raise TypeError(f"RayClassWithInitArgs needs a subclass of hybrid_rl Worker, got {cls!r}")
+        self.args = args
+        self.kwargs = kwargs
+        self.options: dict[str, Any] = {}
+
+    @property
+    def cls(self) -> type:
+        """The plain worker class."""
+        return self.raw_cls
+
+    def update_options(self, options: dict[str, Any]) -> None:
+        """Merge extra ``ray.remote`` actor options (applied to every actor of the group)."""
+        self.options.update(options)
+
+    def create_actor(self, bundle: PlacementGroupSchedulingStrategy, resources: dict[str, float],
+                     env_vars: dict[str, str], name: str) -> ray.actor.ActorHandle:
+        """Start one actor in ``bundle`` with ``env_vars`` added to its environment."""
+        options = dict(self.options)
+        runtime_env = dict(options.pop("runtime_env", {}) or {})
+        runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env_vars}
+        actor_cls = ray.remote(self.raw_cls)
+        return actor_cls.options(
+            name=name, scheduling_strategy=bundle, runtime_env=runtime_env, max_restarts=0,
+            **resources, **options,
+        ).remote(*self.args, **self.kwargs)
+
+
+def _rendezvous_task() -> Any:
+    """A zero-CPU Ray task returning ``(node IP, free port)`` of the node it runs on.
+
+    Built in a closure so that cloudpickle ships it by value: the task's process then needs neither
+    torch nor hybrid_rl, which makes it start in well under a second even on a loaded machine.
+    """
+
+    def pick_master_addr_port() -> tuple[str, int]:
+        import socket
+
+        import ray
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), int(s.getsockname()[1])
+
+    return ray.remote(num_cpus=0)(pick_master_addr_port)
+
+
+class RayWorkerGroup:
+    """One actor of ``ray_cls_with_init`` per bundle of ``resource_pool``, with the worker's registered
+    methods bound onto this object.
+
+    Args:
+        resource_pool: where the actors go (one per bundle, ranks in bundle order).
+        ray_cls_with_init: the worker class and its constructor arguments.
+        name_prefix: prefix of the Ray actor names (random if None).
+        call_timeout_s: deadline for every call (None = wait as long as the workers are alive).
+        init_timeout_s: deadline for all actors to start and finish their constructors.
+    """
+
+    def __init__(self, resource_pool: RayResourcePool, ray_cls_with_init: RayClassWithInitArgs,
+                 name_prefix: str | None = None, call_timeout_s: float | None = None,
+                 init_timeout_s: float = 600.0):
+        if call_timeout_s is not None and call_timeout_s <= 0:
+            raise ValueError(f"call_timeout_s must be > 0 or None, got {call_timeout_s}")
+        self.resource_pool = resource_pool
+        self.ray_cls_with_init = ray_cls_with_init
+        self.name_prefix = name_prefix if name_prefix is not None else secrets.token_hex(3)
+        self.call_timeout_s = call_timeout_s
+        self.role = ray_cls_with_init.raw_cls.__name__
+        self._workers: list[ray.actor.ActorHandle] = []
+        self._infos: list[WorkerInfo] = []
+        self._method_names: list[str] = []
+        try:
+            self._start_workers(init_timeout_s)
+        except BaseException:
+            self.shutdown()  # do not leave half a group running
+            raise
+        self._bind_methods(ray_cls_with_init.raw_cls, remote_prefix="")
+
+    # ------------------------------------------------------------------ public surface
+    @property
+    def world_size(self) -> int:
+        """Number of workers (ranks)."""
+        return len(self._workers)
+
+    @property
+    def workers(self) -> list[ray.actor.ActorHandle]:
+        """Actor handles, in rank order."""
+        return list(self._workers)
+
+    @property
+    def worker_infos(self) -> list[WorkerInfo]:
+        """Identity (pid, node, log files) of every worker, in rank order."""
+        return list(self._infos)
+
+    @property
+    def method_names(self) -> list[str]:
+        """Names of the registered methods bound on this group (or view)."""
+        return list(self._method_names)
+
+    def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> WorkerGroupFuture:
+        """Call ``method_name`` with the same arguments on every rank; a future of the list of outputs."""
+        refs = [getattr(w, method_name).remote(*args, **kwargs) for w in self._workers]
+        return WorkerGroupFuture(refs, collect_list, f"{self.role}.{method_name}", self._infos,
+                                 self.call_timeout_s, per_rank=True)
+
+    def execute_all_sync(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``method_name`` with the same arguments on every rank; list of outputs in rank order."""
+        return self.execute_all_async(method_name, *args, **kwargs).get()
+
+    execute_all = execute_all_async
+
+    def execute_rank_zero_async(self, method_name: str, *args: Any, **kwargs: Any) -> WorkerGroupFuture:
+        """Call ``method_name`` on rank 0 only; a future of its output."""
+        ref = getattr(self._workers[0], method_name).remote(*args, **kwargs)
+        return WorkerGroupFuture([ref], collect_first, f"{self.role}.{method_name}", self._infos[:1],
+                                 self.call_timeout_s)
+
+    def execute_rank_zero(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``method_name`` on rank 0 only and return its output (synchronous, unlike veRL's alias)."""
+        return self.execute_rank_zero_async(method_name, *args, **kwargs).get()
+
+    def spawn(self, prefix_set: set[str] | list[str]) -> dict[str, RayWorkerGroup]:
+        """``{role: view}`` for a group of colocated workers: each view shares the actors and exposes that
+        role's registered methods under their plain names (``views["critic"].compute_values(batch)``).
+        """
+        role_classes = getattr(self.ray_cls_with_init.raw_cls, "_hr_role_classes", None)
+        if role_classes is None:
+            raise ValueError(f"spawn() needs a group built from create_colocated_worker_cls(...); "
+                             f"{self.role} is a single-role worker class")
+        unknown = sorted(set(prefix_set) - set(role_classes))
+        if unknown:
+            raise ValueError(f"unknown roles {unknown} for spawn(); this group hosts {sorted(role_classes)}")
+        return {role: self._view(role, role_classes[role]) for role in prefix_set}
+
+    def shutdown(self) -> None:
+        """Kill every actor of the group (and of its views); the resource pool stays reserved."""
+        for worker in self._workers:
+            try:
+                ray.kill(worker, no_restart=True)
+            except Exception as e:  # noqa: BLE001 - already dead is fine
+                logger.debug("ray.kill failed: %s", e)
+
+    # ------------------------------------------------------------------ start-up
+    def _start_workers(self, init_timeout_s: float) -> None:
+        pool = self.resource_pool
+        pgs = pool.get_placement_groups()
+        slots = [(pg, b, n) for pg, n in zip(pgs, pool.process_on_nodes) for b in range(n)]
+        world_size = len(slots)
+        first = PlacementGroupSchedulingStrategy(pgs[0], placement_group_bundle_index=0)
+        try:
+            master_addr, master_port = ray.get(_rendezvous_task().options(scheduling_strategy=first).remote(),
+                                               timeout=init_timeout_s)
+        except ray.exceptions.GetTimeoutError as e:
+            raise WorkerGroupError(f"could not start a task on rank 0's bundle within {init_timeout_s} s "
+                                   f"to pick MASTER_ADDR/PORT for {self.role}") from e
+        for rank, (pg, bundle_index, local_world_size) in enumerate(slots):
+            env = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(bundle_index),
+                   "LOCAL_WORLD_SIZE": str(local_world_size), "MASTER_ADDR": master_addr,
+                   "MASTER_PORT": str(master_port), "WG_PREFIX": self.name_prefix}
+            name = f"{self.name_prefix}_{self.role}_{rank}"
+            strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle_index)
+            self._workers.append(self.ray_cls_with_init.create_actor(strategy, pool.actor_resources(), env, name))
+            self._infos.append(WorkerInfo(self.role, rank, world_size, actor_name=name))
+        refs = [w._hr_worker_info.remote() for w in self._workers]
+        for info, reported in zip(self._infos, wait_for_results(refs, self._infos, "__init__", init_timeout_s)):
+            info.pid, info.node_ip = reported["pid"], reported["node_ip"]
+            info.actor_id, info.log_files = reported["actor_id"], reported["log_files"]
+        logger.info("started %d workers of %s (master %s:%s)", world_size, self.role, master_addr, master_port)
+
+    # ------------------------------------------------------------------ method binding
+    def _bind_methods(self, cls: type, remote_prefix: str) -> None:
+        for name, spec in registered_methods(cls).items():
+            if hasattr(RayWorkerGroup, name):
+                raise ValueError(f"{cls.__name__}.{name} is @register-ed but clashes with RayWorkerGroup.{name}; "
+                                 "rename the worker method")
+            setattr(self, name, self._make_group_method(remote_prefix + name, name, spec))
+            self._method_names.append(name)
+
+    def _make_group_method(self, remote_name: str, name: str, spec: RegisterSpec) -> Callable[..., Any]:
+        def group_method(*args: Any, **kwargs: Any) -> Any:
+            return self._call(remote_name, f"{self.role}.{name}", spec, args, kwargs)
+
+        group_method.__name__ = name
+        return group_method
+
+    def _call(self, remote_name: str, display_name: str, spec: RegisterSpec, args: tuple, kwargs: dict) -> Any:
+        dispatch_fn, collect_fn = DISPATCH_MODE_FN_REGISTRY[spec.dispatch_mode]
+        per_rank = dispatch_fn(self.world_size, args, kwargs)
+        rank_zero_only = spec.execute_mode is Execute.RANK_ZERO or spec.dispatch_mode is Dispatch.RANK_ZERO
+        ranks = [0] if rank_zero_only else list(range(self.world_size))
+        refs = [getattr(self._workers[r], remote_name).remote(*per_rank[r][0], **per_rank[r][1]) for r in ranks]
+        future = WorkerGroupFuture(
+            refs, collect_first if rank_zero_only else collect_fn, display_name, [self._infos[r] for r in ranks],
+            self.call_timeout_s, per_rank=(not rank_zero_only and collect_fn is collect_list))
+        return future.get() if spec.blocking else future
+
+    def _view(self, role: str, role_cls: type) -> RayWorkerGroup:
+        view = object.__new__(type(self))
+        for key, value in self.__dict__.items():
+            if key not in self._method_names:
+                setattr(view, key, value)
+        view.role = role
+        view._infos = [dataclasses.replace(info, role=role) for info in self._infos]
+        view._method_names = []
+        view._bind_methods(role_cls, remote_prefix=f"{role}_")
+        return view
+
+    def __repr__(self) -> str:
+        return f"RayWorkerGroup({self.role}, world_size={self.world_size}, methods={self._method_names})"
