@@ -1,0 +1,304 @@
+"""Ray worker shells: the colocated actor + rollout + reference worker, and the critic worker.
+
+Each registered method unpacks what it needs, calls the plain classes (``DataParallelPPOActor``,
+``DataParallelPPOCritic``, the rollout engine, the checkpoint functions) and returns a DataProto.
+Batch methods use ``DP_COMPUTE_PROTO`` (the group splits rows over ranks); set-up and checkpoints
+use ``ONE_TO_ALL``.
+
+Hybrid-engine weight sync: the worker counts actor weight versions (bumped by every update and
+checkpoint load). Before generating, if the rollout has not seen the current version, the full
+weights are streamed from the FSDP shards into ``rollout.update_weights`` one tensor at a time,
+cast to the rollout dtype — so generation always samples from the actor's current weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Optional
+
+import torch
+
+from hybrid_rl.protocol import DataProto
+from hybrid_rl.single_controller import Dispatch, Worker, register
+from hybrid_rl.workers import checkpoint as ckpt
+from hybrid_rl.workers.actor import DataParallelPPOActor
+from hybrid_rl.workers.builders import (build_causal_lm, build_lr_scheduler, build_optimizer,
+                                        build_value_model)
+from hybrid_rl.workers.config import ActorRolloutRefConfig, CriticConfig, derive_batch_sizes
+from hybrid_rl.workers.critic import DataParallelPPOCritic
+from hybrid_rl.workers.fsdp_utils import iter_full_state, move_optimizer_state
+from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path, torch_dtype
+
+logger = logging.getLogger(__name__)
+
+ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+
+
+class _OptimizerOffload:
+    """GPU optimizer offload: the state lives on CPU except inside ``with offload:`` (updates,
+    checkpoint loads). A no-op on CPU or when disabled."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, enabled: bool, device: torch.device):
+        self.optimizer, self.device = optimizer, device
+        self.enabled = enabled and device.type == "cuda"
+
+    def offload(self) -> None:
+        if self.enabled:
+            move_optimizer_state(self.optimizer, "cpu")
+
+    def __enter__(self) -> None:
+        if self.enabled:
+            move_optimizer_state(self.optimizer, self.device)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.offload()
+
+
+class ActorRolloutRefWorker(Worker):
+    """One device's actor (FSDP2 + AdamW), rollout engine and/or frozen reference policy.
+
+    Args:
+        config: the ``actor_rollout_ref`` section.
+        role: which parts this process hosts: actor, rollout, ref, actor_rollout, actor_rollout_ref.
+        total_training_steps: steps of the run, for the LR schedule (from the trainer).
+    """
+
+    def __init__(self, config: ActorRolloutRefConfig, role: str,
+                 total_training_steps: Optional[int] = None):
+        super().__init__()
+        if role not in ROLES:
+            raise ValueError(f"ActorRolloutRefWorker role={role!r} is invalid: must be one of {ROLES}.")
+        if not isinstance(config, ActorRolloutRefConfig):
+            raise TypeError(f"config must be an ActorRolloutRefConfig, got {type(config).__name__}")
+        self.config, self.role = config, role
+        self.total_training_steps = total_training_steps
+        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_rollout = "rollout" in role
+        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self._weights_version = 0  # bumped whenever the actor's weights change
+        self._synced_version: Optional[int] = None  # version the rollout holds; None = never synced
+
+    # ------------------------------------------------------------------ set-up
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Join the process group; build the actor, reference and rollout this role hosts."""
+        self.init_process_group()
+        cfg = self.config
+        self.model_path = resolve_model_path(cfg.model.path)
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or self.model_path,
+                                        trust_remote_code=cfg.model.trust_remote_code)
+        use_rmpad = cfg.model.use_remove_padding
+        if self._is_actor:
+            self._init_actor(use_rmpad)
+        if self._is_ref:
+            ref_module = build_causal_lm(cfg.model, self.model_path, cfg.ref.fsdp_config, self.device,
+                                         trainable=False)
+            self.ref_policy = DataParallelPPOActor(cfg.actor, ref_module, use_remove_padding=use_rmpad,
+                                                   device=self.device)
+        if self._is_rollout:
+            from hybrid_rl.workers.rollout import build_rollout
+
+            self.rollout = build_rollout(cfg.rollout, self.model_path, self.tokenizer, str(self.device),
+                                         trust_remote_code=cfg.model.trust_remote_code)
+            self.rollout.sleep()
+
+    def _init_actor(self, use_rmpad: bool) -> None:
+        cfg = self.config
+        self.actor_module = build_causal_lm(cfg.model, self.model_path, cfg.actor.fsdp_config,
+                                            self.device, trainable=True)
+        self.actor_optimizer = build_optimizer(self.actor_module, cfg.actor.optim)
+        self.actor_lr_scheduler = build_lr_scheduler(
+            self.actor_optimizer, cfg.actor.optim, key="actor_rollout_ref.actor.optim",
+            total_training_steps=self.total_training_steps)
+        self.optimizer_offload = _OptimizerOffload(self.actor_optimizer,
+                                                   cfg.actor.fsdp_config.optimizer_offload, self.device)
+        self.batch_sizes = derive_batch_sizes(
+            key="actor_rollout_ref.actor", ppo_mini_batch_size=cfg.actor.ppo_mini_batch_size,
+            n=cfg.rollout.n, dp_size=self.world_size,
+            ppo_micro_batch_size_per_gpu=cfg.actor.ppo_micro_batch_size_per_gpu,
+            log_prob_micro_batch_size_per_gpu=(cfg.rollout.log_prob_micro_batch_size_per_gpu
+                                               or cfg.actor.ppo_micro_batch_size_per_gpu))
+        self.actor = DataParallelPPOActor(
+            cfg.actor, self.actor_module, self.actor_optimizer,
+            ppo_mini_batch_size_per_gpu=self.batch_sizes.ppo_mini_batch_size_per_gpu,
+            use_remove_padding=use_rmpad, device=self.device)
+        self.optimizer_offload.offload()
+
+    def _require(self, part: str, method: str) -> None:
+        if not getattr(self, f"_is_{part}"):
+            raise ValueError(f"{method} needs the {part} but this worker's role is {self.role!r}; "
+                             "build the group with a role that includes it (e.g. actor_rollout_ref).")
+
+    # ------------------------------------------------------------------ rollout
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """One response per prompt row, sampled with the actor's current weights."""
+        self._require("rollout", "generate_sequences")
+        metrics: dict[str, Any] = {}
+        self.rollout.wake_up()
+        try:
+            if self._is_actor and self._synced_version != self._weights_version:
+                start = time.perf_counter()
+                dtype = torch_dtype(self.config.rollout.dtype)
+                self.rollout.update_weights(iter_full_state(self.actor_module, dtype=dtype,
+                                                            device=self.device))
+                self._synced_version = self._weights_version
+                metrics["timing_s/weight_sync"] = time.perf_counter() - start
+            start = time.perf_counter()
+            output = self.rollout.generate_sequences(prompts)
+            metrics["timing_s/generate_sequences_worker"] = time.perf_counter() - start
+        finally:
+            self.rollout.sleep()
+        output.meta_info["metrics"] = {**output.meta_info.get("metrics", {}), **metrics}
+        return output
+
+    # ------------------------------------------------------------------ log-probs
+    def _log_prob_meta(self, data: DataProto, micro_batch_size: Optional[int], use_dynamic_bsz: bool,
+                       max_token_len: int) -> DataProto:
+        """A view of ``data`` with the micro-batching meta_info the actor reads (input untouched)."""
+        meta = dict(data.meta_info, temperature=self.config.rollout.temperature,
+                    micro_batch_size=micro_batch_size, use_dynamic_bsz=use_dynamic_bsz,
+                    max_token_len=max_token_len)
+        return DataProto(batch=data.batch, non_tensor_batch=data.non_tensor_batch, meta_info=meta)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs`` and ``entropys`` [B, R] under the current actor."""
+        self._require("actor", "compute_log_prob")
+        a = self.config.actor
+        view = self._log_prob_meta(data, self.batch_sizes.log_prob_micro_batch_size_per_gpu,
+                                   a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu)
+        start = time.perf_counter()
+        log_probs, entropys = self.actor.compute_log_prob(view, calculate_entropy=True)
+        metrics = {"timing_s/compute_log_prob_worker": time.perf_counter() - start}
+        return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropys},
+                                   meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_prob`` [B, R] under the frozen reference policy."""
+        self._require("ref", "compute_ref_log_prob")
+        r = self.config.ref
+        view = self._log_prob_meta(data, r.log_prob_micro_batch_size_per_gpu,
+                                   r.log_prob_use_dynamic_bsz, r.log_prob_max_token_len_per_gpu)
+        log_probs, _ = self.ref_policy.compute_log_prob(view)
+        return DataProto.from_dict({"ref_log_prob": log_probs})
+
+    # ------------------------------------------------------------------ training
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        """PPO update on this rank's rows; returns ``meta_info["metrics"]`` (veRL names)."""
+        self._require("actor", "update_actor")
+        view = DataProto(batch=data.batch, non_tensor_batch=data.non_tensor_batch,
+                         meta_info=dict(data.meta_info, temperature=self.config.rollout.temperature))
+        start = time.perf_counter()
+        with self.optimizer_offload:
+            metrics = self.actor.update_policy(view)
+        self._weights_version += 1
+        metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
+        self.actor_lr_scheduler.step()
+        metrics["timing_s/update_actor_worker"] = time.perf_counter() - start
+        return DataProto(meta_info={"metrics": metrics})
+
+    # ------------------------------------------------------------------ checkpoints
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, hdfs_path: Optional[str] = None, global_step: int = 0,
+                        max_ckpt_to_keep: Optional[int] = None) -> None:
+        """Write the actor (model, optimizer, LR scheduler, RNG) to ``local_path`` atomically.
+
+        ``hdfs_path``/``max_ckpt_to_keep`` are accepted for veRL call compatibility; remote copies
+        and rotation are the trainer's checkpoint manager's job.
+        """
+        self._require("actor", "save_checkpoint")
+        c = self.config.actor.checkpoint
+        ckpt.save_checkpoint(local_path, model=self.actor_module, optimizer=self.actor_optimizer,
+                             lr_scheduler=self.actor_lr_scheduler, hf_config=self.actor_module.config,
+                             tokenizer=self.tokenizer, contents=tuple(c.save_contents),
+                             state_dict_type=c.state_dict_type, global_step=global_step)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str, hdfs_path: Optional[str] = None,
+                        del_local_after_load: bool = False) -> None:
+        """Restore what ``actor.checkpoint.load_contents`` names; the rollout re-syncs next time."""
+        self._require("actor", "load_checkpoint")
+        with self.optimizer_offload:
+            ckpt.load_checkpoint(local_path, model=self.actor_module, optimizer=self.actor_optimizer,
+                                 lr_scheduler=self.actor_lr_scheduler,
+                                 contents=tuple(self.config.actor.checkpoint.load_contents))
+        self._weights_version += 1
+
+
+class CriticWorker(Worker):
+    """One device's value model (FSDP2 + AdamW).
+
+    Args:
+        config: the ``critic`` section.
+        total_training_steps: steps of the run, for the LR schedule (from the trainer).
+    """
+
+    def __init__(self, config: CriticConfig, total_training_steps: Optional[int] = None):
+        super().__init__()
+        if not isinstance(config, CriticConfig):
+            raise TypeError(f"config must be a CriticConfig, got {type(config).__name__}")
+        self.config = config
+        self.total_training_steps = total_training_steps
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Join the process group; build the value model, its optimizer and LR schedule."""
+        self.init_process_group()
+        cfg = self.config
+        path = resolve_model_path(cfg.model.path, key="critic.model.path")
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or path,
+                                        trust_remote_code=cfg.model.trust_remote_code)
+        self.critic_module = build_value_model(cfg.model, path, cfg.fsdp_config, self.device)
+        self.critic_optimizer = build_optimizer(self.critic_module, cfg.optim)
+        self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, cfg.optim, key="critic.optim",
+                                                      total_training_steps=self.total_training_steps)
+        self.optimizer_offload = _OptimizerOffload(self.critic_optimizer, cfg.fsdp_config.optimizer_offload,
+                                                   self.device)
+        sizes = derive_batch_sizes(key="critic", ppo_mini_batch_size=cfg.ppo_mini_batch_size,
+                                   n=cfg.rollout_n, dp_size=self.world_size,
+                                   ppo_micro_batch_size_per_gpu=cfg.ppo_micro_batch_size_per_gpu,
+                                   log_prob_micro_batch_size_per_gpu=cfg.forward_micro_batch_size_per_gpu)
+        self.critic = DataParallelPPOCritic(cfg, self.critic_module, self.critic_optimizer,
+                                            ppo_mini_batch_size_per_gpu=sizes.ppo_mini_batch_size_per_gpu,
+                                            use_remove_padding=cfg.model.use_remove_padding,
+                                            device=self.device)
+        self.optimizer_offload.offload()
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        """``values`` [B, R] (zero outside the response mask)."""
+        return DataProto.from_dict({"values": self.critic.compute_values(data)})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> DataProto:
+        """Clipped value-loss update; returns ``meta_info["metrics"]``."""
+        start = time.perf_counter()
+        with self.optimizer_offload:
+            metrics = self.critic.update_critic(data)
+        metrics["critic/lr"] = self.critic_lr_scheduler.get_last_lr()[0]
+        self.critic_lr_scheduler.step()
+        metrics["timing_s/update_critic_worker"] = time.perf_counter() - start
+        return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, hdfs_path: Optional[str] = None, global_step: int = 0,
+                        max_ckpt_to_keep: Optional[int] = None) -> None:
+        """Write the critic to ``local_path`` atomically (see the actor's save_checkpoint)."""
+        c = self.config.checkpoint
+        ckpt.save_checkpoint(local_path, model=self.critic_module, optimizer=self.critic_optimizer,
+                             lr_scheduler=self.critic_lr_scheduler, hf_config=self.critic_module.config,
+                             tokenizer=self.tokenizer, contents=tuple(c.save_contents),
+                             state_dict_type=c.state_dict_type, global_step=global_step)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str, hdfs_path: Optional[str] = None,
+                        del_local_after_load: bool = False) -> None:
+        """Restore what ``critic.checkpoint.load_contents`` names."""
+        with self.optimizer_offload:
+            ckpt.load_checkpoint(local_path, model=self.critic_module, optimizer=self.critic_optimizer,
+                                 lr_scheduler=self.critic_lr_scheduler,
+                                 contents=tuple(self.config.checkpoint.load_contents))
