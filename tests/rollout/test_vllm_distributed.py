@@ -73,6 +73,10 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     total = torch.tensor([rank + 1.0])
     dist.all_reduce(total)
     result["allreduce_between"] = total.item()
+    from hybrid_rl.workers.rollout.vllm_rollout import gather_rows  # what TP>1 groups use on GPU
+
+    rows, own_slice = gather_rows([[rank] * (rank + 1)] * (rank + 1))
+    result["gathered"] = [rows, [own_slice.start, own_slice.stop]]
     engine.shutdown()
     total = torch.tensor([10.0 * (rank + 1)])
     dist.all_reduce(total)  # the trainer's group survived the engine's shutdown
@@ -102,4 +106,6 @@ def test_engine_per_rank_in_initialised_gloo_group(tiny_model_dir, tmp_path):
         assert res["greedy_after_sync"] == res["greedy_hf_after_sync"]
         assert res["greedy_after_sync"] != res["greedy"]
     assert results[0]["greedy"] != results[1]["greedy"]
+    all_rows = [[0], [1, 1], [1, 1]]  # rank 0 has one row, rank 1 two
+    assert results[0]["gathered"] == [all_rows, [0, 1]] and results[1]["gathered"] == [all_rows, [1, 3]]
     assert results[0]["sampled_same_prompt"] != results[1]["sampled_same_prompt"]

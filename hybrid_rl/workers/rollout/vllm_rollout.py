@@ -241,15 +241,19 @@ def _expected_shapes(model_path: str, trust_remote_code: bool) -> tuple[dict, di
     return expected_weight_shapes(model)
 
 
+def gather_rows(rows: list, group: Optional[dist.ProcessGroup] = None) -> tuple[list, slice]:
+    """All ranks' ``rows`` concatenated in rank order, and the slice holding this rank's own."""
+    gathered: list[Optional[list]] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, rows, group=group)
+    start = sum(len(part) for part in gathered[: dist.get_rank(group)])
+    return [row for part in gathered for row in part], slice(start, start + len(rows))
+
+
 def _gather_tensor_parallel(token_lists: list[list[int]], tp_size: int) -> tuple[list[list[int]], slice]:
     """With TP > 1 every engine of a TP group must run the same requests: gather the group's
-    prompts (rank order) and return them with the slice of this rank's own rows."""
+    prompts and return them with the slice of this rank's own rows."""
     if tp_size == 1:
         return token_lists, slice(0, len(token_lists))
     from vllm.distributed.parallel_state import get_tp_group
 
-    group = get_tp_group()
-    gathered: list[Optional[list[list[int]]]] = [None] * group.world_size
-    dist.all_gather_object(gathered, token_lists, group=group.cpu_group)
-    start = sum(len(rows) for rows in gathered[: group.rank_in_group])
-    return [row for rows in gathered for row in rows], slice(start, start + len(token_lists))
+    return gather_rows(token_lists, get_tp_group().cpu_group)
