@@ -143,3 +143,16 @@ def test_update_policy_with_kl_loss_needs_ref(base_model):
     data.batch["old_log_probs"] = torch.zeros(8, 5)
     with pytest.raises(ValueError, match="ref_log_prob"):
         _run_update(base_model, data, use_kl_loss=True)
+
+
+def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir, base_model):
+    from hybrid_rl.workers.builders import build_causal_lm
+    from hybrid_rl.workers.config import FSDPConfig, ModelConfig
+
+    data = _prepared_batch(base_model)
+    model = build_causal_lm(ModelConfig(path=tiny_model_dir, enable_gradient_checkpointing=True),
+                            tiny_model_dir, FSDPConfig(), torch.device("cpu"), trainable=True)
+    assert model.is_gradient_checkpointing
+    plain, _ = _run_update(base_model, data, ppo_micro_batch_size_per_gpu=4)
+    checkpointed, _ = _run_update(model, data, ppo_micro_batch_size_per_gpu=4)
+    _assert_same_params(plain, checkpointed)
