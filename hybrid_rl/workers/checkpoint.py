@@ -32,7 +32,7 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from hybrid_rl.workers.fsdp_utils import dp_world, iter_full_state
+from hybrid_rl.workers.fsdp_utils import dp_world, gather_full_tensor, iter_full_state
 
 META_FILE = "checkpoint_meta.json"
 FORMAT_VERSION = 1
@@ -113,7 +113,7 @@ def _save_optimizer(model, optimizer, folder: Path, full: bool, rank: int, world
         for p in group["params"]:
             for key, value in optimizer.state.get(p, {}).items():
                 if isinstance(value, DTensor) and full:
-                    value = value.full_tensor()  # collective, same order on every rank
+                    value = gather_full_tensor(value)  # collective, same order on every rank
                 tensors[f"{names[id(p)]}/{key}"] = _local(value)
     if not full or rank == 0:
         _save(tensors, folder / _file("optim", full, world, rank), {"param_groups": groups})
