@@ -34,7 +34,8 @@ def resolve_data_files(cfg: PPOConfig) -> tuple[list[str], list[str]]:
 
         arith = cfg.data.arithmetic
         train, test = ensure_arithmetic_data(
-            os.path.expanduser(arith.cache_dir), num_train=arith.num_train, num_test=arith.num_test, seed=arith.seed
+            os.path.expanduser(arith.cache_dir), num_train=arith.num_train, num_test=arith.num_test, seed=arith.seed,
+            ops=list(arith.ops), min_digits=arith.min_digits, max_digits=arith.max_digits,
         )
         return [train], [test]
     return as_file_list(cfg.data.train_files), as_file_list(cfg.data.val_files)

@@ -29,6 +29,12 @@ class ArithmeticDataConfig:
     """Number of held-out problems (the validation set) to generate."""
     seed: int = 0
     """Seed of the problem generator (train and test sets are disjoint)."""
+    ops: list[str] = field(default_factory=lambda: ["+", "-", "*"])
+    """Operations to draw problems from (any of + - *)."""
+    min_digits: int = 1
+    """Fewest digits of an operand."""
+    max_digits: int = 2
+    """Most digits of an operand."""
 
 
 @dataclass
