@@ -108,7 +108,7 @@ def _set_engine_env(config: RolloutConfig, on_cpu: bool) -> None:
     if on_cpu:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.cpu_kvcache_space_gib)
     if dist.is_initialized():  # external_launcher reads the rank from the environment
-        os.environ.setdefault("RANK", str(dist.get_rank()))
+        os.environ["RANK"] = str(dist.get_rank())
         os.environ.setdefault("LOCAL_RANK", str(torch.cuda.current_device() if not on_cpu else 0))
 
 
@@ -168,7 +168,9 @@ class VLLMRollout(BaseRollout):
         base_seed = None if params.seed is None else params.seed + ROW_SEED_STRIDE * self._dp_rank
         sampling = [SamplingParams(
             n=1, temperature=params.temperature, top_p=params.top_p, top_k=max(params.top_k, 0),
-            max_tokens=params.response_length, stop_token_ids=list(params.eos_token_ids),
+            # ignore_eos: only meta_info's EOS ids stop a row (as in the hf engine), not also the
+            # model's generation_config EOS that vLLM adds by default.
+            max_tokens=params.response_length, ignore_eos=True, stop_token_ids=list(params.eos_token_ids),
             logprobs=0 if self.config.calculate_log_probs else None, detokenize=False,
             seed=None if base_seed is None else base_seed + i) for i in range(len(token_lists))]
         inputs = [TokensPrompt(prompt_token_ids=tokens) for tokens in token_lists]
