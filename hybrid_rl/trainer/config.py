@@ -23,9 +23,9 @@ class ArithmeticDataConfig:
 
     cache_dir: str = "~/.cache/hybrid_rl/arithmetic"
     """Folder where ``train.parquet`` / ``test.parquet`` are generated on first use."""
-    num_train: int = 4096
+    num_train: int = 100
     """Number of training problems to generate."""
-    num_test: int = 256
+    num_test: int = 200
     """Number of held-out problems (the validation set) to generate."""
     seed: int = 0
     """Seed of the problem generator (train and test sets are disjoint)."""
@@ -33,8 +33,11 @@ class ArithmeticDataConfig:
     """Operations to draw problems from (any of + - *)."""
     min_digits: int = 1
     """Fewest digits of an operand."""
-    max_digits: int = 2
-    """Most digits of an operand."""
+    max_digits: int = 1
+    """Most digits of an operand (1 digit x 3 ops = 300 distinct problems in all)."""
+    num_shots: int = 1
+    """Solved training problems of the same operation shown as earlier chat turns before each
+    question (0 = the bare question). Small instruct models need one to follow the answer format."""
 
 
 @dataclass
@@ -145,9 +148,9 @@ class RayInitConfig:
 class TrainerConfig:
     """Run length, devices, logging, validation and checkpoints (veRL ``trainer.*``)."""
 
-    total_epochs: int = 1
-    """Passes over the training prompts (bounded by total_training_steps)."""
-    total_training_steps: Optional[int] = 20
+    total_epochs: int = 100
+    """Passes over the training prompts (the run stops earlier at total_training_steps)."""
+    total_training_steps: Optional[int] = 6
     """Stop after this many steps; null = total_epochs * steps per epoch."""
     project_name: str = "hybrid_rl"
     """Project name for trackers and the checkpoint folder."""
@@ -165,7 +168,7 @@ class TrainerConfig:
     """auto | cpu | cuda. auto = cuda when available, else cpu."""
     save_freq: int = 10
     """Save a checkpoint every N steps (and at the last step); -1 = never."""
-    test_freq: int = -1
+    test_freq: int = 3
     """Validate every N steps; -1 = only before training (if val_before_train) and at the end."""
     val_before_train: bool = True
     """Validate once before the first step."""

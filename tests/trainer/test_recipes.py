@@ -1,0 +1,37 @@
+"""Every recipe's overrides compose into a valid typed config (catches a renamed or misspelt key)."""
+
+import glob
+import os
+import re
+import shlex
+
+import pytest
+
+from hybrid_rl.trainer.config_loader import get_config, to_ppo_config
+
+RECIPES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "recipes", "*", "run.sh")))
+
+
+def recipe_overrides(path: str) -> list[str]:
+    text = open(path).read().replace("\\\n", " ")
+    command = next(line for line in text.splitlines() if "hybrid_rl.trainer.main_ppo" in line)
+    values = {"NGPUS": "2"}
+    command = re.sub(r'"\$(\w+)"', lambda m: values.get(m.group(1), f"/placeholder/{m.group(1)}"), command)
+    args = shlex.split(command.split("hybrid_rl.trainer.main_ppo", 1)[1])
+    return [a for a in args if "=" in a]
+
+
+def test_there_are_three_recipes():
+    names = {os.path.basename(os.path.dirname(p)) for p in RECIPES}
+    assert {"arithmetic_grpo", "gsm8k_grpo", "gsm8k_ppo"} <= names
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: os.path.basename(os.path.dirname(p)))
+def test_recipe_composes(path):
+    overrides = recipe_overrides(path)
+    assert len(overrides) > 10
+    cfg = to_ppo_config(get_config(overrides))
+    if "arithmetic" in path:  # the default run: the recipe must equal the defaults
+        assert cfg == to_ppo_config(get_config([]))
+    else:
+        assert cfg.trainer.device == "cuda" and cfg.actor_rollout_ref.rollout.name == "vllm"
