@@ -189,6 +189,10 @@ class TrainerConfig:
     """Steps during which only the critic is trained."""
     seed: int = 42
     """Seed of the driver RNG and the workers' sampling."""
+    worker_call_timeout_s: Optional[float] = None
+    """Seconds one worker call (generate, update, ...) may take; past it the driver names the silent
+    worker and call and stops. null = wait as long as the workers are alive (a dead worker is always
+    reported at once)."""
     progress_bar: bool = True
     """Show a tqdm progress bar (step, ETA, latest reward) on the driver."""
     plot: bool = True

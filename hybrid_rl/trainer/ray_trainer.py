@@ -91,12 +91,7 @@ class RayPPOTrainer:
         self.tokenizer = tokenizer if tokenizer is not None else components.build_tokenizer(cfg)
         self.reward_fn = reward_fn or components.build_reward_manager(cfg, self.tokenizer, cfg.reward_model.num_examine)
         self.val_reward_fn = val_reward_fn or components.build_reward_manager(cfg, self.tokenizer, num_examine=0)
-        if train_dataset is None or val_dataset is None:
-            train_files, val_files = components.resolve_data_files(cfg)
-        self.train_dataset = train_dataset or components.build_dataset(train_files, self.tokenizer, cfg)
-        if val_dataset is None and val_files:
-            val_dataset = components.build_dataset(val_files, self.tokenizer, cfg)
-        self.val_dataset = val_dataset
+        self.train_dataset, self.val_dataset = self._datasets(train_dataset, val_dataset)
         self.train_dataloader = components.build_train_dataloader(self.train_dataset, cfg)
         self.total_training_steps = self._count_training_steps()
         self.kl_ctrl_in_reward = get_kl_controller(**asdict(cfg.algorithm.kl_ctrl)) if cfg.algorithm.use_kl_in_reward else None
@@ -110,6 +105,17 @@ class RayPPOTrainer:
         self._flops: Optional[tuple[int, float]] = None  # (actor params, peak FLOP/s per worker)
 
     # ------------------------------------------------------------------ set-up
+    def _datasets(self, train_dataset, val_dataset) -> tuple[Any, Any]:
+        """The given datasets, else the ones ``data.*`` describes (val: None when there is none)."""
+        if train_dataset is not None and val_dataset is not None:
+            return train_dataset, val_dataset
+        train_files, val_files = components.resolve_data_files(self.config)
+        if train_dataset is None:
+            train_dataset = components.build_dataset(train_files, self.tokenizer, self.config)
+        if val_dataset is None and val_files:
+            val_dataset = components.build_dataset(val_files, self.tokenizer, self.config)
+        return train_dataset, val_dataset
+
     def _count_training_steps(self) -> int:
         per_epoch = len(self.train_dataloader)
         by_epochs = per_epoch * self.config.trainer.total_epochs
@@ -128,7 +134,8 @@ class RayPPOTrainer:
         """Start the colocated worker group and load the models."""
         actor_cls, critic_cls = self._worker_classes
         self.workers = components.build_worker_groups(
-            self.config, self.plan, self.total_training_steps, actor_cls=actor_cls, critic_cls=critic_cls
+            self.config, self.plan, self.total_training_steps, actor_cls=actor_cls, critic_cls=critic_cls,
+            call_timeout_s=self.config.trainer.worker_call_timeout_s,
         )
 
     def shutdown(self) -> None:

@@ -258,6 +258,8 @@ def _check_trainer(cfg: PPOConfig) -> list[str]:
         value = getattr(t, key)
         if value == 0 or value < -1:
             errors.append(f"trainer.{key}={value} must be a positive number of steps or -1 (never).")
+    if t.worker_call_timeout_s is not None and t.worker_call_timeout_s <= 0:
+        errors.append(f"trainer.worker_call_timeout_s={t.worker_call_timeout_s} must be > 0 seconds or null.")
     if t.resume_mode not in RESUME_MODES:
         errors.append(f"trainer.resume_mode={t.resume_mode!r} must be one of {RESUME_MODES}.")
     elif t.resume_mode == "resume_path" and not t.resume_from_path:

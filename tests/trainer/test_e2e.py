@@ -28,6 +28,7 @@ def _overrides(tmp_path, model_dir, *extra):
         f"data.arithmetic.cache_dir={tmp_path}/data",
         "data.arithmetic.num_train=48",
         "data.arithmetic.num_test=4",
+        "data.arithmetic.num_shots=0",
         "data.max_prompt_length=160",
         "data.max_response_length=8",
         "data.train_batch_size=4",
