@@ -150,7 +150,7 @@ class TrainerConfig:
 
     total_epochs: int = 100
     """Passes over the training prompts (the run stops earlier at total_training_steps)."""
-    total_training_steps: Optional[int] = 6
+    total_training_steps: Optional[int] = 4
     """Stop after this many steps; null = total_epochs * steps per epoch."""
     project_name: str = "hybrid_rl"
     """Project name for trackers and the checkpoint folder."""
@@ -168,7 +168,7 @@ class TrainerConfig:
     """auto | cpu | cuda. auto = cuda when available, else cpu."""
     save_freq: int = 10
     """Save a checkpoint every N steps (and at the last step); -1 = never."""
-    test_freq: int = 3
+    test_freq: int = 2
     """Validate every N steps; -1 = only before training (if val_before_train) and at the end."""
     val_before_train: bool = True
     """Validate once before the first step."""

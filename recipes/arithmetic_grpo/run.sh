@@ -24,8 +24,8 @@ python -m hybrid_rl.trainer.main_ppo \
     actor_rollout_ref.actor.optim.lr=1e-5 \
     actor_rollout_ref.actor.ppo_mini_batch_size=16 \
     actor_rollout_ref.actor.use_kl_loss=false \
-    trainer.total_training_steps=6 \
-    trainer.test_freq=3 \
+    trainer.total_training_steps=4 \
+    trainer.test_freq=2 \
     trainer.save_freq=10 \
     trainer.logger='[console,jsonl]' \
     trainer.experiment_name=arithmetic_grpo \

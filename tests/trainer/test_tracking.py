@@ -95,3 +95,18 @@ def test_plot_keeps_last_value_of_repeated_step(tmp_path):
     img = Image.open(png)
     assert img.size[0] >= 400 and len(set(img.convert("RGB").getdata())) > 2  # something was drawn
     assert plot_run(str(tmp_path / "missing.jsonl"), str(tmp_path / "x.png")) is None
+
+
+def test_pillow_fallback_when_matplotlib_is_missing(tmp_path, monkeypatch):
+    import hybrid_rl.trainer.plotting as plotting
+
+    def no_matplotlib(*args, **kwargs):
+        raise ImportError("matplotlib")
+
+    monkeypatch.setattr(plotting, "_plot_matplotlib", no_matplotlib)
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 1, "critic/score/mean": 0.2}) + "\n" + json.dumps({"step": 2, "critic/score/mean": 0.6}) + "\n")
+    png = plotting.plot_run(str(path), str(tmp_path / "curve.png"))
+    from PIL import Image
+
+    assert Image.open(png).size == (800, 450)
