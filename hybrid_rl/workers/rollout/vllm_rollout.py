@@ -172,9 +172,11 @@ class VLLMRollout(BaseRollout):
             # model's generation_config EOS that vLLM adds by default.
             max_tokens=params.response_length, ignore_eos=True, stop_token_ids=list(params.eos_token_ids),
             logprobs=0 if self.config.calculate_log_probs else None, detokenize=False,
-            seed=None if base_seed is None else base_seed + i) for i in range(len(token_lists))]
+            # vLLM-CPU rejects per-request seeds when sampling ('CPU Generator does not use offset'):
+            # on CPU the call runs on a fresh stream seeded by base_seed instead (same reproducibility).
+            seed=None if (base_seed is None or self.on_cpu) else base_seed + i) for i in range(len(token_lists))]
         inputs = [TokensPrompt(prompt_token_ids=tokens) for tokens in token_lists]
-        with self._rng.active(), _threads(self._num_threads):
+        with self._rng.active(seed=base_seed if self.on_cpu else None), _threads(self._num_threads):
             outputs = self.llm.generate(inputs, sampling, use_tqdm=False)
         responses, log_probs = [], []
         for out in outputs:
