@@ -20,6 +20,18 @@ def _seed_everything():
     yield
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _no_ray_leak_between_modules():
+    """A module that leaves Ray up (e.g. ``run_ppo`` keeps it for the next run) must not leak it
+    into the next module: several modules start their own cluster with specific resources."""
+    yield
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """Folder with a randomly initialised 2-layer Llama and a byte-level ChatML tokenizer."""
