@@ -21,6 +21,7 @@ import torch
 
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.single_controller import Dispatch, Worker, register
+from hybrid_rl.utils import faults
 from hybrid_rl.workers import checkpoint as ckpt
 from hybrid_rl.workers.actor import DataParallelPPOActor
 from hybrid_rl.workers.builders import (build_causal_lm, build_lr_scheduler, build_optimizer,
@@ -135,6 +136,7 @@ class ActorRolloutRefWorker(Worker):
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """One response per prompt row, sampled with the actor's current weights."""
         self._require("rollout", "generate_sequences")
+        faults.inject("generate_sequences", prompts.meta_info.get("global_steps"))  # no-op unless HYBRID_RL_FAULT (tests)
         metrics: dict[str, Any] = {}
         self.rollout.wake_up()
         try:
@@ -190,6 +192,7 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, data: DataProto) -> DataProto:
         """PPO update on this rank's rows; returns ``meta_info["metrics"]`` (veRL names)."""
         self._require("actor", "update_actor")
+        faults.inject("update_actor", data.meta_info.get("global_steps"))  # no-op unless HYBRID_RL_FAULT (tests)
         view = DataProto(batch=data.batch, non_tensor_batch=data.non_tensor_batch,
                          meta_info=dict(data.meta_info, temperature=self.config.rollout.temperature))
         start = time.perf_counter()
@@ -211,6 +214,7 @@ class ActorRolloutRefWorker(Worker):
         and rotation are the trainer's checkpoint manager's job.
         """
         self._require("actor", "save_checkpoint")
+        faults.inject("save_checkpoint", global_step)  # no-op unless HYBRID_RL_FAULT (tests)
         c = self.config.actor.checkpoint
         ckpt.save_checkpoint(local_path, model=self.actor_module, optimizer=self.actor_optimizer,
                              lr_scheduler=self.actor_lr_scheduler, hf_config=self.actor_module.config,
