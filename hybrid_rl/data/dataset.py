@@ -180,6 +180,10 @@ class RLHFDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self._rows)
 
+    def data_sources(self) -> list[str]:
+        """The distinct ``data_source`` values of the rows, in first-seen order."""
+        return list(dict.fromkeys(row["data_source"] for row in self._rows))
+
     def prompt_lengths(self) -> np.ndarray:
         """Token length of every prompt, int64 [N]."""
         return np.diff(self._offsets)

@@ -6,13 +6,19 @@
     from hybrid_rl.trainer import get_config, run_ppo          # notebook
     run_ppo(get_config(["trainer.total_training_steps=5"]))
 
-Configuration mistakes (unknown key, wrong type, inconsistent values) end the command with one
-error line and exit status 2, before any worker starts.
+User mistakes (unknown key, wrong type, inconsistent values, bad data or reward files, a missing
+model or checkpoint, an unreachable Ray cluster) end the command with ONE line on stderr,
+``hybrid_rl config error: <what is wrong and how to fix it>``, and exit status 2. Most are caught
+on the driver before Ray starts; a ``ValueError`` raised later inside a worker (Ray wraps it in
+``RayTaskError`` / ``ActorDiedError``) is unwrapped to its message. Set ``HYBRID_RL_FULL_ERROR=1``
+to get the full traceback instead. Anything that is not a user mistake (a bug) keeps its traceback.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import sys
 from typing import Optional, Union
 
@@ -20,10 +26,13 @@ from omegaconf import DictConfig
 
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config_loader import CONFIG_NAME, check_override_keys, get_config, to_ppo_config
+from hybrid_rl.trainer.preflight import check_reward_coverage
 
 logger = logging.getLogger(__name__)
 
 CONFIG_ERROR_EXIT_CODE = 2
+FULL_ERROR_ENV = "HYBRID_RL_FULL_ERROR"
+"""Set to 1 to see the traceback of a user error instead of its one-line message."""
 
 __all__ = ["get_config", "run_ppo", "main"]
 
@@ -42,7 +51,9 @@ def build_trainer(cfg: Union[DictConfig, PPOConfig], trainer_cls: Optional[type]
     """Validate ``cfg`` and build the trainer (datasets, reward, tokenizer); workers not started."""
     from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
 
-    return (trainer_cls or RayPPOTrainer)(to_ppo_config(cfg))
+    trainer = (trainer_cls or RayPPOTrainer)(to_ppo_config(cfg))
+    check_reward_coverage(trainer.config, trainer.train_dataset, trainer.val_dataset)
+    return trainer
 
 
 def run_ppo(cfg: Union[DictConfig, PPOConfig], trainer_cls: Optional[type] = None) -> dict[str, float]:
@@ -66,22 +77,64 @@ def _override_args(argv: list[str]) -> list[str]:
     return [a for a in argv if not a.startswith("-") and ("=" in a or a.startswith("~"))]
 
 
-def _fail(error: ValueError) -> None:
-    # One line on stderr and a distinct exit status: a config mistake is not a crash.
-    sys.stderr.write(f"hybrid_rl config error: {error}\n")
+def user_error_message(error: BaseException) -> Optional[str]:
+    """The message of a user mistake (a ``ValueError``), also when Ray wrapped it; None otherwise.
+
+    A ValueError raised in a worker method arrives as ``RayTaskError`` (its ``cause`` is the
+    original); one raised in a worker constructor kills the actor and only its text survives in
+    the ``ActorDiedError`` (possibly itself the cause of a ``WorkerGroupError``).
+    """
+    from ray.exceptions import RayActorError, RayTaskError
+
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, RayTaskError):
+            error = error.cause
+            continue
+        if isinstance(error, ValueError):
+            return str(error)
+        if isinstance(error, RayActorError) and error.actor_init_failed:
+            return _value_error_in_text(str(error))
+        error = error.__cause__
+    return None
+
+
+def _value_error_in_text(text: str) -> Optional[str]:
+    """The message of the last ``ValueError: ...`` of a remote traceback text (None if there is none)."""
+    matches = re.findall(r"^ValueError: (.*?)(?=\n\S+Error: |\Z)", text, flags=re.M | re.S)
+    return matches[-1].strip() if matches else None
+
+
+def _fail(error: BaseException) -> None:
+    # One line on stderr and a distinct exit status: a user mistake is not a crash.
+    sys.stderr.flush()
+    sys.stderr.write(f"hybrid_rl config error: {user_error_message(error) or error}\n")
+    sys.stderr.flush()
     sys.exit(CONFIG_ERROR_EXIT_CODE)
 
 
+def _fail_on_user_error(error: BaseException) -> None:
+    """Exit with the one-line message if ``error`` is a user mistake (returns otherwise)."""
+    if os.environ.get(FULL_ERROR_ENV) != "1" and user_error_message(error) is not None:
+        _fail(error)
+
+
 def _hydra_task(cfg: DictConfig) -> None:
+    trainer = None
     try:
         trainer = build_trainer(cfg)
-    except ValueError as error:
-        _fail(error)
-    try:
         trainer.init_workers()
         trainer.fit()
+    except Exception as error:  # noqa: BLE001 - re-raised unless it is a user mistake
+        if trainer is not None:
+            trainer.shutdown()
+            trainer = None
+        _fail_on_user_error(error)
+        raise
     finally:
-        trainer.shutdown()
+        if trainer is not None:
+            trainer.shutdown()
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -90,8 +143,12 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
+    overrides = _override_args(sys.argv[1:])
     try:
-        check_override_keys(_override_args(sys.argv[1:]))
+        check_override_keys(overrides)
+        # Compose once outside Hydra's app runner, which would print a multi-line report and a
+        # HYDRA_FULL_ERROR hint for a wrong type instead of one line.
+        get_config([o for o in overrides if not o.lstrip("+~").startswith("hydra.")])
     except ValueError as error:
         _fail(error)
     task = hydra.main(config_path="config", config_name=CONFIG_NAME, version_base="1.3")(_hydra_task)
