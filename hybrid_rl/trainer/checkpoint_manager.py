@@ -11,6 +11,11 @@ A step's save is complete once ``trainer_state.json`` exists: the driver writes 
 temp file + rename) only after every worker returned from its save. The pointer file is rewritten
 (again temp + rename) after that, so a crash at any moment leaves the pointer on a complete
 checkpoint. The driver state is plain JSON: nothing from a checkpoint is ever unpickled.
+
+Before training, :meth:`CheckpointManager.probe` checks that the folder is writable and has room for
+one more checkpoint (:func:`estimate_checkpoint_bytes`). A save that fails (disk full, permissions)
+is abandoned with :meth:`CheckpointManager.abort`: its folder is removed and the pointer keeps naming
+the previous complete checkpoint.
 """
 
 from __future__ import annotations
@@ -33,6 +38,16 @@ LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 RESUME_MODES = ("auto", "disable", "resume_path")
+# Bytes per parameter of each checkpoint part: fp32 weights; AdamW exp_avg + exp_avg_sq in fp32.
+_BYTES_PER_PARAM = {"model": 4, "optimizer": 8, "hf_model": 4, "extra": 0}
+_FIXED_BYTES = 64 * 2**20  # tokenizer, HF config, RNG/LR state, JSON metadata
+
+
+def estimate_checkpoint_bytes(num_params: int, contents_per_model: list[list[str]]) -> int:
+    """Rough size of one ``global_step_N`` folder: ``num_params`` per saved model (actor, critic, ...)
+    times the bytes of the parts each saves (its ``checkpoint.save_contents``)."""
+    per_model = [num_params * sum(_BYTES_PER_PARAM.get(part, 0) for part in parts) for parts in contents_per_model]
+    return sum(per_model) + _FIXED_BYTES * len(contents_per_model)
 
 
 def _atomic_write_text(path: str, text: str) -> None:
@@ -63,6 +78,10 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+
+
+class CheckpointSaveError(RuntimeError):
+    """Writing a checkpoint failed (disk full, permissions); the previous checkpoint stays valid."""
 
 
 @dataclass
@@ -156,6 +175,36 @@ class CheckpointManager:
             logger.info("Removing old checkpoint %s", self.step_dir(step))
             shutil.rmtree(self.step_dir(step), ignore_errors=True)
 
+    def abort(self, step: int, error: BaseException) -> CheckpointSaveError:
+        """Drop the folder of a save that failed with ``error``; the error to raise, naming the
+        checkpoint that stays the resume point."""
+        if self.latest_step() != step:
+            shutil.rmtree(self.step_dir(step), ignore_errors=True)
+        cause = getattr(error, "cause", None) or error  # a worker's OSError arrives wrapped by Ray
+        reason = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
+        latest = self.latest_step()
+        kept = f"{self.step_dir(latest)} stays the resume point" if latest is not None else "no earlier checkpoint"
+        return CheckpointSaveError(
+            f"could not write checkpoint {self.step_dir(step)} (trainer.default_local_dir={self.root}): {reason}. "
+            f"The partial folder was removed and {kept}. Free disk space or fix the folder's permissions (or set "
+            "trainer.default_local_dir to another folder), then rerun the same command to resume.")
+
+    def probe(self, required_bytes: int) -> None:
+        """ValueError unless ``root`` is writable and has ``required_bytes`` free (one more checkpoint)."""
+        fix = "set trainer.default_local_dir to a writable folder with room for it, or trainer.save_freq=-1"
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            _atomic_write_text(os.path.join(self.root, ".write_probe"), "ok")
+            os.remove(os.path.join(self.root, ".write_probe"))
+        except OSError as error:
+            raise ValueError(f"trainer.default_local_dir={self.root} is not writable ({error.strerror or error}); "
+                             f"checkpoints could not be saved: {fix}") from error
+        free = shutil.disk_usage(self.root).free
+        if free < required_bytes:
+            raise ValueError(
+                f"trainer.default_local_dir={self.root} has {free / 2**30:.2f} GiB free but one checkpoint needs "
+                f"about {required_bytes / 2**30:.2f} GiB (model + optimizer state); free some space or {fix}")
+
     # ------------------------------------------------------------------ resuming
     def resolve_resume(self, mode: str, resume_from_path: Optional[str]) -> Optional[ResumePoint]:
         """The checkpoint to resume from under ``trainer.resume_mode``, or None to start fresh."""
@@ -189,6 +238,12 @@ class CheckpointManager:
                 f"checkpoint {step_dir} is incomplete (no {STATE_FILE}: its save was interrupted); "
                 "resume from an earlier global_step_N folder"
             )
-        with open(os.path.join(step_dir, STATE_FILE), encoding="utf-8") as f:
-            state = json.load(f)
-        return ResumePoint(step_dir=step_dir, global_step=int(state["global_step"]), state=state)
+        path = os.path.join(step_dir, STATE_FILE)
+        try:
+            with open(path, encoding="utf-8") as f:
+                state = json.load(f)
+            step = int(state["global_step"])
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{path} is not a valid driver state ({type(error).__name__}: {error}); the file is "
+                             "corrupt or was replaced: resume from an earlier global_step_N folder") from error
+        return ResumePoint(step_dir=step_dir, global_step=step, state=state)

@@ -193,6 +193,16 @@ class TrainerConfig:
     """Seconds one worker call (generate, update, ...) may take; past it the driver names the silent
     worker and call and stops. null = wait as long as the workers are alive (a dead worker is always
     reported at once)."""
+    max_restarts: int = 0
+    """Worker failures (a dead worker, or a call past worker_call_timeout_s) survived in one run: the
+    driver stops the worker group, starts a new one and resumes from the last complete checkpoint
+    (AReaL's recover mode). 0 = exit non-zero at the first failure."""
+    max_consecutive_reward_failures: Optional[int] = 3
+    """Stop with an error after this many consecutive steps in which *every* sample's reward failed
+    (raised, timed out or was not a number): the scorer is broken, not the model. null = never stop."""
+    max_consecutive_skipped_updates: Optional[int] = 3
+    """Stop with an error after this many consecutive steps whose actor/critic update skipped an
+    optimizer step for a non-finite loss or gradient norm. null = never stop."""
     progress_bar: bool = True
     """Show a tqdm progress bar (step, ETA, latest reward) on the driver."""
     plot: bool = True

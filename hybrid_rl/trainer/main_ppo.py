@@ -63,13 +63,12 @@ def run_ppo(cfg: Union[DictConfig, PPOConfig], trainer_cls: Optional[type] = Non
     ``@hybrid_rl.reward.register_reward`` (e.g. in a notebook cell) is used. The workers are
     stopped at the end; Ray itself stays up for the next run.
     """
+    from hybrid_rl.trainer.supervisor import run_supervised
+
     _ensure_logging()
     trainer = build_trainer(cfg, trainer_cls)
-    try:
-        trainer.init_workers()
-        return trainer.fit()
-    finally:
-        trainer.shutdown()
+    # Stops the workers at the end; restarts them after a worker failure per trainer.max_restarts.
+    return run_supervised(trainer, lambda config: build_trainer(config, trainer_cls))
 
 
 def _override_args(argv: list[str]) -> list[str]:
@@ -123,9 +122,10 @@ def _fail_on_user_error(error: BaseException) -> None:
 def _hydra_task(cfg: DictConfig) -> None:
     trainer = None
     try:
+        from hybrid_rl.trainer.supervisor import run_supervised
+
         trainer = build_trainer(cfg)
-        trainer.init_workers()
-        trainer.fit()
+        run_supervised(trainer, build_trainer)  # trainer.max_restarts: restart after a worker failure
     except Exception as error:  # noqa: BLE001 - re-raised unless it is a user mistake
         if trainer is not None:
             trainer.shutdown()

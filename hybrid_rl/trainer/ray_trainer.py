@@ -26,14 +26,18 @@ from codetiming import Timer
 
 from hybrid_rl.algorithms import get_kl_controller, masked_mean
 from hybrid_rl.protocol import DataProto
+from hybrid_rl.single_controller import WorkerGroupError
 from hybrid_rl.trainer import components, metrics as metric_fns, ppo_ops
-from hybrid_rl.trainer.checkpoint_manager import CheckpointManager, capture_rng_state, restore_rng_state
+from hybrid_rl.trainer.checkpoint_manager import (CheckpointManager, capture_rng_state, estimate_checkpoint_bytes,
+                                                   restore_rng_state)
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config_loader import to_container, to_ppo_config
+from hybrid_rl.trainer.health import HealthMonitor
 from hybrid_rl.trainer.plotting import PLOT_FILE, plot_run
 from hybrid_rl.trainer.tracking import ProgressBar, Tracking
 from hybrid_rl.trainer.validate import make_run_plan, validate_config
 from hybrid_rl.trainer.validation import run_validation
+from hybrid_rl.utils import faults
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +101,10 @@ class RayPPOTrainer:
         self.kl_ctrl_in_reward = get_kl_controller(**asdict(cfg.algorithm.kl_ctrl)) if cfg.algorithm.use_kl_in_reward else None
         self.run_dir = os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
         self.checkpoints = CheckpointManager(self.run_dir, cfg.trainer.max_actor_ckpt_to_keep)
+        if cfg.trainer.save_freq > 0:
+            self.checkpoints.probe(self._checkpoint_bytes())
+        self.health = HealthMonitor.from_config(cfg.trainer)
+        self.last_committed_step: Optional[int] = None  # newest checkpoint this trainer committed
         self.global_steps = 0
         self.workers: Optional[components.WorkerGroups] = None
         self.tracker: Optional[Tracking] = None
@@ -115,6 +123,13 @@ class RayPPOTrainer:
         if val_dataset is None and val_files:
             val_dataset = components.build_dataset(val_files, self.tokenizer, self.config)
         return train_dataset, val_dataset
+
+    def _checkpoint_bytes(self) -> int:
+        """Estimated size of one checkpoint (actor, + critic for GAE), for the disk-space probe."""
+        contents = [list(self.config.actor_rollout_ref.actor.checkpoint.save_contents)]
+        if self.plan.use_critic:
+            contents.append(list(self.config.critic.checkpoint.save_contents))
+        return estimate_checkpoint_bytes(components.count_model_params(self.config), contents)
 
     def _count_training_steps(self) -> int:
         per_epoch = len(self.train_dataloader)
@@ -154,6 +169,7 @@ class RayPPOTrainer:
             for batch in self._batches():
                 self.global_steps += 1
                 last = self.train_step(batch)
+                self.health.observe(last, self.global_steps)
                 self.on_step_end(last)
         finally:
             self._end_fit()
@@ -202,12 +218,21 @@ class RayPPOTrainer:
         timing: dict[str, float] = {}
         with _timed("step", timing):
             for name in self.step_plan():
+                faults.inject(f"driver.{name}", self.global_steps)  # no-op unless HYBRID_RL_FAULT (tests)
                 with _timed(name, timing):
-                    batch = getattr(self, name)(batch, metrics)
+                    batch = self._run_step(name, batch, metrics)
         return self.log(batch, metrics, timing)
 
+    def _run_step(self, name: str, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+        try:
+            return getattr(self, name)(batch, metrics)
+        except WorkerGroupError as error:
+            # Which worker and call the group error names; which training step only the driver knows.
+            raise type(error)(f"training step {self.global_steps}, `{name}`: {error}") from error
+
     def on_step_end(self, metrics: dict[str, float]) -> None:
-        """Hook called after each logged step (health checks, early stopping, ...); no-op here."""
+        """Hook called after each logged step and the built-in health checks (early stopping, ...);
+        no-op here."""
 
     def _is_last_step(self) -> bool:
         return self.global_steps >= self.total_training_steps
@@ -309,11 +334,16 @@ class RayPPOTrainer:
     def save_checkpoint(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """Workers write actor/critic, then the driver state marks the step complete (atomically)."""
         step = self.global_steps
-        self.checkpoints.begin(step)
-        self.actor_rollout_wg.save_checkpoint(self.checkpoints.actor_dir(step), global_step=step)
-        if self.plan.use_critic:
-            self.critic_wg.save_checkpoint(self.checkpoints.critic_dir(step), global_step=step)
-        self.checkpoints.commit(step, self._driver_state())
+        try:
+            self.checkpoints.begin(step)
+            self.actor_rollout_wg.save_checkpoint(self.checkpoints.actor_dir(step), global_step=step)
+            if self.plan.use_critic:
+                self.critic_wg.save_checkpoint(self.checkpoints.critic_dir(step), global_step=step)
+            faults.inject("driver.commit", step)  # no-op unless HYBRID_RL_FAULT (tests)
+            self.checkpoints.commit(step, self._driver_state())
+        except OSError as error:  # disk full, permissions (a worker's OSError arrives as one too)
+            raise self.checkpoints.abort(step, error) from error
+        self.last_committed_step = step
         return batch
 
     # ------------------------------------------------------------------ validation
@@ -344,6 +374,7 @@ class RayPPOTrainer:
             "kl_ctrl": self.kl_ctrl_in_reward.state_dict() if self.kl_ctrl_in_reward is not None else None,
             "world_size": self.plan.world_size,
             "total_training_steps": self.total_training_steps,
+            "health": self.health.state_dict(),
         }
 
     def load_checkpoint(self) -> None:
@@ -371,6 +402,7 @@ class RayPPOTrainer:
         restore_rng_state(point.state["rng"])
         if self.kl_ctrl_in_reward is not None and point.state.get("kl_ctrl"):
             self.kl_ctrl_in_reward.load_state_dict(point.state["kl_ctrl"])
+        self.health.load_state_dict(point.state.get("health"))
         self.global_steps = point.global_step
         logger.info("Resumed from %s (step %d)", point.step_dir, self.global_steps)
 
