@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybrid_rl.data.rows import read_rows, validate_row
+from hybrid_rl.data.rows import check_required_columns, read_rows, validate_row
 
 logger = logging.getLogger(__name__)
 
@@ -97,9 +97,10 @@ class RLHFDataset(torch.utils.data.Dataset):
             raise ValueError(f"max_samples={max_samples} must be >= 1 (or None for all rows)")
         if apply_chat_template and not getattr(tokenizer, "chat_template", None):
             raise ValueError(
-                "the tokenizer has no chat_template but apply_chat_template=True; use an instruct/chat "
-                "tokenizer, set tokenizer.chat_template, or pass apply_chat_template=False "
-                "(data.apply_chat_template=false) to encode the raw message text"
+                "the tokenizer has no chat_template, which is needed to render the chat-message prompts; "
+                "use an instruct/chat model (actor_rollout_ref.model.path) or a tokenizer folder whose "
+                "tokenizer_config.json has a chat_template (data.tokenizer), or build RLHFDataset with "
+                "apply_chat_template=False to encode the raw message text"
             )
         self.tokenizer = tokenizer
         self.prompt_key = prompt_key
@@ -126,7 +127,9 @@ class RLHFDataset(torch.utils.data.Dataset):
     def _load_rows(self, files: list[str]) -> tuple[list[dict], list[tuple[str, int]]]:
         rows, origins = [], []
         for path in files:
-            for row_idx, raw in enumerate(read_rows(path)):
+            raw_rows = read_rows(path)
+            check_required_columns(raw_rows, path=path, prompt_key=self.prompt_key)
+            for row_idx, raw in enumerate(raw_rows):
                 row = validate_row(raw, path=path, row_idx=row_idx, prompt_key=self.prompt_key)
                 # Default index = global position; veRL rows usually carry extra_info.index.
                 row["index"] = row["extra_info"].get("index", len(rows))

@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 SUPPORTED_SUFFIXES = (".parquet", ".jsonl")
+REQUIRED_COLUMNS = ("data_source", "reward_model")
+"""Columns every row needs besides the prompt column (``data.prompt_key``)."""
+_ROW_FIX = "fix or remove the row (the row schema is in hybrid_rl/data/rows.py)"
 
 
 def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -40,8 +43,23 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
         )
     rows = _read_parquet(path) if path.suffix == ".parquet" else _read_jsonl(path)
     if not rows:
-        raise ValueError(f"data file {str(path)!r} contains no rows")
+        raise ValueError(
+            f"data file {str(path)!r} contains no rows; fill it or remove it from data.train_files / data.val_files"
+        )
     return rows
+
+
+def check_required_columns(rows: list[dict[str, Any]], *, path: str, prompt_key: str = "prompt") -> None:
+    """Raise ``ValueError`` naming the file if a required column is absent from every row."""
+    present = set().union(*(row.keys() for row in rows))
+    for column in (prompt_key, *REQUIRED_COLUMNS):
+        if column not in present:
+            hint = (f"set data.prompt_key to the column holding the chat messages, or add a {column!r} column"
+                    if column == prompt_key else f"add a {column!r} column")
+            raise ValueError(
+                f"data file {path!r} has no column {column!r} (its columns: {sorted(present)}); {hint} "
+                f"(each row needs data_source, {prompt_key} = chat messages, reward_model.ground_truth)"
+            )
 
 
 def _read_parquet(path: Path) -> list[dict[str, Any]]:
@@ -85,7 +103,7 @@ def validate_row(row: dict[str, Any], *, path: str, row_idx: int, prompt_key: st
     where = f"data file {path!r} row {row_idx}"
 
     def bad(field: str, problem: str) -> ValueError:
-        return ValueError(f"{where}: field {field!r} {problem}")
+        return ValueError(f"{where}: field {field!r} {problem}; {_ROW_FIX}")
 
     data_source = row.get("data_source")
     if data_source is None:
@@ -132,3 +150,5 @@ def _validate_messages(messages: Any, prompt_key: str, bad) -> None:
         for key in ("role", "content"):
             if not isinstance(msg.get(key), str):
                 raise bad(f"{prompt_key}[{i}].{key}", f"must be a string, got {msg.get(key)!r}")
+    if not any(msg["content"].strip() for msg in messages):
+        raise bad(prompt_key, "has no text (every message content is empty)")

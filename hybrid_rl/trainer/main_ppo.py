@@ -113,10 +113,9 @@ def _fail(error: BaseException) -> None:
     sys.exit(CONFIG_ERROR_EXIT_CODE)
 
 
-def _fail_on_user_error(error: BaseException) -> None:
-    """Exit with the one-line message if ``error`` is a user mistake (returns otherwise)."""
-    if os.environ.get(FULL_ERROR_ENV) != "1" and user_error_message(error) is not None:
-        _fail(error)
+def _is_reported_user_error(error: BaseException) -> bool:
+    """True if ``error`` is a user mistake to report in one line (not with HYBRID_RL_FULL_ERROR=1)."""
+    return os.environ.get(FULL_ERROR_ENV) != "1" and user_error_message(error) is not None
 
 
 def _hydra_task(cfg: DictConfig) -> None:
@@ -127,10 +126,16 @@ def _hydra_task(cfg: DictConfig) -> None:
         trainer = build_trainer(cfg)
         run_supervised(trainer, build_trainer)  # trainer.max_restarts: restart after a worker failure
     except Exception as error:  # noqa: BLE001 - re-raised unless it is a user mistake
+        user_error = _is_reported_user_error(error)
+        if user_error:
+            # The other workers failed the same way; Ray would print their tracebacks at exit
+            # ("Unhandled error") after our one line. Ray reads this variable when it prints.
+            os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
         if trainer is not None:
             trainer.shutdown()
             trainer = None
-        _fail_on_user_error(error)
+        if user_error:
+            _fail(error)
         raise
     finally:
         if trainer is not None:

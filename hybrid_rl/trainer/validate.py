@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
 
@@ -75,7 +75,9 @@ def make_run_plan(cfg: PPOConfig) -> RunPlan:
 def validate_config(cfg: PPOConfig) -> None:
     """Raise one ValueError listing every inconsistency of ``cfg`` (each line: keys, values, fix)."""
     errors: list[str] = []
-    for check in (_check_devices, _check_batch_sizes, _check_algorithm, _check_files, _check_trainer, _check_reward):
+    checks = (_check_devices, _check_batch_sizes, _check_algorithm, _check_files, _check_trainer, _check_reward,
+              _check_resume)
+    for check in checks:
         errors.extend(check(cfg))
     if len(errors) == 1:
         raise ValueError(errors[0])
@@ -186,7 +188,7 @@ def _check_group_batches(prefix: str, group: Any, train_batch_size: int, n: int,
 
 
 def _check_algorithm(cfg: PPOConfig) -> list[str]:
-    from hybrid_rl.algorithms import KL_PENALTY_TYPES, registered_adv_estimators
+    from hybrid_rl.algorithms import KL_PENALTY_TYPES, registered_adv_estimators, registered_policy_losses
 
     alg, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
     errors = []
@@ -198,6 +200,12 @@ def _check_algorithm(cfg: PPOConfig) -> list[str]:
         errors.append(
             f"algorithm.adv_estimator={alg.adv_estimator} compares the responses to the same prompt but "
             f"actor_rollout_ref.rollout.n={n}; set rollout.n >= 2 (e.g. 8), or use adv_estimator=gae with a critic."
+        )
+    loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    if loss_mode not in registered_policy_losses():
+        errors.append(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode!r} is not registered; "
+            f"valid: {registered_policy_losses()}."
         )
     if alg.kl_penalty not in KL_PENALTY_TYPES:
         errors.append(f"algorithm.kl_penalty={alg.kl_penalty!r} is not one of {list(KL_PENALTY_TYPES)}.")
@@ -215,15 +223,19 @@ def _check_algorithm(cfg: PPOConfig) -> list[str]:
     return errors
 
 
-def _check_model_path(key: str, path: str) -> list[str]:
-    from hybrid_rl.workers.model_loader import EMBEDDED_MODEL_ID
+def _check_model_path(key: str, path: str, trust_remote_code: Optional[bool] = None) -> list[str]:
+    """A local HF folder or the embedded model id; with ``trust_remote_code`` given, also a causal LM."""
+    from hybrid_rl.workers.model_loader import EMBEDDED_MODEL_ID, causal_lm_problem
 
     if not path:
         return [f"{key} is empty but algorithm.adv_estimator=gae needs a critic; set {key} (usually the actor's model path)."]
+    if path == EMBEDDED_MODEL_ID:
+        return []
     local = os.path.expanduser(path)
-    if path != EMBEDDED_MODEL_ID and not os.path.isfile(os.path.join(local, "config.json")):
+    if not os.path.isfile(os.path.join(local, "config.json")):
         return [f"{key}={path!r} is not a local HF model folder (no config.json) nor {EMBEDDED_MODEL_ID!r}; fix the path."]
-    return []
+    problem = None if trust_remote_code is None else causal_lm_problem(local, key, trust_remote_code)
+    return [problem] if problem else []
 
 
 def _check_files(cfg: PPOConfig) -> list[str]:
@@ -237,7 +249,8 @@ def _check_files(cfg: PPOConfig) -> list[str]:
             "data.val_files is set but data.train_files is not (the built-in arithmetic task is used); "
             "set both, or neither."
         )
-    errors.extend(_check_model_path("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path))
+    model = cfg.actor_rollout_ref.model
+    errors.extend(_check_model_path("actor_rollout_ref.model.path", model.path, model.trust_remote_code))
     path = cfg.custom_reward_function.path
     if path is not None and not os.path.isfile(os.path.expanduser(path)):
         errors.append(f"custom_reward_function.path={path!r} does not exist; point it at a .py file or set it to null.")
@@ -283,4 +296,35 @@ def _check_reward(cfg: PPOConfig) -> list[str]:
         )
     if cfg.reward_model.timeout <= 0:
         errors.append(f"reward_model.timeout={cfg.reward_model.timeout} must be > 0 seconds.")
+    return errors
+
+
+def _check_resume(cfg: PPOConfig) -> list[str]:
+    """The checkpoint a resume would load exists, is complete and fits this run (checked before Ray starts)."""
+    from hybrid_rl.trainer.checkpoint_manager import RESUME_MODES, CheckpointManager
+
+    t = cfg.trainer
+    if t.resume_mode not in RESUME_MODES or (t.resume_mode == "resume_path" and not t.resume_from_path):
+        return []  # reported by _check_trainer
+    try:
+        point = CheckpointManager(t.default_local_dir).resolve_resume(t.resume_mode, t.resume_from_path)
+    except (ValueError, OSError) as error:
+        return [f"{error} (trainer.resume_mode={t.resume_mode})"]
+    if point is None:
+        return []
+    errors = []
+    saved, world = point.state.get("world_size"), t.nnodes * t.n_gpus_per_node
+    if saved is not None and saved != world:
+        errors.append(
+            f"cannot resume from {point.step_dir}: it was saved by {saved} workers but this run has {world} "
+            f"(trainer.nnodes={t.nnodes} * trainer.n_gpus_per_node={t.n_gpus_per_node}). Each worker saved its own "
+            f"shard of the weights and optimizer state and its own RNG stream, so they only reload on {saved} "
+            f"workers: set trainer.n_gpus_per_node so that nnodes * n_gpus_per_node = {saved}, or start fresh "
+            "with trainer.resume_mode=disable (or another trainer.default_local_dir)."
+        )
+    if cfg.algorithm.adv_estimator == "gae" and not os.path.isdir(os.path.join(point.step_dir, "critic")):
+        errors.append(
+            f"cannot resume from {point.step_dir}: it has no critic/ folder but algorithm.adv_estimator=gae needs "
+            "one; resume a GAE run's checkpoint or set trainer.resume_mode=disable."
+        )
     return errors

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -160,19 +161,36 @@ def load_hf_config(path: str, *, trust_remote_code: bool = False,
     return config
 
 
+def causal_lm_problem(path: str, key: str = "actor_rollout_ref.model.path",
+                      trust_remote_code: bool = False) -> Optional[str]:
+    """Why the HF folder ``path`` cannot be loaded as a causal LM, read from its config.json alone
+    (cheap: the driver checks this before any worker starts); None when it can."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config_file = Path(path).expanduser() / "config.json"
+    try:
+        hf_config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        return f"{key}={path!r}: {config_file} is not readable JSON ({error}); fix or re-save the model folder."
+    model_type = hf_config.get("model_type") if isinstance(hf_config, dict) else None
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not trust_remote_code:
+        return (f"{key}={path!r} holds a {model_type!r} model, which is not a causal language model "
+                "(AutoModelForCausalLM cannot load it). Fix: use a decoder-only LM folder (Llama, Qwen2, "
+                "SmolLM2, ...).")
+    return None
+
+
 def load_causal_lm(path: str, *, dtype: str = "float32", trust_remote_code: bool = False,
                    override_config: Optional[dict[str, Any]] = None,
                    key: str = "actor_rollout_ref.model.path"):
     """``AutoModelForCausalLM`` from a local folder, in ``dtype``, train-mode off (eval)."""
     from transformers import AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    problem = causal_lm_problem(path, key, trust_remote_code)
+    if problem:
+        raise ValueError(problem)
     config = load_hf_config(path, trust_remote_code=trust_remote_code,
                             override_config=override_config)
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not trust_remote_code:
-        raise ValueError(f"{key}={path!r} holds a {config.model_type!r} model, which is not a "
-                         "causal language model (AutoModelForCausalLM cannot load it). Fix: use "
-                         "a decoder-only LM folder (Llama, Qwen2, SmolLM2, ...).")
     model = AutoModelForCausalLM.from_pretrained(
         path, config=config, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code)
     model.eval()  # dropout off: PPO ratios must be computed on the same function
