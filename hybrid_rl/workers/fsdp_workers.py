@@ -184,8 +184,10 @@ class ActorRolloutRefWorker(Worker):
         r = self.config.ref
         view = self._log_prob_meta(data, r.log_prob_micro_batch_size_per_gpu,
                                    r.log_prob_use_dynamic_bsz, r.log_prob_max_token_len_per_gpu)
+        start = time.perf_counter()
         log_probs, _ = self.ref_policy.compute_log_prob(view)
-        return DataProto.from_dict({"ref_log_prob": log_probs})
+        metrics = {"timing_s/compute_ref_log_prob_worker": time.perf_counter() - start}
+        return DataProto.from_dict({"ref_log_prob": log_probs}, meta_info={"metrics": metrics})
 
     # ------------------------------------------------------------------ training
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -1,0 +1,202 @@
+"""Wall time of whole GRPO steps through the real trainer (Ray driver + colocated worker), broken down.
+
+    python benchmarks/bench_step.py                          # 4 steps of the fixed config below
+    python benchmarks/bench_step.py --steps 6 --json /tmp/step.json actor_rollout_ref.actor.use_dynamic_bsz=true
+
+Fixed config (the work a user would give TRL's GRPOTrainer): embedded SmolLM2-135M-Instruct,
+8 prompts x 4 responses, <= 32 response tokens, synthetic arithmetic, KL loss to the reference
+policy with coefficient 0.04, one optimizer step per batch, no validation, no checkpoints. Extra
+``key=value`` arguments are Hydra overrides on top of it.
+
+Per step it prints the ``timing_s/*`` breakdown (driver side), the driver/Ray overhead (step minus
+the listed parts) and the dispatch cost (driver-side call time minus worker-side compute), tokens/s,
+achieved FLOP/s and MFU of each model pass against fp32 and bf16 matmul peaks measured in this run
+(2048-square matmuls with the worker's thread count, before Ray starts), and the peak RSS of this
+process tree. FLOPs per pass: ``2 * N_body * tokens + 2 * N_embed * response_tokens`` forward
+(the LM head only runs on response-predicting positions), x3 for forward + backward; attention
+scores are not counted (a few % at ~100 tokens/row). The first ``--warmup`` steps are shown but
+left out of the medians. The last line is ``median step: <seconds>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import threading
+import time
+
+import psutil
+
+DEFAULT_OVERRIDES = [
+    "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4", "data.max_response_length=32",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.04",
+    "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.val_before_train=false",
+    "trainer.val_at_end=false", "trainer.logger=[jsonl]", "trainer.progress_bar=false",
+    "trainer.plot=false", "trainer.resume_mode=disable",
+]
+# (label, timing key, FLOP multiplier: 1 = forward only, 3 = forward + backward, 0 = not a model pass)
+PARTS = [("gen", "gen", 0), ("reward", "reward", 0), ("old_log_prob", "old_log_prob", 1),
+         ("ref", "ref", 1), ("adv", "adv", 0), ("update_actor", "update_actor", 3)]
+# driver-side step -> worker-side timing keys of the same call (Ray dispatch = the difference)
+WORKER_KEYS = {"gen": ["generate_sequences_worker", "weight_sync"],
+               "old_log_prob": ["compute_log_prob_worker"], "ref": ["compute_ref_log_prob_worker"],
+               "update_actor": ["update_actor_worker"]}
+
+
+class RssMonitor(threading.Thread):
+    """Polls the summed RSS of this process and all its descendants (Ray's raylet and workers)."""
+
+    def __init__(self, interval_s: float = 0.2):
+        super().__init__(daemon=True)
+        self.interval_s, self.peak_total, self.peak_single, self._done = interval_s, 0, 0, threading.Event()
+
+    def run(self) -> None:
+        root = psutil.Process()
+        while not self._done.wait(self.interval_s):
+            rss = []
+            for proc in [root, *root.children(recursive=True)]:
+                try:
+                    rss.append(proc.memory_info().rss)
+                except psutil.Error:
+                    pass
+            self.peak_total = max(self.peak_total, sum(rss))
+            self.peak_single = max(self.peak_single, max(rss, default=0))
+
+    def stop(self) -> None:
+        self._done.set()
+
+
+def model_sizes(cfg) -> tuple[float, float]:
+    """(body params, embedding/LM-head params) of the actor model."""
+    from hybrid_rl.trainer.components import count_model_params
+    from hybrid_rl.workers.model_loader import load_hf_config, resolve_model_path
+
+    model = cfg.actor_rollout_ref.model
+    hf = load_hf_config(resolve_model_path(model.path), trust_remote_code=model.trust_remote_code)
+    total = count_model_params(cfg)
+    embed = hf.vocab_size * hf.hidden_size
+    return float(total - embed), float(embed)
+
+
+def step_figures(m: dict, sizes: tuple[float, float], rows: int, peaks: dict[str, float]) -> dict:
+    """Breakdown, overhead, throughput and MFU of one step's logged metrics ``m``."""
+    body, embed = sizes
+    tokens = m["perf/total_num_tokens"]
+    resp_tokens = m["response_length/mean"] * rows
+    fwd_flops = 2 * body * tokens + 2 * embed * resp_tokens
+    step = m["timing_s/step"]
+    out = {"step_s": step, "tokens": tokens, "response_tokens": resp_tokens}
+    listed = 0.0
+    for label, key, mult in PARTS:
+        sec = m.get(f"timing_s/{key}", 0.0)
+        listed += sec
+        out[f"{label}_s"] = sec
+        if mult and sec > 0:
+            out[f"{label}_gflops"] = mult * fwd_flops / sec / 1e9
+            for dtype, peak in peaks.items():
+                out[f"{label}_mfu_{dtype}"] = mult * fwd_flops / sec / peak
+    out["update_weights_s"] = m.get("timing_s/weight_sync", 0.0)
+    out["overhead_s"] = step - listed
+    out["overhead_frac"] = out["overhead_s"] / step
+    dispatch = sum(m[f"timing_s/{s}"] - sum(m.get(f"timing_s/{w}", 0.0) for w in ws)
+                   for s, ws in WORKER_KEYS.items() if f"timing_s/{s}" in m and f"timing_s/{ws[0]}" in m)
+    out["dispatch_s"] = dispatch
+    out["dispatch_frac"] = dispatch / step
+    out["gen_tok_s"] = resp_tokens / out["gen_s"] if out["gen_s"] else 0.0
+    out["train_tok_s"] = tokens / out["update_actor_s"] if out["update_actor_s"] else 0.0
+    out["padding_frac"] = m.get("actor/padding_frac", float("nan"))
+    out["score"] = m.get("critic/score/mean", float("nan"))
+    return out
+
+
+def run(args: argparse.Namespace) -> dict:
+    import torch
+
+    from hybrid_rl.trainer import get_config
+    from hybrid_rl.trainer.components import measure_peak_flops
+    from hybrid_rl.trainer.main_ppo import build_trainer
+    from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
+    from hybrid_rl.trainer.validate import make_run_plan
+
+    run_dir = tempfile.mkdtemp(prefix="bench_step_")
+    overrides = DEFAULT_OVERRIDES + [f"trainer.total_training_steps={args.steps}",
+                                     f"trainer.default_local_dir={run_dir}"] + args.overrides
+    cfg = get_config(overrides)
+    steps: list[dict] = []
+
+    class Recording(RayPPOTrainer):
+        def on_step_end(self, metrics: dict) -> None:
+            steps.append(dict(metrics))
+
+    trainer = build_trainer(cfg, Recording)
+    plan = make_run_plan(trainer.config)
+    torch.set_num_threads(plan.threads_per_worker)
+    peaks = {d: measure_peak_flops(plan.device, 1.0, d) for d in ("fp32", "bf16")}
+    sizes = model_sizes(trainer.config)
+    rows = trainer.config.data.train_batch_size * trainer.config.actor_rollout_ref.rollout.n
+    monitor = RssMonitor()
+    monitor.start()
+    start = time.perf_counter()
+    try:
+        trainer.fit()
+    finally:
+        trainer.shutdown()
+        monitor.stop()
+    figures = [step_figures(m, sizes, rows, peaks) for m in steps]
+    return {"overrides": overrides, "peak_flops": peaks, "threads_per_worker": plan.threads_per_worker,
+            "steps": figures, "wall_s": time.perf_counter() - start,
+            "peak_rss_gib": monitor.peak_total / 2**30, "peak_rss_one_process_gib": monitor.peak_single / 2**30,
+            "load_avg": os.getloadavg(), "warmup": args.warmup}
+
+
+def median_figures(result: dict) -> dict:
+    kept = result["steps"][result["warmup"]:] or result["steps"]
+    return {k: statistics.median(s[k] for s in kept) for k in kept[0]}
+
+
+def print_table(result: dict) -> None:
+    cols = ["step_s", "gen_s", "old_log_prob_s", "ref_s", "adv_s", "update_actor_s", "update_weights_s",
+            "overhead_s", "dispatch_s"]
+    print(f"peak matmul: fp32 {result['peak_flops']['fp32'] / 1e9:.0f} GFLOP/s, bf16 "
+          f"{result['peak_flops']['bf16'] / 1e9:.0f} GFLOP/s ({result['threads_per_worker']} threads); "
+          f"load avg {' '.join(f'{x:.2f}' for x in result['load_avg'])}")
+    print("step " + " ".join(f"{c[:-2]:>13}" for c in cols))
+    for i, s in enumerate(result["steps"], 1):
+        mark = "*" if i <= result["warmup"] else " "
+        print(f"{i:>3}{mark} " + " ".join(f"{s[c]:13.2f}" for c in cols))
+    med = median_figures(result)
+    print(f"median (steps after {result['warmup']} warm-up): tokens/step {med['tokens']:.0f} "
+          f"(response {med['response_tokens']:.0f}), gen {med['gen_tok_s']:.0f} tok/s, trained "
+          f"{med['train_tok_s']:.0f} tok/s, padding in trained micro-batches {med['padding_frac']:.1%}")
+    for label in ("old_log_prob", "ref", "update_actor"):
+        if f"{label}_gflops" in med:
+            print(f"  {label:>13}: {med[f'{label}_gflops']:6.0f} GFLOP/s = {med[f'{label}_mfu_bf16']:.0%} of bf16 "
+                  f"peak, {med[f'{label}_mfu_fp32']:.0%} of fp32 peak")
+    print(f"  driver/Ray overhead {med['overhead_s']:.2f} s ({med['overhead_frac']:.1%} of the step), "
+          f"of which dispatch + serialization {med['dispatch_s']:.2f} s ({med['dispatch_frac']:.1%})")
+    print(f"  peak RSS {result['peak_rss_gib']:.2f} GiB (process tree), largest process "
+          f"{result['peak_rss_one_process_gib']:.2f} GiB")
+    print(f"median step: {med['step_s']:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=1, help="first steps left out of the medians")
+    parser.add_argument("--json", default=None, help="also write all figures to this JSON file")
+    parser.add_argument("overrides", nargs="*", help="Hydra key=value overrides")
+    args = parser.parse_args()
+    result = run(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    print(json.dumps({"median": median_figures(result)}))
+    print_table(result)
+
+
+if __name__ == "__main__":
+    main()
