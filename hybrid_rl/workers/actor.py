@@ -20,8 +20,9 @@ from hybrid_rl.algorithms import agg_loss, get_policy_loss_fn, global_batch_deno
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.workers.batching import all_reduce_sum, restore_order, split_micro_batches
 from hybrid_rl.workers.config import ActorConfig
-from hybrid_rl.workers.forward import response_log_probs
+from hybrid_rl.workers.forward import padding_fraction, response_log_probs
 from hybrid_rl.workers.fsdp_utils import dp_world
+from hybrid_rl.workers.varlen_attention import use_varlen_attention
 from hybrid_rl.workers.update_utils import check_mini_batch_rows, mini_batches, optimizer_step
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,8 @@ class DataParallelPPOActor:
         self.actor_optimizer = actor_optimizer
         self.mini_batch_rows = ppo_mini_batch_size_per_gpu or config.ppo_mini_batch_size
         self.use_remove_padding = use_remove_padding
+        if use_remove_padding:  # per-row attention on packed rows instead of a [T, T] mask
+            use_varlen_attention(actor_module)
         self.device = torch.device(device)
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.rank, self.dp_size = dp_world()
@@ -98,12 +101,17 @@ class DataParallelPPOActor:
 
         Needs batch keys ``responses, response_mask, input_ids, attention_mask, position_ids,
         old_log_probs, advantages`` (+ ``ref_log_prob`` with ``use_kl_loss``) and
-        ``meta_info["temperature"]``.
+        ``meta_info["temperature"]``. When the update is exactly on-policy (one mini-batch, one
+        epoch: the weights that sampled are the weights being updated) ``old_log_probs`` may be
+        absent; ``log_probs.detach()`` is then used (ratio exactly 1, as veRL's ``on_policy``), so
+        the trainer can skip the separate old-log-prob pass.
         """
         if self.actor_optimizer is None:
             raise ValueError("update_policy needs an optimizer; this actor was built without one")
         _require_meta(data, ["temperature"], "update_policy")
-        keys = _MODEL_INPUTS + ["response_mask", "old_log_probs", "advantages"]
+        # on-policy without a precomputed old_log_probs: use the detached log-probs instead
+        detach_old = self.is_on_policy(len(data)) and "old_log_probs" not in data.batch.keys()
+        keys = _MODEL_INPUTS + ["response_mask", "advantages"] + ([] if detach_old else ["old_log_probs"])
         if self.config.use_kl_loss:
             keys.append("ref_log_prob")
         missing = [k for k in keys if k not in data.batch.keys()]
@@ -117,13 +125,17 @@ class DataParallelPPOActor:
         self.actor_module.train()  # gradient checkpointing only runs in train mode
         for epoch in range(self.config.ppo_epochs):
             for mini in mini_batches(data, self.mini_batch_rows, self.config.shuffle, epoch):
-                self._update_mini_batch(mini, data.meta_info["temperature"], metrics)
+                self._update_mini_batch(mini, data.meta_info["temperature"], metrics, detach_old)
         self.actor_module.eval()
         metrics["actor/num_skipped_steps"].append(self.num_skipped_steps - skipped_before)
         return dict(metrics)
 
+    def is_on_policy(self, num_rows: int) -> bool:
+        """True when ``update_policy`` on ``num_rows`` rows takes exactly one optimizer step."""
+        return self.config.ppo_epochs == 1 and num_rows == self.mini_batch_rows
+
     def _update_mini_batch(self, mini: DataProto, temperature: float,
-                           metrics: dict[str, list[float]]) -> None:
+                           metrics: dict[str, list[float]], detach_old: bool) -> None:
         """Accumulate gradients over the micro-batches of ``mini`` and take one optimizer step."""
         cfg = self.config
         denoms = {k: all_reduce_sum(v, self.device)
@@ -136,7 +148,9 @@ class DataParallelPPOActor:
         totals = torch.zeros(3, dtype=torch.float64)  # pg_loss, entropy, kl_loss contributions
         for micro in micro_batches:
             batch = {k: v.to(self.device) for k, v in micro.batch.items()}
-            loss, parts, stats = self._micro_loss(batch, temperature, denoms)
+            metrics["actor/padding_frac"].append(padding_fraction(batch["attention_mask"],
+                                                                  self.use_remove_padding))
+            loss, parts, stats = self._micro_loss(batch, temperature, denoms, detach_old)
             # FSDP averages gradients over ranks; the global denominators need their sum.
             (loss * self.dp_size).backward()
             totals += parts
@@ -153,15 +167,19 @@ class DataParallelPPOActor:
         metrics["actor/grad_norm"].append(grad_norm)
 
     def _micro_loss(self, batch: dict[str, torch.Tensor], temperature: float,
-                    denoms: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, dict]:
+                    denoms: dict[str, torch.Tensor], detach_old: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Loss of one micro-batch (its share of the mini-batch loss) and its metrics."""
         cfg = self.config
         mask = batch["response_mask"]
+        # entropy is always reported; it only needs a gradient when it is part of the loss
         log_prob, entropy = response_log_probs(self.actor_module, batch, temperature,
-                                               self.use_remove_padding, calculate_entropy=True)
+                                               self.use_remove_padding, calculate_entropy=True,
+                                               entropy_grad=cfg.entropy_coeff != 0)
+        old_log_prob = log_prob.detach() if detach_old else batch["old_log_probs"]
         agg = dict(loss_agg_mode=cfg.loss_agg_mode, **denoms)
         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = self.policy_loss_fn(
-            batch["old_log_probs"], log_prob, batch["advantages"], mask,
+            old_log_prob, log_prob, batch["advantages"], mask,
             clip_ratio_low=cfg.effective_clip_ratio_low,
             clip_ratio_high=cfg.effective_clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c, **agg)
         entropy_term = agg_loss(entropy, mask, cfg.loss_agg_mode, denoms["global_batch_num_tokens"],

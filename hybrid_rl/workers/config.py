@@ -371,3 +371,10 @@ def derive_batch_sizes(*, key: str, ppo_mini_batch_size: int, n: int, dp_size: i
         ppo_micro_batch_size_per_gpu=ppo_micro_batch_size_per_gpu,
         log_prob_micro_batch_size_per_gpu=log_prob_micro_batch_size_per_gpu,
     )
+
+
+def update_is_on_policy(actor: ActorConfig, train_batch_size: int) -> bool:
+    """True when each training batch gets exactly one actor optimizer step (one epoch, one
+    mini-batch): the policy that sampled is the one being updated, so ``old_log_probs`` equal the
+    update's own log-probs and the separate old-log-prob pass can be skipped (veRL's ``on_policy``)."""
+    return actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == train_batch_size

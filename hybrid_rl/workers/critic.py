@@ -21,6 +21,7 @@ from hybrid_rl.workers.config import CriticConfig
 from hybrid_rl.workers.forward import response_values
 from hybrid_rl.workers.fsdp_utils import dp_world
 from hybrid_rl.workers.update_utils import check_mini_batch_rows, mini_batches, optimizer_step
+from hybrid_rl.workers.varlen_attention import use_varlen_attention
 
 _MODEL_INPUTS = ["responses", "input_ids", "attention_mask", "position_ids", "response_mask"]
 
@@ -47,6 +48,8 @@ class DataParallelPPOCritic:
         self.critic_optimizer = critic_optimizer
         self.mini_batch_rows = ppo_mini_batch_size_per_gpu or config.ppo_mini_batch_size * config.rollout_n
         self.use_remove_padding = use_remove_padding
+        if use_remove_padding:  # per-row attention on packed rows instead of a [T, T] mask
+            use_varlen_attention(critic_module)
         self.device = torch.device(device)
         self.rank, self.dp_size = dp_world()
         self.num_skipped_steps = 0

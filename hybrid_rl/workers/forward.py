@@ -6,8 +6,10 @@ needed are the columns ``[L - R - 1, L - 1)``; only those go through the LM head
 (``logits_to_keep``), which saves a vocab-sized matmul per prompt token.
 
 With ``use_remove_padding`` the valid tokens of all rows are packed into one sequence of shape
-``[1, T]`` without an attention mask; HF rebuilds a block-diagonal causal mask from the
-``position_ids`` restarting at 0 for each row, so no compute is spent on padding.
+``[1, T]`` without an attention mask, and the row boundaries are passed as ``cu_seq_lens_q``: the
+varlen attention (:mod:`hybrid_rl.workers.varlen_attention`, switched on by the actor/critic)
+attends within each row, so no compute is spent on padding. A model left on plain ``sdpa``
+rebuilds a block-diagonal causal mask from the ``position_ids`` restarting at 0 instead.
 """
 
 from __future__ import annotations
@@ -18,14 +20,32 @@ import torch
 from torch import nn
 
 from hybrid_rl.algorithms import entropy_from_logits, logprobs_from_logits
+from hybrid_rl.workers.varlen_attention import cu_seq_lens
+
+
+def _first_valid_column(attention_mask: torch.Tensor) -> int:
+    valid_cols = attention_mask.any(dim=0).nonzero()
+    return int(valid_cols[0]) if len(valid_cols) else 0
 
 
 def trim_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       position_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Drop leading columns that are padding in every row (exact: they are masked anyway)."""
-    valid_cols = attention_mask.any(dim=0).nonzero()
-    start = int(valid_cols[0]) if len(valid_cols) else 0
+    start = _first_valid_column(attention_mask)
     return input_ids[:, start:], attention_mask[:, start:], position_ids[:, start:]
+
+
+def padding_fraction(attention_mask: torch.Tensor, use_remove_padding: bool) -> float:
+    """Share of the tokens a forward pass over this micro-batch computes that are padding.
+
+    Packed micro-batches compute no padding; padded ones compute ``[B, L']`` with ``L'`` the width
+    left after :func:`trim_left_padding`.
+    """
+    if use_remove_padding:
+        return 0.0
+    width = attention_mask.shape[1] - _first_valid_column(attention_mask)
+    computed = attention_mask.shape[0] * width
+    return 1.0 - float(attention_mask.sum()) / computed if computed else 0.0
 
 
 def _packed(input_ids, attention_mask, position_ids, response_length):
@@ -46,6 +66,14 @@ def _packed(input_ids, attention_mask, position_ids, response_length):
     return ids, pos, window, keep
 
 
+def _packed_kwargs(attention_mask: torch.Tensor) -> dict:
+    """Row boundaries of a packed micro-batch, under HF's flash-attention kwarg names (read by
+    :mod:`hybrid_rl.workers.varlen_attention`; plain ``sdpa`` ignores them and uses the mask)."""
+    cu = cu_seq_lens(attention_mask)
+    longest = int(attention_mask.sum(-1).max())
+    return dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
+
+
 def response_logits(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float,
                     use_remove_padding: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Logits predicting each response token, divided by ``temperature``.
@@ -59,7 +87,7 @@ def response_logits(module: nn.Module, batch: dict[str, torch.Tensor], temperatu
     if use_remove_padding:
         ids, pos, window, keep = _packed(input_ids, attention_mask, position_ids, response_length)
         out = module(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False,
-                     logits_to_keep=keep)
+                     logits_to_keep=keep, **_packed_kwargs(attention_mask))
         return out.logits[0] / temperature, window  # [N, V]
     out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                  use_cache=False, logits_to_keep=response_length + 1)
@@ -76,13 +104,20 @@ def _unpack(values: torch.Tensor, window: Optional[torch.Tensor]) -> torch.Tenso
 
 
 def response_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float,
-                       use_remove_padding: bool, calculate_entropy: bool
+                       use_remove_padding: bool, calculate_entropy: bool, entropy_grad: bool = True
                        ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """``(log_probs [B, R], entropy [B, R] | None)`` of the response tokens (float32)."""
+    """``(log_probs [B, R], entropy [B, R] | None)`` of the response tokens (float32).
+
+    ``entropy_grad=False`` computes the entropy outside autograd (a metric only): its backward,
+    a second vocab-sized pass per response token, is then skipped.
+    """
     logits, window = response_logits(module, batch, temperature, use_remove_padding)
     labels = batch["responses"] if window is None else batch["responses"][window]
     log_probs = _unpack(logprobs_from_logits(logits, labels), window)
-    entropy = _unpack(entropy_from_logits(logits), window) if calculate_entropy else None
+    entropy = None
+    if calculate_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = _unpack(entropy_from_logits(logits), window)
     return log_probs, entropy
 
 
@@ -95,7 +130,8 @@ def response_values(module: nn.Module, batch: dict[str, torch.Tensor],
         batch["input_ids"], batch["attention_mask"], batch["position_ids"])
     if use_remove_padding:
         ids, pos, window, keep = _packed(input_ids, attention_mask, position_ids, response_length)
-        out = module(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False)
+        out = module(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False,
+                     **_packed_kwargs(attention_mask))
         return _unpack(out.logits[0, keep, 0].float(), window)
     out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                  use_cache=False)

@@ -156,3 +156,62 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir, base_model
     plain, _ = _run_update(base_model, data, ppo_micro_batch_size_per_gpu=4)
     checkpointed, _ = _run_update(model, data, ppo_micro_batch_size_per_gpu=4)
     _assert_same_params(plain, checkpointed)
+
+
+@pytest.mark.parametrize("micro", [8, 3])
+def test_on_policy_update_without_old_log_probs_equals_precomputed(base_model, micro):
+    """One mini-batch x one epoch: dropping old_log_probs (the actor then uses its own detached
+    log-probs) gives the same update as passing the exact current log-probs, with ratio 1."""
+    data = _prepared_batch(base_model)
+    data.batch["old_log_probs"] = hf_response_log_probs(base_model, data, 0.7).detach()
+    common = dict(ppo_micro_batch_size_per_gpu=micro, use_kl_loss=True, kl_loss_coef=0.04)
+    with_old, m_old = _run_update(base_model, data, **common)
+    without = data.select(batch_keys=[k for k in data.batch.keys() if k != "old_log_probs"])
+    detached, m_det = _run_update(base_model, without, **common)
+    _assert_same_params(with_old, detached)
+    assert max(abs(v) for v in m_det["actor/ppo_kl"]) < 1e-12  # ratio exactly 1
+    assert max(m_det["actor/pg_clipfrac"]) == 0.0
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy"):
+        assert m_old[key][0] == pytest.approx(m_det[key][0], abs=1e-6), key
+
+
+def test_off_policy_update_still_requires_old_log_probs(base_model):
+    data = _prepared_batch(base_model)
+    without = data.select(batch_keys=[k for k in data.batch.keys() if k != "old_log_probs"])
+    with pytest.raises(ValueError, match="old_log_probs"):
+        _run_update(base_model, without, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4)
+    with pytest.raises(ValueError, match="old_log_probs"):
+        _run_update(base_model, without, ppo_epochs=2)
+
+
+def test_entropy_without_grad_when_not_in_the_loss(base_model):
+    """entropy_coeff=0: the entropy is a metric only (no graph); with a coefficient it has one."""
+    from hybrid_rl.workers.forward import response_log_probs
+
+    data = make_batch()
+    batch = dict(data.batch.items())
+    _, ent = response_log_probs(base_model, batch, 0.7, False, True, entropy_grad=False)
+    assert not ent.requires_grad
+    lp, ent_g = response_log_probs(base_model, batch, 0.7, False, True, entropy_grad=True)
+    assert ent_g.requires_grad and lp.requires_grad
+    torch.testing.assert_close(ent, ent_g.detach(), atol=0, rtol=0)
+
+
+def test_padding_fraction_of_micro_batches(base_model):
+    from hybrid_rl.workers.forward import padding_fraction
+
+    mask = torch.tensor([[0, 0, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1]])
+    # the all-padding first column is trimmed: 2 rows x 5 columns computed, 8 valid
+    assert padding_fraction(mask, use_remove_padding=False) == pytest.approx(0.2)
+    assert padding_fraction(mask, use_remove_padding=True) == 0.0
+    data = _prepared_batch(base_model)
+    _, metrics = _run_update(base_model, data, ppo_micro_batch_size_per_gpu=4, remove_padding=True)
+    assert metrics["actor/padding_frac"] == [0.0, 0.0]
+
+
+def test_update_is_on_policy():
+    from hybrid_rl.workers.config import update_is_on_policy
+
+    assert update_is_on_policy(actor_config(ppo_mini_batch_size=8), train_batch_size=8)
+    assert not update_is_on_policy(actor_config(ppo_mini_batch_size=4), train_batch_size=8)
+    assert not update_is_on_policy(actor_config(ppo_mini_batch_size=8, ppo_epochs=2), train_batch_size=8)
