@@ -63,9 +63,18 @@ def unknown_key_message(key: str, valid: Iterable[str]) -> str:
 def check_override_keys(overrides: list[str]) -> None:
     """Raise ValueError for the first override whose key is not in the schema."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
 
     valid, open_dicts = _valid_keys(OmegaConf.structured(PPOConfig))
-    for override in OverridesParser.create().parse_overrides(overrides):
+    parser = OverridesParser.create()
+    for text in overrides:
+        try:
+            (override,) = parser.parse_overrides([text])
+        except OverrideParseException as e:
+            raise ValueError(
+                f"cannot parse the override {text!r} ({str(e).splitlines()[0]}). Fix: write key=value; quote a "
+                "value holding brackets, commas or spaces (key='a,b'); lists are key=[1,2]."
+            ) from None
         key = override.key_or_group
         if key.startswith("hydra.") or key == "hydra" or override.package is not None:
             continue
@@ -94,10 +103,20 @@ def get_config(overrides: list[str] | None = None) -> DictConfig:
         try:
             cfg = compose(config_name=CONFIG_NAME, overrides=overrides)
         except ConfigCompositionException as e:
-            # Hydra keeps the useful part (key, value, expected type) in the cause.
-            detail = f" ({e.__cause__})" if e.__cause__ else ""
-            raise ValueError(f"{e}{detail}".replace("\n", " ")) from None
+            raise ValueError(composition_error_message(e)) from None
     return cfg
+
+
+def composition_error_message(error: Exception) -> str:
+    """One line for a failed composition: the key, what is wrong with its value, and the fix."""
+    cause = error.__cause__
+    full_key, msg = getattr(cause, "full_key", None), getattr(cause, "msg", None)
+    if full_key and msg:
+        # Hydra keeps the useful part (key, value, expected type) in the OmegaConf cause.
+        return (f"{full_key}: {str(msg).splitlines()[0]}. Fix: give {full_key} a value of the type it expects "
+                "(documented in hybrid_rl/trainer/config.py).")
+    detail = f" ({cause})" if cause else ""
+    return f"{error}{detail}".replace("\n", " ")
 
 
 def to_ppo_config(cfg: Union[DictConfig, PPOConfig]) -> PPOConfig:

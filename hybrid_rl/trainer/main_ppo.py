@@ -25,7 +25,7 @@ from typing import Optional, Union
 from omegaconf import DictConfig
 
 from hybrid_rl.trainer.config import PPOConfig
-from hybrid_rl.trainer.config_loader import CONFIG_NAME, check_override_keys, get_config, to_ppo_config
+from hybrid_rl.trainer.config_loader import CONFIG_DIR, CONFIG_NAME, check_override_keys, get_config, to_ppo_config
 from hybrid_rl.trainer.preflight import check_reward_coverage
 
 logger = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         get_config([o for o in overrides if not o.lstrip("+~").startswith("hydra.")])
     except ValueError as error:
         _fail(error)
-    task = hydra.main(config_path="config", config_name=CONFIG_NAME, version_base="1.3")(_hydra_task)
+    task = hydra.main(config_path=CONFIG_DIR, config_name=CONFIG_NAME, version_base="1.3")(_hydra_task)
     task()
 
 
