@@ -37,6 +37,7 @@ from hybrid_rl.trainer.plotting import PLOT_FILE, plot_run
 from hybrid_rl.trainer.tracking import ProgressBar, Tracking
 from hybrid_rl.trainer.validate import make_run_plan, validate_config
 from hybrid_rl.trainer.validation import run_validation
+from hybrid_rl.workers.config import update_is_on_policy
 from hybrid_rl.utils import faults
 
 logger = logging.getLogger(__name__)
@@ -196,7 +197,11 @@ class RayPPOTrainer:
         steps = ["generate"]
         if cfg.algorithm.adv_estimator == "remax":
             steps.append("compute_reward_baseline")
-        steps += ["compute_reward", "compute_old_log_prob"]
+        steps.append("compute_reward")
+        # on-policy: the actor uses its own detached log-probs; the in-reward KL still needs them
+        if not (update_is_on_policy(cfg.actor_rollout_ref.actor, cfg.data.train_batch_size)
+                and not cfg.algorithm.use_kl_in_reward):
+            steps.append("compute_old_log_prob")
         if self.plan.use_reference_policy:
             steps.append("compute_ref_log_prob")
         if self.plan.use_critic:

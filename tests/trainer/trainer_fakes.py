@@ -57,7 +57,8 @@ class FakeActorRollout:
         signal = (data.batch["advantages"].double() * data.batch["responses"].double() * mask).sum() / mask.sum()
         prompts = data.batch["prompts"].double().mean()  # which prompts were trained on matters
         self.w = self.w + 0.01 * signal + 1e-4 * prompts + 0.001 * torch.rand((), dtype=torch.float64)
-        return DataProto(meta_info={"metrics": {"actor/pg_loss": [float(signal)], "actor/pg_clipfrac": [0.5]}})
+        return DataProto(meta_info={"metrics": {"actor/pg_loss": [float(signal)], "actor/pg_clipfrac": [0.5],
+                                                  "actor/entropy": [1.0]}})  # as the real worker
 
     def save_checkpoint(self, path: str, global_step: int) -> None:
         self.calls.append("save_checkpoint")
