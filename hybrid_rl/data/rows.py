@@ -68,7 +68,8 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
     try:
         table = pq.read_table(path)
     except Exception as err:  # pyarrow raises several types (ArrowInvalid, OSError, ...)
-        raise ValueError(f"data file {str(path)!r} is not a readable parquet file: {err}") from err
+        raise ValueError(f"data file {str(path)!r} is not a readable parquet file: {err}. Fix: re-write it with "
+                         "pandas.DataFrame.to_parquet / pyarrow, or give the rows as a .jsonl file") from err
     # to_pylist gives plain lists/dicts; pandas would turn list columns into numpy arrays.
     return table.to_pylist()
 

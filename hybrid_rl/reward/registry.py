@@ -195,7 +195,7 @@ def load_custom_reward_fn(path: str, name: str = "compute_score", reward_kwargs:
         available = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_")
                            and getattr(v, "__module__", None) == module.__name__)
         raise ValueError(f"custom_reward_function.name {name!r} not found in {path}; functions defined "
-                         f"there: {available}")
+                         f"there: {available}; set custom_reward_function.name to one of them")
     reward_kwargs = dict(reward_kwargs or {})
     check_scorer_signature(fn, f"custom reward function {name!r} in {path}", batched=batched, **reward_kwargs)
     logger.info("using custom reward function %r from %s", name, path)

@@ -208,7 +208,10 @@ def _check_algorithm(cfg: PPOConfig) -> list[str]:
             f"valid: {registered_policy_losses()}."
         )
     if alg.kl_penalty not in KL_PENALTY_TYPES:
-        errors.append(f"algorithm.kl_penalty={alg.kl_penalty!r} is not one of {list(KL_PENALTY_TYPES)}.")
+        errors.append(
+            f"algorithm.kl_penalty={alg.kl_penalty!r} is not one of {list(KL_PENALTY_TYPES)}; set one of them "
+            "(low_var_kl = k3 is the usual choice)."
+        )
     if alg.kl_ctrl.type not in ("fixed", "adaptive"):
         errors.append(f"algorithm.kl_ctrl.type={alg.kl_ctrl.type!r} must be fixed or adaptive.")
     if not 0.0 <= alg.gamma <= 1.0 or not 0.0 <= alg.lam <= 1.0:

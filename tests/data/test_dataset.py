@@ -196,6 +196,7 @@ MALFORMED = [
     (_bad(GOOD, reward_model={"style": "rule"}), "'reward_model.ground_truth' is missing"),
     (_bad(GOOD, extra_info=[1]), "'extra_info' must be a dict"),
     (_bad(GOOD, ability=3), "'ability' must be a string"),
+    (_bad(GOOD, prompt=[{"role": "user", "content": " "}]), "'prompt' has no text"),
 ]
 
 
@@ -204,6 +205,15 @@ def test_malformed_row_names_file_row_and_field(tmp_path, tok, row, message):
     path = write_jsonl([GOOD, GOOD, row], tmp_path / "bad.jsonl")
     with pytest.raises(ValueError, match=re.escape(path) + r"' row 2: field " + message):
         RLHFDataset(path, tok)
+
+
+def test_missing_column_is_named_for_the_file(tmp_path, tok):
+    rows = [{k: v for k, v in GOOD.items() if k != "data_source"}] * 2
+    path = write_parquet(rows, tmp_path / "cols.parquet")
+    with pytest.raises(ValueError, match=r"cols\.parquet' has no column 'data_source' \(its columns: \["):
+        RLHFDataset(path, tok)
+    with pytest.raises(ValueError, match=r"no column 'messages'.*set data\.prompt_key"):
+        RLHFDataset(write_jsonl([GOOD], tmp_path / "good.jsonl"), tok, prompt_key="messages")
 
 
 def test_malformed_parquet_row(tmp_path, tok):

@@ -38,6 +38,11 @@ def test_non_causal_lm_is_rejected(tmp_path):
     ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="not a causal language model"):
         ml.load_causal_lm(str(tmp_path))
+    # The driver's check reads config.json alone; trust_remote_code leaves the decision to the model code.
+    assert "holds a 'vit' model" in ml.causal_lm_problem(str(tmp_path), key="critic.model.path")
+    assert ml.causal_lm_problem(str(tmp_path), trust_remote_code=True) is None
+    (tmp_path / "config.json").write_text("{broken")
+    assert "is not readable JSON" in ml.causal_lm_problem(str(tmp_path))
 
 
 def test_unknown_override_key_is_rejected(tiny_model_dir):
