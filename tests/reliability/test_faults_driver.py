@@ -191,3 +191,20 @@ def test_probe_rejects_unwritable_dir_and_full_disk(tmp_path, tiny_model_dir, mo
     need = (params * 12 + 64 * 2**20) / 2**30  # fp32 weights + AdamW moments + tokenizer/config allowance
     with pytest.raises(ValueError, match=rf"has 0.00 GiB free but one checkpoint needs about {need:.2f} GiB"):
         RayPPOTrainer(get_config(_overrides(tmp_path, tiny_model_dir)))
+
+
+def test_fault_spec_parsing_rank_filter_and_fire_once(tmp_path, monkeypatch):
+    from hybrid_rl.utils import faults
+
+    with pytest.raises(ValueError, match=r"HYBRID_RL_FAULT entry 'crash:update_actor:2' is not action:point:step"):
+        faults.parse_faults("crash:update_actor:2")
+    monkeypatch.setenv(faults.FAULT_ENV, "oserror:save_checkpoint:2:1")
+    monkeypatch.setenv(faults.STATE_ENV, str(tmp_path / "state"))
+    monkeypatch.setenv("RANK", "0")
+    faults.inject("save_checkpoint", 2)  # another rank: nothing happens
+    monkeypatch.setenv("RANK", "1")
+    faults.inject("save_checkpoint", 1)  # another step
+    with pytest.raises(OSError) as excinfo:
+        faults.inject("save_checkpoint", 2)
+    assert excinfo.value.errno == errno.ENOSPC
+    faults.inject("save_checkpoint", 2)  # fired once already (the marker survives a restart)
