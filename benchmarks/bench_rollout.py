@@ -1,15 +1,24 @@
 """Generation throughput of the rollout engines (hf, vllm) on the embedded SmolLM2-135M-Instruct.
 
-For each engine and batch size: one ``generate_sequences`` call through the real rollout class
-(DataProto in and out, sampling at temperature 1), ``--new-tokens`` tokens per row. EOS is
-replaced by the last (practically never sampled) vocabulary id so rows generate ``--new-tokens`` tokens
-(pass ``--stop-at-eos`` to measure real answer lengths instead). Reports generated tokens / wall
-second (median of ``--repeats``) and the engine start-up time. Results are very sensitive to
-other load on the cores.
+Each engine is built through the real rollout class (``build_rollout``) and timed on
+``generate_sequences`` (DataProto in and out). Two workloads:
+
+* ``--batch-sizes`` (default 1 8 32 64): synthetic chat prompts (8 different questions, ~40 tokens),
+  sampling at temperature 1, exactly ``--new-tokens`` tokens per row (EOS is replaced by the last,
+  practically never sampled, vocabulary id; ``--stop-at-eos`` measures real answer lengths instead).
+* ``--default-run``: the two generate calls of the default training run (``python -m
+  hybrid_rl.trainer.main_ppo``): 16 arithmetic prompts x n=8 (~100-token prompts sharing a one-shot
+  prefix, 16 new tokens, temperature 0.8, real EOS) and the 200-prompt greedy validation.
+
+Reported per row: generated tokens / wall second (median of ``--repeats`` calls after one untimed
+warm-up call), process CPU milliseconds per generated token (less sensitive to other load than
+wall time), engine start-up and the load average. Results depend strongly on other load on the
+cores: compare settings interleaved, and on a quiet machine.
 
 Run from the repo root (vLLM's CPU backend needs the ``__main__`` guard this file has)::
 
-    python benchmarks/bench_rollout.py --engines hf vllm --batch-sizes 1 8 32 64 --dtype bfloat16
+    python benchmarks/bench_rollout.py                        # hf + vllm, batches 1 8 32 64 (~3 min)
+    python benchmarks/bench_rollout.py --engines vllm vllm-compiled --default-run
 """
 
 from __future__ import annotations
@@ -19,12 +28,17 @@ import json
 import os
 import statistics
 import time
+from typing import Any
 
-import torch
+# As the trainer's CPU workers do: OpenMP spin-waiting collapses multi-threaded generation when
+# the cores are shared with other busy processes. Must be set before torch loads OpenMP.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from hybrid_rl.protocol import DataProto
-from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path
-from hybrid_rl.workers.rollout import RolloutConfig, build_rollout
+import torch  # noqa: E402
+
+from hybrid_rl.protocol import DataProto  # noqa: E402
+from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path  # noqa: E402
+from hybrid_rl.workers.rollout import RolloutConfig, build_rollout  # noqa: E402
 
 QUESTIONS = [
     "Write a short story about a robot who learns to paint.",
@@ -36,6 +50,7 @@ QUESTIONS = [
     "Write a poem about the ocean at night.",
     "How do vaccines train the immune system?",
 ]
+ENGINES = ("hf", "vllm", "vllm-compiled")
 
 
 def prompt_batch(tokenizer, batch_size: int, prompt_length: int, eos_token_id: int) -> DataProto:
@@ -52,59 +67,111 @@ def prompt_batch(tokenizer, batch_size: int, prompt_length: int, eos_token_id: i
                                meta_info={"eos_token_id": eos_token_id, "pad_token_id": tokenizer.pad_token_id})
 
 
-def bench_engine(name: str, args, model_dir: str, tokenizer) -> dict:
-    cfg = RolloutConfig(name=name, dtype=args.dtype, response_length=args.new_tokens, prompt_length=128,
-                        max_num_seqs=max(args.batch_sizes), cpu_kvcache_space_gib=1,
-                        enforce_eager=not args.compile, seed=0)
-    start = time.perf_counter()
-    rollout = build_rollout(cfg, model_dir, tokenizer, "cpu")
-    startup = time.perf_counter() - start
+def default_run_batches(tokenizer) -> dict[str, DataProto]:
+    """The default training run's generate inputs: one training step (16 prompts x n) and validation."""
+    from hybrid_rl.trainer import get_config, ppo_ops
+    from hybrid_rl.trainer.components import build_dataset, resolve_data_files
+
+    cfg = get_config([])
+    train_files, val_files = resolve_data_files(cfg)
+    batches = {}
+    for name, files, validate in (("train step", train_files, False), ("validation", val_files, True)):
+        dataset = build_dataset(files, tokenizer, cfg)
+        size = len(dataset) if validate else cfg.data.train_batch_size
+        batch = DataProto.from_single_dict(dataset.collate_fn([dataset[i] for i in range(size)]))
+        if not validate:
+            batch = ppo_ops.prepare_rollout_batch(batch, cfg.actor_rollout_ref.rollout.n, step=1)
+        gen, _ = ppo_ops.split_generation_inputs(batch)
+        gen.meta_info.update(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                             validate=validate, seed=cfg.trainer.seed)
+        batches[name] = gen
+    return batches
+
+
+def time_calls(rollout, batch: DataProto, repeats: int) -> dict[str, Any]:
+    """One untimed warm-up call, then ``repeats`` timed calls: median wall s, CPU ms per token."""
+    rollout.generate_sequences(batch)
+    walls, cpus, tokens = [], [], 0
+    for _ in range(repeats):
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        out = rollout.generate_sequences(batch)
+        walls.append(time.perf_counter() - wall0)
+        cpus.append(time.process_time() - cpu0)
+        tokens = int(out.batch["response_mask"].sum())
+    wall = statistics.median(walls)
+    return {"rows": len(batch), "tokens": tokens, "seconds": round(wall, 3), "tok_per_s": round(tokens / wall, 1),
+            "cpu_ms_per_tok": round(1000 * statistics.median(cpus) / max(tokens, 1), 2)}
+
+
+def engine_config(engine: str, args, response_length: int, temperature: float) -> RolloutConfig:
+    return RolloutConfig(name="hf" if engine == "hf" else "vllm", dtype=args.dtype, temperature=temperature,
+                         response_length=response_length, prompt_length=128, cpu_kvcache_space_gib=1,
+                         enforce_eager=engine != "vllm-compiled", seed=0)
+
+
+def bench_engine(engine: str, args, model_dir: str, tokenizer) -> list[dict]:
+    """All rows of one engine: the synthetic batch sizes and, with --default-run, the default run."""
+    workloads: list[tuple[str, DataProto, int, float]] = []
     # Without --stop-at-eos, "EOS" is the last vocabulary id, which the model practically never
     # samples (engines reject ids outside the vocabulary); tokens are counted exactly either way.
     eos = tokenizer.eos_token_id if args.stop_at_eos else len(tokenizer) - 1
-    rollout.generate_sequences(prompt_batch(tokenizer, 2, 128, eos))  # warm-up
-    rows = []
-    for batch_size in args.batch_sizes:
-        batch = prompt_batch(tokenizer, batch_size, 128, eos)
-        times, tokens = [], 0
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            out = rollout.generate_sequences(batch)
-            times.append(time.perf_counter() - t0)
-            tokens = int(out.batch["response_mask"].sum())
-        seconds = statistics.median(times)
-        rows.append({"engine": rollout.name, "batch": batch_size, "tokens": tokens, "seconds": round(seconds, 3),
-                     "tok_per_s": round(tokens / seconds, 1)})
-        print(f"{rollout.name:5s} batch {batch_size:3d}: {tokens:5d} tokens in {seconds:6.2f} s = "
-              f"{tokens / seconds:7.1f} tok/s", flush=True)
+    for size in args.batch_sizes:
+        workloads.append((f"batch {size}", prompt_batch(tokenizer, size, 128, eos), args.new_tokens, 1.0))
+    if args.default_run:
+        workloads += [(name, batch, 16, 0.8) for name, batch in default_run_batches(tokenizer).items()]
+    rows, rollout, built_for = [], None, None
+    for name, batch, response_length, temperature in workloads:
+        if built_for != response_length:  # response_length is an engine setting: rebuild when it changes
+            if rollout is not None:
+                rollout.shutdown()
+            start = time.perf_counter()
+            rollout = build_rollout(engine_config(engine, args, response_length, temperature), model_dir,
+                                    tokenizer, "cpu")
+            startup, built_for = time.perf_counter() - start, response_length
+        row = {"engine": engine if rollout.name != "hf" else "hf", "workload": name,
+               "startup_s": round(startup, 1), **time_calls(rollout, batch, args.repeats),
+               "load": round(os.getloadavg()[0], 1)}
+        print(f"{row['engine']:14s} {name:11s}: {row['tokens']:5d} tokens in {row['seconds']:6.2f} s = "
+              f"{row['tok_per_s']:7.1f} tok/s, {row['cpu_ms_per_tok']:6.2f} CPU ms/token "
+              f"(load {row['load']})", flush=True)
+        rows.append(row)
     rollout.shutdown()
-    return {"engine": rollout.name, "startup_s": round(startup, 1), "rows": rows}
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print("\n| engine | workload | rows | tokens | tok/s | CPU ms/token | start-up s | load |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['engine']} | {r['workload']} | {r['rows']} | {r['tokens']} | {r['tok_per_s']} | "
+              f"{r['cpu_ms_per_tok']} | {r['startup_s']} | {r['load']} |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engines", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 32, 64])
+    parser.add_argument("--engines", nargs="+", default=["hf", "vllm"], choices=ENGINES,
+                        help="vllm = eager (the CPU default); vllm-compiled = torch.compile (slow start-up)")
+    parser.add_argument("--batch-sizes", nargs="*", type=int, default=[1, 8, 32, 64])
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--default-run", action="store_true", help="also time the default run's generate calls")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    parser.add_argument("--repeats", type=int, default=1, help="calls per batch size (median reported)")
-    parser.add_argument("--compile", action="store_true", help="vLLM: torch.compile instead of eager")
-    parser.add_argument("--stop-at-eos", action="store_true", help="stop rows at EOS (fewer tokens)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed calls per row (median reported)")
+    parser.add_argument("--stop-at-eos", action="store_true", help="synthetic rows stop at EOS (fewer tokens)")
     parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args()
 
     model_dir = resolve_model_path(args.model)
     tokenizer = load_tokenizer(model_dir)
-    print(f"model {model_dir}, dtype {args.dtype}, {args.new_tokens} new tokens, torch threads "
-          f"{torch.get_num_threads()}, cores {len(os.sched_getaffinity(0))}", flush=True)
-    results = [bench_engine(name, args, model_dir, tokenizer) for name in args.engines]
-    for res in results:
-        print(f"{res['engine']}: start-up {res['startup_s']} s; tok/s by batch: "
-              + ", ".join(f"{r['batch']}: {r['tok_per_s']}" for r in res["rows"]))
+    print(f"model {model_dir}, dtype {args.dtype}, torch threads {torch.get_num_threads()}, cores "
+          f"{len(os.sched_getaffinity(0))}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
+          f"uptime: {os.popen('uptime').read().strip()}", flush=True)
+    rows = [row for engine in args.engines for row in bench_engine(engine, args, model_dir, tokenizer)]
+    print_table(rows)
+    print(f"uptime: {os.popen('uptime').read().strip()}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=1)
+            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
