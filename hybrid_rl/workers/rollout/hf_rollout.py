@@ -107,8 +107,9 @@ class HFRollout(BaseRollout):
 
     def _generate_micro_batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                               params: GenerationParams) -> tuple[torch.Tensor, torch.Tensor]:
-        """New tokens [b, T] (T <= response_length) and their log-probs [b, T] for one micro-batch."""
-        recorder = _SampledLogProbRecorder()
+        """New tokens [b, T] (T <= response_length) and their log-probs [b, T] for one micro-batch
+        (zeros unless ``calculate_log_probs``: the recorder's per-step log_softmax is skipped)."""
+        recorder = _SampledLogProbRecorder() if self.config.calculate_log_probs else None
         # A fresh GenerationConfig so the model folder's defaults (top_k=50, ...) never leak in;
         # the warpers are ours (temperature 1 / top_k 0 / top_p 1 keep generate from adding its own).
         gen_config = GenerationConfig(
@@ -117,8 +118,11 @@ class HFRollout(BaseRollout):
             bos_token_id=None, use_cache=True)
         output = self.model.generate(
             input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
-            generation_config=gen_config, logits_processor=LogitsProcessorList(_warpers(params) + [recorder]))
+            generation_config=gen_config,
+            logits_processor=LogitsProcessorList(_warpers(params) + ([recorder] if recorder is not None else [])))
         new_tokens = output[:, input_ids.shape[1]:].cpu()  # [b, T]
+        if recorder is None:
+            return new_tokens, torch.zeros(new_tokens.shape, dtype=torch.float32)
         return new_tokens, recorder.log_probs(new_tokens.to(self.device)).cpu()
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
