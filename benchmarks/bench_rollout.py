@@ -10,8 +10,8 @@ Each engine is built through the real rollout class (``build_rollout``) and time
   hybrid_rl.trainer.main_ppo``): 16 arithmetic prompts x n=8 (~100-token prompts sharing a one-shot
   prefix, 16 new tokens, temperature 0.8, real EOS) and the 200-prompt greedy validation.
 
-Reported per row: generated tokens / wall second (median of ``--repeats`` calls after one untimed
-warm-up call), process CPU milliseconds per generated token (less sensitive to other load than
+Reported per row: generated tokens / wall second (median of ``--repeats`` calls, each from an empty
+prefix cache as after a weight sync; one untimed warm-up call per engine), process CPU milliseconds per generated token (less sensitive to other load than
 wall time), engine start-up and the load average. Results depend strongly on other load on the
 cores: compare settings interleaved, and on a quiet machine.
 
@@ -88,11 +88,19 @@ def default_run_batches(tokenizer) -> dict[str, DataProto]:
     return batches
 
 
+def empty_prefix_cache(rollout) -> None:
+    """In training every generate call follows a weight sync, which empties vLLM's prefix cache:
+    time each call from that state (a repeated identical batch would otherwise be all cache hits)."""
+    llm = getattr(rollout, "llm", None)
+    if llm is not None:
+        llm.reset_prefix_cache()
+
+
 def time_calls(rollout, batch: DataProto, repeats: int) -> dict[str, Any]:
-    """One untimed warm-up call, then ``repeats`` timed calls: median wall s, CPU ms per token."""
-    rollout.generate_sequences(batch)
+    """``repeats`` timed calls, each from an empty prefix cache: median wall s, CPU ms per token."""
     walls, cpus, tokens = [], [], 0
     for _ in range(repeats):
+        empty_prefix_cache(rollout)
         cpu0, wall0 = time.process_time(), time.perf_counter()
         out = rollout.generate_sequences(batch)
         walls.append(time.perf_counter() - wall0)
@@ -128,6 +136,7 @@ def bench_engine(engine: str, args, model_dir: str, tokenizer) -> list[dict]:
             rollout = build_rollout(engine_config(engine, args, response_length, temperature), model_dir,
                                     tokenizer, "cpu")
             startup, built_for = time.perf_counter() - start, response_length
+            rollout.generate_sequences(prompt_batch(tokenizer, 2, 128, eos))  # untimed warm-up
         row = {"engine": engine if rollout.name != "hf" else "hf", "workload": name,
                "startup_s": round(startup, 1), **time_calls(rollout, batch, args.repeats),
                "load": round(os.getloadavg()[0], 1)}
