@@ -35,7 +35,7 @@ from hybrid_rl.trainer.config_loader import to_container, to_ppo_config
 from hybrid_rl.trainer.health import HealthMonitor
 from hybrid_rl.trainer.plotting import PLOT_FILE, plot_run
 from hybrid_rl.trainer.tracking import ProgressBar, Tracking
-from hybrid_rl.trainer.validate import make_run_plan, validate_config
+from hybrid_rl.trainer.validate import make_run_plan, resume_point_problems, validate_config
 from hybrid_rl.trainer.validation import run_validation
 from hybrid_rl.workers.config import update_is_on_policy
 from hybrid_rl.utils import faults
@@ -388,21 +388,13 @@ class RayPPOTrainer:
         point = self.checkpoints.resolve_resume(t.resume_mode, t.resume_from_path)
         if point is None:
             return
-        saved_world = point.state.get("world_size")
-        if saved_world != self.plan.world_size:
-            raise ValueError(
-                f"checkpoint {point.step_dir} was written by {saved_world} workers but this run has "
-                f"{self.plan.world_size} (trainer.nnodes * trainer.n_gpus_per_node); sharded weights and the "
-                "per-worker RNG streams only reload on the same worker count. Resume with the same worker "
-                "count, or start fresh with trainer.resume_mode=disable."
-            )
+        # Checked before Ray started too; the point may be newer now (auto resume, a restart).
+        problems = resume_point_problems(self.config, point)
+        if problems:
+            raise ValueError(" ".join(problems))
         self.actor_rollout_wg.load_checkpoint(os.path.join(point.step_dir, "actor"))
         if self.plan.use_critic:
-            critic_dir = os.path.join(point.step_dir, "critic")
-            if not os.path.isdir(critic_dir):
-                raise ValueError(f"checkpoint {point.step_dir} has no critic/ but algorithm.adv_estimator=gae needs "
-                                 "one; resume a GAE run's checkpoint or use trainer.resume_mode=disable")
-            self.critic_wg.load_checkpoint(critic_dir)
+            self.critic_wg.load_checkpoint(os.path.join(point.step_dir, "critic"))
         self.train_dataloader.load_state_dict(point.state["dataloader"])
         restore_rng_state(point.state["rng"])
         if self.kl_ctrl_in_reward is not None and point.state.get("kl_ctrl"):

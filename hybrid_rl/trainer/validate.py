@@ -313,8 +313,13 @@ def _check_resume(cfg: PPOConfig) -> list[str]:
         point = CheckpointManager(t.default_local_dir).resolve_resume(t.resume_mode, t.resume_from_path)
     except (ValueError, OSError) as error:
         return [f"{error} (trainer.resume_mode={t.resume_mode})"]
-    if point is None:
-        return []
+    return [] if point is None else resume_point_problems(cfg, point)
+
+
+def resume_point_problems(cfg: PPOConfig, point: Any) -> list[str]:
+    """Why ``point`` (a :class:`~hybrid_rl.trainer.checkpoint_manager.ResumePoint`) cannot be
+    loaded by this run: a different worker count, or no critic for GAE. Empty if it fits."""
+    t = cfg.trainer
     errors = []
     saved, world = point.state.get("world_size"), t.nnodes * t.n_gpus_per_node
     if saved is not None and saved != world:
