@@ -22,6 +22,7 @@ from hybrid_rl.workers.batching import all_reduce_sum, restore_order, split_micr
 from hybrid_rl.workers.config import ActorConfig
 from hybrid_rl.workers.forward import padding_fraction, response_log_probs
 from hybrid_rl.workers.fsdp_utils import dp_world
+from hybrid_rl.workers.packing import computed_tokens
 from hybrid_rl.workers.varlen_attention import use_varlen_attention
 from hybrid_rl.workers.update_utils import check_mini_batch_rows, mini_batches, optimizer_step
 
@@ -61,8 +62,10 @@ class DataParallelPPOActor:
         self.actor_optimizer = actor_optimizer
         self.mini_batch_rows = ppo_mini_batch_size_per_gpu or config.ppo_mini_batch_size
         self.use_remove_padding = use_remove_padding
-        if use_remove_padding:  # per-row attention on packed rows instead of a [T, T] mask
-            use_varlen_attention(actor_module)
+        varlen = use_remove_padding and use_varlen_attention(actor_module)  # per-row attention, no [T, T] mask
+        # prefix grouper: one copy of each shared prompt per micro-batch (needs the varlen attention)
+        self.group_prompts = config.use_prefix_grouper and varlen
+        self.token_counts = torch.zeros(2, dtype=torch.float64)  # computed, valid tokens (since reset)
         self.device = torch.device(device)
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.rank, self.dp_size = dp_world()
@@ -82,18 +85,34 @@ class DataParallelPPOActor:
         micro_batches, order = split_micro_batches(
             data.select(batch_keys=_MODEL_INPUTS), micro_batch_size=meta["micro_batch_size"],
             use_dynamic_bsz=meta["use_dynamic_bsz"], max_token_len=meta.get("max_token_len"),
-            key="log_prob_max_token_len_per_gpu", device=self.device)
+            key="log_prob_max_token_len_per_gpu", device=self.device,
+            group_prompts=self.group_prompts)
         self.actor_module.eval()
         log_probs, entropys = [], []
         for micro in micro_batches:
             batch = {k: v.to(self.device) for k, v in micro.batch.items()}
+            self._count_tokens(batch)
             lp, ent = response_log_probs(self.actor_module, batch, meta["temperature"],
-                                         self.use_remove_padding, calculate_entropy)
+                                         self.use_remove_padding, calculate_entropy,
+                                         group_prompts=self.group_prompts)
             log_probs.append(lp.cpu())
             entropys.append(ent.cpu() if ent is not None else None)
         log_prob = restore_order(torch.cat(log_probs), order)
         entropy = restore_order(torch.cat(entropys), order) if calculate_entropy else None
         return log_prob, entropy
+
+    def _count_tokens(self, batch: dict[str, torch.Tensor]) -> None:
+        mask = batch["attention_mask"]
+        computed = computed_tokens(mask, batch["responses"].shape[1], self.use_remove_padding,
+                                   self.group_prompts, batch["input_ids"])
+        self.token_counts += torch.tensor([computed, float(mask.sum())], dtype=torch.float64)
+
+    def pop_computed_token_frac(self) -> float:
+        """Tokens run through the model / valid tokens since the last call (1 = packed rows, > 1 =
+        padding computed, < 1 = shared prompts computed once); resets the counts."""
+        computed, valid = self.token_counts.tolist()
+        self.token_counts.zero_()
+        return computed / valid if valid else float("nan")
 
     # ------------------------------------------------------------------ policy update
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
@@ -143,13 +162,15 @@ class DataParallelPPOActor:
         micro_batches, _ = split_micro_batches(
             mini, micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
             use_dynamic_bsz=cfg.use_dynamic_bsz, max_token_len=cfg.ppo_max_token_len_per_gpu,
-            key="actor.ppo_max_token_len_per_gpu", device=self.device)
+            key="actor.ppo_max_token_len_per_gpu", device=self.device,
+            group_prompts=self.group_prompts)
         self.actor_optimizer.zero_grad(set_to_none=True)
         totals = torch.zeros(3, dtype=torch.float64)  # pg_loss, entropy, kl_loss contributions
         for micro in micro_batches:
             batch = {k: v.to(self.device) for k, v in micro.batch.items()}
             metrics["actor/padding_frac"].append(padding_fraction(batch["attention_mask"],
                                                                   self.use_remove_padding))
+            self._count_tokens(batch)
             loss, parts, stats = self._micro_loss(batch, temperature, denoms, detach_old)
             # FSDP averages gradients over ranks; the global denominators need their sum.
             (loss * self.dp_size).backward()
@@ -175,7 +196,8 @@ class DataParallelPPOActor:
         # entropy is always reported; it only needs a gradient when it is part of the loss
         log_prob, entropy = response_log_probs(self.actor_module, batch, temperature,
                                                self.use_remove_padding, calculate_entropy=True,
-                                               entropy_grad=cfg.entropy_coeff != 0)
+                                               entropy_grad=cfg.entropy_coeff != 0,
+                                               group_prompts=self.group_prompts)
         old_log_prob = log_prob.detach() if detach_old else batch["old_log_probs"]
         agg = dict(loss_agg_mode=cfg.loss_agg_mode, **denoms)
         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = self.policy_loss_fn(

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from hybrid_rl.protocol import DataProto
+from hybrid_rl.workers.packing import has_shared_prompts, prompt_groups
 
 
 def _dist_on() -> bool:
@@ -59,46 +60,70 @@ def balanced_partitions(seqlens: list[int], k: int) -> list[list[int]]:
 
 
 def dynamic_partitions(seqlens: list[int], max_token_len: int, key: str,
-                       device: torch.device | str = "cpu") -> list[list[int]]:
-    """Token-balanced micro-batches of at most ``max_token_len`` valid tokens each.
+                       device: torch.device | str = "cpu",
+                       units: Optional[tuple[list[list[int]], list[int]]] = None) -> list[list[int]]:
+    """Token-balanced micro-batches (lists of row indices) of at most ``max_token_len`` tokens each.
 
-    ``key`` names the config field in the error raised when a single row is longer than the budget.
+    ``units`` ``(row lists, token costs)`` are balanced instead of single rows when given (rows
+    sharing a prompt, see :func:`split_micro_batches`); if another rank needs more micro-batches
+    than there are units here, single rows are balanced instead. ``key`` names the config field in
+    the error raised when a single row is longer than the budget.
     """
     longest = max(seqlens)
     if longest > max_token_len:
         raise ValueError(f"{key}={max_token_len} is smaller than one row of {longest} tokens "
                          "(prompt + response). Fix: raise it to at least "
                          "max_prompt_length + max_response_length.")
-    k = max(1, math.ceil(sum(seqlens) / max_token_len))
+    members, costs = units if units is not None else ([[i] for i in range(len(seqlens))], seqlens)
+    k = max(1, math.ceil(sum(costs) / max_token_len))
     while True:
-        groups = balanced_partitions(seqlens, k)
-        if all(sum(seqlens[i] for i in g) <= max_token_len for g in groups) or k == len(seqlens):
+        parts = balanced_partitions(costs, k)
+        if all(sum(costs[u] for u in p) <= max_token_len for p in parts) or k == len(costs):
             break
         k += 1
     k_all = all_reduce_max_int(k, device)
+    if k_all > len(costs):  # more passes than units here: balance single rows
+        members, costs = [[i] for i in range(len(seqlens))], seqlens
     if k_all != k:  # another rank needs more passes: re-balance into as many
-        groups = balanced_partitions(seqlens, min(k_all, len(seqlens)))
-    if len(groups) < k_all:
+        parts = balanced_partitions(costs, min(k_all, len(costs)))
+    if len(parts) < k_all:
         raise ValueError(f"this rank has {len(seqlens)} rows but another needs {k_all} "
                          "micro-batches; give every data-parallel rank the same number of rows")
-    return groups
+    return sorted((sorted(i for u in p for i in members[u]) for p in parts), key=lambda g: g[0])
+
+
+def _prompt_units(data: DataProto, max_token_len: int) -> Optional[tuple[list[list[int]], list[int]]]:
+    """Rows grouped by shared prompt and each group's token count with the prompt counted once;
+    None when no prompt is shared or a group alone exceeds ``max_token_len``."""
+    mask = data.batch["attention_mask"]
+    response_length = data.batch["responses"].shape[1]
+    units = prompt_groups(data.batch["input_ids"], mask, response_length)
+    if not has_shared_prompts(units):
+        return None
+    prompt_len = mask[:, : mask.shape[1] - response_length].sum(-1).tolist()
+    response_len = mask[:, mask.shape[1] - response_length:].sum(-1).tolist()
+    costs = [prompt_len[u[0]] + sum(response_len[i] for i in u) for u in units]
+    return (units, costs) if max(costs) <= max_token_len else None
 
 
 def split_micro_batches(data: DataProto, *, micro_batch_size: Optional[int],
                         use_dynamic_bsz: bool, max_token_len: Optional[int], key: str,
-                        device: torch.device | str = "cpu"
+                        device: torch.device | str = "cpu", group_prompts: bool = False
                         ) -> tuple[list[DataProto], Optional[list[int]]]:
     """Micro-batches of ``data`` and, under dynamic batch size, the row order they imply.
 
     Returns ``(micro_batches, order)``: ``order`` is None for fixed-size splitting (rows stay in
-    order); otherwise ``concat(micro_batches)`` holds the rows ``order`` of ``data``.
+    order); otherwise ``concat(micro_batches)`` holds the rows ``order`` of ``data``. With
+    ``group_prompts`` (the prefix grouper) dynamic batching keeps the rows sharing a prompt in one
+    micro-batch and counts that prompt's tokens once.
     """
     if not use_dynamic_bsz:
         if micro_batch_size is None:
             raise ValueError(f"{key}: a micro-batch size is required when use_dynamic_bsz is false")
         return data.split(micro_batch_size), None
     seqlens = data.batch["attention_mask"].sum(-1).tolist()
-    groups = dynamic_partitions(seqlens, max_token_len, key, device)
+    units = _prompt_units(data, max_token_len) if group_prompts else None
+    groups = dynamic_partitions(seqlens, max_token_len, key, device, units)
     order = [i for g in groups for i in g]
     return [data.select_idxs(g) for g in groups], order
 

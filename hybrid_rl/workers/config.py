@@ -47,9 +47,10 @@ class ModelConfig:
     """Allow custom modelling code shipped inside the model folder."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in backward (less memory, ~30% more compute)."""
-    use_remove_padding: bool = False
-    """Pack the valid tokens of a micro-batch into one sequence (no compute on padding); the
-    attention mask is rebuilt from the restarting ``position_ids``."""
+    use_remove_padding: bool = True
+    """Pack the valid tokens of a micro-batch into one sequence (no compute on padding, one
+    attention call per row); with the actor's/critic's use_prefix_grouper a prompt shared by
+    several rows is computed once. false = padded ``[B, L]`` micro-batches."""
     override_config: dict[str, Any] = field(default_factory=dict)
     """Entries that override the HF ``config.json`` (e.g. ``{attention_dropout: 0.0}``)."""
     dtype: str = "float32"
@@ -209,6 +210,9 @@ class ActorConfig:
     """Pack rows into micro-batches of at most ppo_max_token_len_per_gpu tokens instead."""
     ppo_max_token_len_per_gpu: int = 16384
     """Token budget of one micro-batch when use_dynamic_bsz is true."""
+    use_prefix_grouper: bool = True
+    """With model.use_remove_padding: rows of one micro-batch sharing a prompt (GRPO's rollout.n
+    responses) run that prompt once (exact; PrefixGrouper). Also used by the reference policy."""
     clip_ratio: float = 0.2
     """PPO clip epsilon (used for low/high when those are null)."""
     clip_ratio_low: Optional[float] = None
@@ -306,6 +310,8 @@ class CriticConfig:
     """Pack rows into micro-batches of at most ppo_max_token_len_per_gpu tokens."""
     ppo_max_token_len_per_gpu: int = 32768
     """Token budget of one micro-batch when use_dynamic_bsz is true."""
+    use_prefix_grouper: bool = True
+    """With model.use_remove_padding: rows of one micro-batch sharing a prompt run it once."""
     ppo_epochs: int = 1
     """Passes over each training batch."""
     shuffle: bool = False

@@ -48,8 +48,8 @@ class DataParallelPPOCritic:
         self.critic_optimizer = critic_optimizer
         self.mini_batch_rows = ppo_mini_batch_size_per_gpu or config.ppo_mini_batch_size * config.rollout_n
         self.use_remove_padding = use_remove_padding
-        if use_remove_padding:  # per-row attention on packed rows instead of a [T, T] mask
-            use_varlen_attention(critic_module)
+        varlen = use_remove_padding and use_varlen_attention(critic_module)  # per-row attention, no [T, T] mask
+        self.group_prompts = config.use_prefix_grouper and varlen  # one copy of each shared prompt
         self.device = torch.device(device)
         self.rank, self.dp_size = dp_world()
         self.num_skipped_steps = 0
@@ -62,13 +62,13 @@ class DataParallelPPOCritic:
             data.select(batch_keys=_MODEL_INPUTS),
             micro_batch_size=cfg.forward_micro_batch_size_per_gpu or cfg.ppo_micro_batch_size_per_gpu,
             use_dynamic_bsz=cfg.use_dynamic_bsz, max_token_len=cfg.ppo_max_token_len_per_gpu,
-            key="critic.ppo_max_token_len_per_gpu", device=self.device)
+            key="critic.ppo_max_token_len_per_gpu", device=self.device, group_prompts=self.group_prompts)
         self.critic_module.eval()
         values = []
         for micro in micro_batches:
             batch = {k: v.to(self.device) for k, v in micro.batch.items()}
-            values.append((response_values(self.critic_module, batch, self.use_remove_padding)
-                           * batch["response_mask"]).cpu())
+            values.append((response_values(self.critic_module, batch, self.use_remove_padding,
+                                           self.group_prompts) * batch["response_mask"]).cpu())
         return restore_order(torch.cat(values), order)
 
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
@@ -99,13 +99,14 @@ class DataParallelPPOCritic:
         micro_batches, _ = split_micro_batches(
             mini, micro_batch_size=cfg.ppo_micro_batch_size_per_gpu, use_dynamic_bsz=cfg.use_dynamic_bsz,
             max_token_len=cfg.ppo_max_token_len_per_gpu, key="critic.ppo_max_token_len_per_gpu",
-            device=self.device)
+            device=self.device, group_prompts=self.group_prompts)
         self.critic_optimizer.zero_grad(set_to_none=True)
         vf_loss_total = torch.zeros((), dtype=torch.float64)
         for micro in micro_batches:
             batch = {k: v.to(self.device) for k, v in micro.batch.items()}
             mask = batch["response_mask"]
-            vpreds = response_values(self.critic_module, batch, self.use_remove_padding)  # [b, R]
+            vpreds = response_values(self.critic_module, batch, self.use_remove_padding,
+                                     self.group_prompts)  # [b, R]
             vf_loss, vf_clipfrac = compute_value_loss(
                 vpreds, batch["returns"], batch["values"], mask, cfg.cliprange_value,
                 loss_agg_mode=cfg.loss_agg_mode, **denoms)

@@ -6,10 +6,12 @@ needed are the columns ``[L - R - 1, L - 1)``; only those go through the LM head
 (``logits_to_keep``), which saves a vocab-sized matmul per prompt token.
 
 With ``use_remove_padding`` the valid tokens of all rows are packed into one sequence of shape
-``[1, T]`` without an attention mask, and the row boundaries are passed as ``cu_seq_lens_q``: the
-varlen attention (:mod:`hybrid_rl.workers.varlen_attention`, switched on by the actor/critic)
-attends within each row, so no compute is spent on padding. A model left on plain ``sdpa``
-rebuilds a block-diagonal causal mask from the ``position_ids`` restarting at 0 instead.
+``[1, T]`` without an attention mask (:mod:`hybrid_rl.workers.packing`), and the row boundaries
+are passed as ``cu_seq_lens_q``: the varlen attention (:mod:`hybrid_rl.workers.varlen_attention`,
+switched on by the actor/critic) attends within each row, so no compute is spent on padding. A
+model left on plain ``sdpa`` rebuilds a block-diagonal causal mask from the ``position_ids``
+restarting at 0 instead. ``group_prompts`` (the prefix grouper) also runs each prompt shared by
+several rows only once; it needs the varlen attention.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 from torch import nn
 
 from hybrid_rl.algorithms import entropy_from_logits, logprobs_from_logits
-from hybrid_rl.workers.varlen_attention import cu_seq_lens
+from hybrid_rl.workers.packing import PackedBatch, pack
 
 
 def _first_valid_column(attention_mask: torch.Tensor) -> int:
@@ -48,47 +50,29 @@ def padding_fraction(attention_mask: torch.Tensor, use_remove_padding: bool) -> 
     return 1.0 - float(attention_mask.sum()) / computed if computed else 0.0
 
 
-def _packed(input_ids, attention_mask, position_ids, response_length):
-    """Pack valid tokens; return packed ids/positions ``[1, T]`` and the response-window map.
-
-    ``window`` ``[B, R]`` marks response-predicting columns that are valid tokens and ``keep``
-    ``[N]`` their indices in the packed sequence (ascending, row-major).
-    """
-    mask = attention_mask.bool()
-    flat_mask = mask.reshape(-1)
-    ids = input_ids.reshape(-1)[flat_mask].unsqueeze(0)  # [1, T]
-    pos = position_ids.reshape(-1)[flat_mask].unsqueeze(0)  # [1, T]
-    packed_index = torch.cumsum(flat_mask.long(), 0).reshape(mask.shape) - 1  # [B, L]
-    length = input_ids.shape[1]
-    cols = slice(length - response_length - 1, length - 1)
-    window = mask[:, cols]  # [B, R]
-    keep = packed_index[:, cols][window]  # [N]
-    return ids, pos, window, keep
-
-
-def _packed_kwargs(attention_mask: torch.Tensor) -> dict:
-    """Row boundaries of a packed micro-batch, under HF's flash-attention kwarg names (read by
-    :mod:`hybrid_rl.workers.varlen_attention`; plain ``sdpa`` ignores them and uses the mask)."""
-    cu = cu_seq_lens(attention_mask)
-    longest = int(attention_mask.sum(-1).max())
-    return dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
+def _pack(batch: dict[str, torch.Tensor], group_prompts: bool) -> PackedBatch:
+    input_ids, attention_mask, position_ids = trim_left_padding(
+        batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+    return pack(input_ids, attention_mask, position_ids, batch["responses"].shape[1], group_prompts)
 
 
 def response_logits(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float,
-                    use_remove_padding: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                    use_remove_padding: bool, group_prompts: bool = False
+                    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Logits predicting each response token, divided by ``temperature``.
 
     Returns ``(logits, window)``: padded path ``logits`` is ``[B, R, V]`` and ``window`` None;
     packed path ``logits`` is ``[N, V]`` for the valid positions marked by ``window [B, R]``.
+    ``group_prompts`` (packed path, varlen attention only) runs each shared prompt once.
     """
     response_length = batch["responses"].shape[1]
+    if use_remove_padding:
+        packed = _pack(batch, group_prompts)
+        out = module(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
+                     use_cache=False, logits_to_keep=packed.keep, **packed.attention_kwargs)
+        return out.logits[0] / temperature, packed.window  # [N, V]
     input_ids, attention_mask, position_ids = trim_left_padding(
         batch["input_ids"], batch["attention_mask"], batch["position_ids"])
-    if use_remove_padding:
-        ids, pos, window, keep = _packed(input_ids, attention_mask, position_ids, response_length)
-        out = module(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False,
-                     logits_to_keep=keep, **_packed_kwargs(attention_mask))
-        return out.logits[0] / temperature, window  # [N, V]
     out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                  use_cache=False, logits_to_keep=response_length + 1)
     return out.logits[:, :-1, :] / temperature, None  # [B, R, V]
@@ -104,14 +88,14 @@ def _unpack(values: torch.Tensor, window: Optional[torch.Tensor]) -> torch.Tenso
 
 
 def response_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float,
-                       use_remove_padding: bool, calculate_entropy: bool, entropy_grad: bool = True
-                       ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                       use_remove_padding: bool, calculate_entropy: bool, entropy_grad: bool = True,
+                       group_prompts: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(log_probs [B, R], entropy [B, R] | None)`` of the response tokens (float32).
 
     ``entropy_grad=False`` computes the entropy outside autograd (a metric only): its backward,
     a second vocab-sized pass per response token, is then skipped.
     """
-    logits, window = response_logits(module, batch, temperature, use_remove_padding)
+    logits, window = response_logits(module, batch, temperature, use_remove_padding, group_prompts)
     labels = batch["responses"] if window is None else batch["responses"][window]
     log_probs = _unpack(logprobs_from_logits(logits, labels), window)
     entropy = None
@@ -122,17 +106,17 @@ def response_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temper
 
 
 def response_values(module: nn.Module, batch: dict[str, torch.Tensor],
-                    use_remove_padding: bool) -> torch.Tensor:
+                    use_remove_padding: bool, group_prompts: bool = False) -> torch.Tensor:
     """Critic values ``[B, R]`` (float32): the value head at the columns predicting each response
     token, i.e. the value of the state before that token is generated."""
     response_length = batch["responses"].shape[1]
+    if use_remove_padding:
+        packed = _pack(batch, group_prompts)
+        out = module(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
+                     use_cache=False, **packed.attention_kwargs)
+        return _unpack(out.logits[0, packed.keep, 0].float(), packed.window)
     input_ids, attention_mask, position_ids = trim_left_padding(
         batch["input_ids"], batch["attention_mask"], batch["position_ids"])
-    if use_remove_padding:
-        ids, pos, window, keep = _packed(input_ids, attention_mask, position_ids, response_length)
-        out = module(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False,
-                     **_packed_kwargs(attention_mask))
-        return _unpack(out.logits[0, keep, 0].float(), window)
     out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                  use_cache=False)
     length = input_ids.shape[1]

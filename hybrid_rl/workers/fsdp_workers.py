@@ -173,7 +173,8 @@ class ActorRolloutRefWorker(Worker):
                                    a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu)
         start = time.perf_counter()
         log_probs, entropys = self.actor.compute_log_prob(view, calculate_entropy=True)
-        metrics = {"timing_s/compute_log_prob_worker": time.perf_counter() - start}
+        metrics = {"timing_s/compute_log_prob_worker": time.perf_counter() - start,
+                   "perf/computed_token_frac/old_log_prob": self.actor.pop_computed_token_frac()}
         return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropys},
                                    meta_info={"metrics": metrics})
 
@@ -186,7 +187,8 @@ class ActorRolloutRefWorker(Worker):
                                    r.log_prob_use_dynamic_bsz, r.log_prob_max_token_len_per_gpu)
         start = time.perf_counter()
         log_probs, _ = self.ref_policy.compute_log_prob(view)
-        metrics = {"timing_s/compute_ref_log_prob_worker": time.perf_counter() - start}
+        metrics = {"timing_s/compute_ref_log_prob_worker": time.perf_counter() - start,
+                   "perf/computed_token_frac/ref": self.ref_policy.pop_computed_token_frac()}
         return DataProto.from_dict({"ref_log_prob": log_probs}, meta_info={"metrics": metrics})
 
     # ------------------------------------------------------------------ training
@@ -200,6 +202,7 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         with self.optimizer_offload:
             metrics = self.actor.update_policy(view)
+        metrics["perf/computed_token_frac/update_actor"] = self.actor.pop_computed_token_frac()
         self._weights_version += 1
         metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
         self.actor_lr_scheduler.step()

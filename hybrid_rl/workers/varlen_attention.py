@@ -6,11 +6,15 @@ HF's ``sdpa`` then attends through a block-diagonal ``[T, T]`` mask: attention c
 kernels take their slow masked path. On GPUs veRL uses flash-attention's varlen kernel for this;
 here the same thing is done with one ``is_causal`` SDPA call per packed row (``cu_seq_lens_q``,
 the cumulative row lengths, is passed through the model call as in HF's flash-attention path).
-Without ``cu_seq_lens_q`` (the padded path) the function is exactly HF's ``sdpa`` attention.
+Prefix-grouped layouts (:mod:`hybrid_rl.workers.packing`) pass ``packed_blocks`` instead: one
+SDPA call per prompt group with a ``[L, L]`` mask in which each response attends to the group's
+prompt and causally to itself.
+Without either kwarg (the padded path) the function is exactly HF's ``sdpa`` attention.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -23,16 +27,46 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 VARLEN_ATTENTION = "hybrid_rl_varlen_sdpa"
 
 
+@dataclass
+class PackedBlock:
+    """Packed positions ``[start, end)`` that attend only among themselves: causally when ``mask``
+    is None, else as ``mask`` ``[L, L]`` bool (True = attend) says (a prefix-grouped prompt and its
+    responses, see :mod:`hybrid_rl.workers.packing`)."""
+
+    start: int
+    end: int
+    mask: Optional[torch.Tensor] = None
+
+
+def _blocks_attention(query, key, value, blocks: list[PackedBlock], dropout: float,
+                      scaling: Optional[float]) -> torch.Tensor:
+    """``[1, H, T, D]`` attention output of a packed sequence made of ``blocks``."""
+    gqa = query.shape[1] != key.shape[1]
+    outputs = []
+    for b in blocks:
+        mask = None if b.mask is None else b.mask.to(query.device)
+        outputs.append(F.scaled_dot_product_attention(
+            query[:, :, b.start:b.end], key[:, :, b.start:b.end], value[:, :, b.start:b.end],
+            attn_mask=mask, is_causal=mask is None, dropout_p=dropout, scale=scaling, enable_gqa=gqa))
+    return torch.cat(outputs, dim=2)
+
+
 def varlen_sdpa_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
                                   value: torch.Tensor, attention_mask: Optional[torch.Tensor],
                                   dropout: float = 0.0, scaling: Optional[float] = None,
-                                  cu_seq_lens_q: Optional[torch.Tensor] = None, **kwargs
+                                  cu_seq_lens_q: Optional[torch.Tensor] = None,
+                                  packed_blocks: Optional[list[PackedBlock]] = None, **kwargs
                                   ) -> tuple[torch.Tensor, None]:
     """``query [1, H, T, D]``, ``key/value [1, H_kv, T, D]`` -> ``([1, T, H, D], None)``.
 
     ``cu_seq_lens_q`` ``[num_rows + 1]`` (int) marks where each packed row starts; each row attends
-    causally to itself only. ``attention_mask`` is ignored then (it is that block-diagonal mask).
+    causally to itself only. ``packed_blocks`` (prefix-grouped layouts) describe the blocks
+    instead. ``attention_mask`` is ignored in both cases (HF builds it from the positions).
     """
+    if packed_blocks is not None:
+        assert query.shape[0] == 1, "packed sequences come as one row"
+        out = _blocks_attention(query, key, value, packed_blocks, dropout, scaling)
+        return out.transpose(1, 2).contiguous(), None
     if cu_seq_lens_q is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
