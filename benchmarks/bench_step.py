@@ -14,7 +14,10 @@ achieved FLOP/s and MFU of each model pass against fp32 and bf16 matmul peaks me
 (2048-square matmuls with the worker's thread count, before Ray starts), and the peak RSS of this
 process tree. FLOPs per pass: ``2 * N_body * tokens + 2 * N_embed * response_tokens`` forward
 (the LM head only runs on response-predicting positions), x3 for forward + backward; attention
-scores are not counted (a few % at ~100 tokens/row). The first ``--warmup`` steps are shown but
+scores are not counted (a few % at ~100 tokens/row). ``tokens`` are the tokens the pass must
+compute: padding and the repeated copies of a prompt shared by GRPO's n responses are not counted
+(the worker reports ``perf/computed_token_frac/<pass>``, computed / valid tokens; with the prefix
+grouper it is below 1, and FLOP/s are those of the work actually done). The first ``--warmup`` steps are shown but
 left out of the medians. The last line is ``median step: <seconds>``.
 """
 
@@ -87,7 +90,6 @@ def step_figures(m: dict, sizes: tuple[float, float], rows: int, peaks: dict[str
     body, embed = sizes
     tokens = m["perf/total_num_tokens"]
     resp_tokens = m["response_length/mean"] * rows
-    fwd_flops = 2 * body * tokens + 2 * embed * resp_tokens
     step = m["timing_s/step"]
     out = {"step_s": step, "tokens": tokens, "response_tokens": resp_tokens}
     listed = 0.0
@@ -96,6 +98,10 @@ def step_figures(m: dict, sizes: tuple[float, float], rows: int, peaks: dict[str
         listed += sec
         out[f"{label}_s"] = sec
         if mult and sec > 0:
+            # tokens that must be computed: padding and repeated copies of a shared prompt excluded
+            needed = min(1.0, m.get(f"perf/computed_token_frac/{key}", 1.0))
+            out[f"{label}_computed_token_frac"] = m.get(f"perf/computed_token_frac/{key}", float("nan"))
+            fwd_flops = 2 * body * tokens * needed + 2 * embed * resp_tokens
             out[f"{label}_gflops"] = mult * fwd_flops / sec / 1e9
             for dtype, peak in peaks.items():
                 out[f"{label}_mfu_{dtype}"] = mult * fwd_flops / sec / peak
@@ -175,7 +181,8 @@ def print_table(result: dict) -> None:
     for label in ("old_log_prob", "ref", "update_actor"):
         if f"{label}_gflops" in med:
             print(f"  {label:>13}: {med[f'{label}_gflops']:6.0f} GFLOP/s = {med[f'{label}_mfu_bf16']:.0%} of bf16 "
-                  f"peak, {med[f'{label}_mfu_fp32']:.0%} of fp32 peak")
+                  f"peak, {med[f'{label}_mfu_fp32']:.0%} of fp32 peak; computed/valid tokens "
+                  f"{med[f'{label}_computed_token_frac']:.2f}")
     print(f"  driver/Ray overhead {med['overhead_s']:.2f} s ({med['overhead_frac']:.1%} of the step), "
           f"of which dispatch + serialization {med['dispatch_s']:.2f} s ({med['dispatch_frac']:.1%})")
     print(f"  peak RSS {result['peak_rss_gib']:.2f} GiB (process tree), largest process "
