@@ -442,7 +442,8 @@ class RayPPOTrainer:
                 metrics[f"timing_s/{alias}"] = timing[name]
         metrics.update(metric_fns.compute_throughput_metrics(batch, timing, self.plan.world_size))
         if "update_actor" in timing and "perf/mfu/actor" not in metrics:
-            metrics["perf/mfu/actor"] = self._actor_mfu(batch, timing["update_actor"])
+            needed = min(1.0, metrics.get("perf/computed_token_frac/update_actor", 1.0))
+            metrics["perf/mfu/actor"] = self._actor_mfu(batch, timing["update_actor"], needed)
         metrics.update(metric_fns.areal_aliases(metrics, batch, self.tokenizer.eos_token_id))
         metrics["training/global_step"] = self.global_steps
         metrics["training/epoch"] = self.train_dataloader.epoch
@@ -450,7 +451,9 @@ class RayPPOTrainer:
         self.progress.update(metrics)
         return metrics
 
-    def _actor_mfu(self, batch: DataProto, update_seconds: float) -> float:
+    def _actor_mfu(self, batch: DataProto, update_seconds: float, needed_token_frac: float = 1.0) -> float:
+        """MFU of the update over the tokens it must compute (``needed_token_frac`` of the valid
+        tokens: below 1 when the prefix grouper computes a shared prompt once)."""
         if self._flops is None:
             threads = torch.get_num_threads()
             if self.plan.device == "cpu":
@@ -463,6 +466,6 @@ class RayPPOTrainer:
             finally:
                 torch.set_num_threads(threads)
         num_params, peak = self._flops
-        tokens = float(batch.batch["attention_mask"].sum())
+        tokens = float(batch.batch["attention_mask"].sum()) * needed_token_frac
         return metric_fns.compute_actor_mfu(num_params, tokens, self.config.actor_rollout_ref.actor.ppo_epochs,
                                             update_seconds, peak, self.plan.world_size)
