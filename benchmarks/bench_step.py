@@ -1,6 +1,6 @@
 """Wall time of whole GRPO steps through the real trainer (Ray driver + colocated worker), broken down.
 
-    python benchmarks/bench_step.py                          # 4 steps of the fixed config below
+    python benchmarks/bench_step.py                          # 6 steps of the fixed config below
     python benchmarks/bench_step.py --steps 6 --json /tmp/step.json actor_rollout_ref.actor.use_dynamic_bsz=true
 
 Fixed config (the work a user would give TRL's GRPOTrainer): embedded SmolLM2-135M-Instruct,
@@ -192,7 +192,7 @@ def print_table(result: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=1, help="first steps left out of the medians")
     parser.add_argument("--json", default=None, help="also write all figures to this JSON file")
     parser.add_argument("overrides", nargs="*", help="Hydra key=value overrides")
