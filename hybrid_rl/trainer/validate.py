@@ -143,6 +143,7 @@ def _check_batch_sizes(cfg: PPOConfig) -> list[str]:
         groups.append(("critic", cfg.critic))
     for prefix, group in groups:
         errors.extend(_check_group_batches(prefix, group, data.train_batch_size, n, world))
+    errors.extend(_check_token_budgets(cfg, groups))
     for data_key, rollout_key in (("max_response_length", "response_length"), ("max_prompt_length", "prompt_length")):
         if getattr(data, data_key) != getattr(arr.rollout, rollout_key):
             errors.append(
@@ -156,6 +157,23 @@ def _check_batch_sizes(cfg: PPOConfig) -> list[str]:
             "leave critic.rollout_n at its default (${actor_rollout_ref.rollout.n})."
         )
     return errors
+
+
+def _check_token_budgets(cfg: PPOConfig, groups: list[tuple[str, Any]]) -> list[str]:
+    """Dynamic batching needs a token budget that fits the longest possible row; caught here it
+    is an error before start-up instead of a crash at the first long row."""
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    ref = cfg.actor_rollout_ref.ref
+    budgets = [(f"{prefix}.ppo_max_token_len_per_gpu", g.use_dynamic_bsz, g.ppo_max_token_len_per_gpu)
+               for prefix, g in groups]
+    actor = cfg.actor_rollout_ref.actor
+    uses_ref = actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    if uses_ref and ref.log_prob_max_token_len_per_gpu != actor.ppo_max_token_len_per_gpu:  # else reported once
+        budgets.append(("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", ref.log_prob_use_dynamic_bsz,
+                        ref.log_prob_max_token_len_per_gpu))
+    return [f"{key}={budget} is smaller than one row of up to {longest} tokens (data.max_prompt_length + "
+            f"data.max_response_length); raise it to at least {longest}."
+            for key, dynamic, budget in budgets if dynamic and budget < longest]
 
 
 def _check_group_batches(prefix: str, group: Any, train_batch_size: int, n: int, world: int) -> list[str]:

@@ -138,6 +138,8 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
                               response_length, groups)
             packed.input_ids, packed.position_ids = packed.input_ids.to(device), packed.position_ids.to(device)
             packed.window, packed.keep = packed.window.to(device), packed.keep.to(device)
+            for block in packed.attention_kwargs["packed_blocks"]:  # moved once, used by every layer
+                block.mask = block.mask.to(device)
             return packed
     return _row_packed(input_ids, attention_mask, position_ids, response_length)
 

@@ -44,10 +44,9 @@ def _blocks_attention(query, key, value, blocks: list[PackedBlock], dropout: flo
     gqa = query.shape[1] != key.shape[1]
     outputs = []
     for b in blocks:
-        mask = None if b.mask is None else b.mask.to(query.device)
         outputs.append(F.scaled_dot_product_attention(
             query[:, :, b.start:b.end], key[:, :, b.start:b.end], value[:, :, b.start:b.end],
-            attn_mask=mask, is_causal=mask is None, dropout_p=dropout, scale=scaling, enable_gqa=gqa))
+            attn_mask=b.mask, is_causal=b.mask is None, dropout_p=dropout, scale=scaling, enable_gqa=gqa))
     return torch.cat(outputs, dim=2)
 
 

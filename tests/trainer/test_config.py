@@ -81,6 +81,7 @@ def test_worker_group_checks_run_on_conversion():
           "actor_rollout_ref.actor.ppo_mini_batch_size=3"], r"= 9 rows is not divisible by the 2 workers"),
         (["actor_rollout_ref.actor.ppo_mini_batch_size=5", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"], r"multiple of actor_rollout_ref.actor.ppo_mini_batch_size \(5\)"),
         (["actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=48"], r"ppo_micro_batch_size_per_gpu \(48\) must divide the 128 rows"),
+        (["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100"], r"ppo_max_token_len_per_gpu=100 is smaller than one row of up to 144 tokens"),
         (["actor_rollout_ref.rollout.n=1"], r"rollout.n=1; set rollout.n >= 2"),
         (["algorithm.adv_estimator=gae", "critic.model.path=/nonexistent/critic"], r"critic.model.path='/nonexistent/critic'"),
         (["algorithm.adv_estimator=nope"], r"algorithm.adv_estimator='nope' is not registered"),
