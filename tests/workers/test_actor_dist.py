@@ -30,7 +30,7 @@ def _prepared_batch(model):
     return data
 
 
-def _update_on_rank(model_dir, data, rank, world, fsdp_config, **cfg):
+def _update_on_rank(model_dir, data, rank, world, fsdp_config, remove_padding=False, **cfg):
     """Shard of ``data`` for ``rank``, updated on a fresh FSDP model; returns (full params, metrics)."""
     model = build_causal_lm(ModelConfig(path=model_dir), model_dir, fsdp_config, torch.device("cpu"),
                             trainable=True)
@@ -39,20 +39,26 @@ def _update_on_rank(model_dir, data, rank, world, fsdp_config, **cfg):
                                dp_size=world, ppo_micro_batch_size_per_gpu=2,
                                log_prob_micro_batch_size_per_gpu=3)
     actor = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=1e-2),
-                                 ppo_mini_batch_size_per_gpu=sizes.ppo_mini_batch_size_per_gpu)
+                                 ppo_mini_batch_size_per_gpu=sizes.ppo_mini_batch_size_per_gpu,
+                                 use_remove_padding=remove_padding)
     shard = data.chunk(world)[rank]
     log_probs, _ = actor.compute_log_prob(shard)
     metrics = actor.update_policy(shard)
     return log_probs, full_state_dict(model), metrics
 
 
-def _two_rank_job(rank, world, model_dir, data, out_path):
+def _two_rank_job(rank, world, model_dir, data, grouped, out_path):
     results = {}
     for name, fsdp_config, cfg in [("fixed", FP32, {}),
                                    ("dynamic", FP32, dict(use_dynamic_bsz=True,
                                                           ppo_max_token_len_per_gpu=16)),
                                    ("bf16", BF16, {})]:
         results[name] = _update_on_rank(model_dir, data, rank, world, fsdp_config, **cfg)
+    # prefix grouper: 4 prompts x 2 responses, 2 groups per rank; a budget of one group per
+    # micro-batch on one rank and two on the other makes the ranks agree on the pass count
+    budget = 16 if rank == 0 else 40
+    results["grouped"] = _update_on_rank(model_dir, grouped, rank, world, FP32, remove_padding=True,
+                                         use_dynamic_bsz=True, ppo_max_token_len_per_gpu=budget)
     gathered = [None] * world
     torch.distributed.all_gather_object(gathered, {k: (v[0], v[2]) for k, v in results.items()})
     if rank == 0:
@@ -65,9 +71,18 @@ def _two_rank_job(rank, world, model_dir, data, out_path):
 def two_rank_results(tiny_model_dir, tmp_path_factory):
     base = load_causal_lm(tiny_model_dir)
     data = _prepared_batch(base)
+    grouped = _grouped_batch()
     out = tmp_path_factory.mktemp("dist") / "results.pt"
-    run_ranks(_two_rank_job, 2, tiny_model_dir, data, str(out))
+    run_ranks(_two_rank_job, 2, tiny_model_dir, data, grouped, str(out))
     return base, data, torch.load(out, weights_only=True)
+
+
+def _grouped_batch():
+    from tests.workers.test_prefix_grouper import grouped_batch
+
+    data = grouped_batch(prompts=4, n=2)
+    data.meta_info.update(micro_batch_size=3, use_dynamic_bsz=False)
+    return data
 
 
 def _single_process_update(base, data):
@@ -96,6 +111,19 @@ def test_two_ranks_half_batch_equal_one_rank_full_batch(two_rank_results, varian
     # loss metrics are all-reduced: the same full-mini-batch values as on one rank
     for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
         assert res["metrics"][variant][key][0] == pytest.approx(metrics[key][0], abs=1e-5), key
+
+
+def test_two_ranks_prefix_grouped_equal_one_rank_padded(two_rank_results):
+    base, _, res = two_rank_results
+    data = _grouped_batch()
+    padded_log_probs = hf_response_log_probs(base, data, 0.7)
+    params, metrics = _single_process_update(base, data)
+    mask = data.batch["response_mask"].bool()
+    torch.testing.assert_close(res["log_probs"]["grouped"][mask], padded_log_probs[mask], atol=1e-5, rtol=1e-5)
+    for name, value in params.items():
+        torch.testing.assert_close(res["params"]["grouped"][name], value, atol=1e-5, rtol=0, msg=name)
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
+        assert res["metrics"]["grouped"][key][0] == pytest.approx(metrics[key][0], abs=1e-5), key
 
 
 def test_two_ranks_bf16_mixed_precision_is_close(two_rank_results):
