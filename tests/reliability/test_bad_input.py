@@ -109,6 +109,12 @@ def _(env):
             ["= 9 rows is not divisible by the 2 workers", "change the batch size or the worker count"])
 
 
+@case("token_budget_below_longest_row")
+def _(env):
+    return (["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100"],
+            ["ppo_max_token_len_per_gpu=100 is smaller than one row of up to", "raise it to at least"])
+
+
 @case("grpo_with_n_1")
 def _(env):
     return ["actor_rollout_ref.rollout.n=1"], ["adv_estimator=grpo", "rollout.n=1", "set rollout.n >= 2"]
