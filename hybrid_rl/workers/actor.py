@@ -22,7 +22,7 @@ from hybrid_rl.workers.batching import all_reduce_sum, restore_order, split_micr
 from hybrid_rl.workers.config import ActorConfig
 from hybrid_rl.workers.forward import padding_fraction, response_log_probs
 from hybrid_rl.workers.fsdp_utils import dp_world
-from hybrid_rl.workers.packing import computed_tokens
+from hybrid_rl.workers.packing import batch_prompt_groups, computed_tokens
 from hybrid_rl.workers.varlen_attention import use_varlen_attention
 from hybrid_rl.workers.update_utils import check_mini_batch_rows, mini_batches, optimizer_step
 
@@ -91,20 +91,19 @@ class DataParallelPPOActor:
         log_probs, entropys = [], []
         for micro in micro_batches:
             batch = {k: v.to(self.device) for k, v in micro.batch.items()}
-            self._count_tokens(batch)
+            groups = batch_prompt_groups(batch, self.group_prompts)
+            self._count_tokens(batch, groups)
             lp, ent = response_log_probs(self.actor_module, batch, meta["temperature"],
-                                         self.use_remove_padding, calculate_entropy,
-                                         group_prompts=self.group_prompts)
+                                         self.use_remove_padding, calculate_entropy, groups=groups)
             log_probs.append(lp.cpu())
             entropys.append(ent.cpu() if ent is not None else None)
         log_prob = restore_order(torch.cat(log_probs), order)
         entropy = restore_order(torch.cat(entropys), order) if calculate_entropy else None
         return log_prob, entropy
 
-    def _count_tokens(self, batch: dict[str, torch.Tensor]) -> None:
+    def _count_tokens(self, batch: dict[str, torch.Tensor], groups: Optional[list[list[int]]]) -> None:
         mask = batch["attention_mask"]
-        computed = computed_tokens(mask, batch["responses"].shape[1], self.use_remove_padding,
-                                   self.group_prompts, batch["input_ids"])
+        computed = computed_tokens(mask, batch["responses"].shape[1], self.use_remove_padding, groups)
         self.token_counts += torch.tensor([computed, float(mask.sum())], dtype=torch.float64)
 
     def pop_computed_token_frac(self) -> float:
@@ -170,8 +169,9 @@ class DataParallelPPOActor:
             batch = {k: v.to(self.device) for k, v in micro.batch.items()}
             metrics["actor/padding_frac"].append(padding_fraction(batch["attention_mask"],
                                                                   self.use_remove_padding))
-            self._count_tokens(batch)
-            loss, parts, stats = self._micro_loss(batch, temperature, denoms, detach_old)
+            groups = batch_prompt_groups(batch, self.group_prompts)
+            self._count_tokens(batch, groups)
+            loss, parts, stats = self._micro_loss(batch, temperature, denoms, detach_old, groups)
             # FSDP averages gradients over ranks; the global denominators need their sum.
             (loss * self.dp_size).backward()
             totals += parts
@@ -188,16 +188,15 @@ class DataParallelPPOActor:
         metrics["actor/grad_norm"].append(grad_norm)
 
     def _micro_loss(self, batch: dict[str, torch.Tensor], temperature: float,
-                    denoms: dict[str, torch.Tensor], detach_old: bool
-                    ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+                    denoms: dict[str, torch.Tensor], detach_old: bool,
+                    groups: Optional[list[list[int]]]) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Loss of one micro-batch (its share of the mini-batch loss) and its metrics."""
         cfg = self.config
         mask = batch["response_mask"]
         # entropy is always reported; it only needs a gradient when it is part of the loss
         log_prob, entropy = response_log_probs(self.actor_module, batch, temperature,
                                                self.use_remove_padding, calculate_entropy=True,
-                                               entropy_grad=cfg.entropy_coeff != 0,
-                                               group_prompts=self.group_prompts)
+                                               entropy_grad=cfg.entropy_coeff != 0, groups=groups)
         old_log_prob = log_prob.detach() if detach_old else batch["old_log_probs"]
         agg = dict(loss_agg_mode=cfg.loss_agg_mode, **denoms)
         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = self.policy_loss_fn(

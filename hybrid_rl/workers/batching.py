@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.workers.packing import has_shared_prompts, prompt_groups
+from hybrid_rl.workers.packing import group_token_counts, has_shared_prompts, prompt_groups
 
 
 def _dist_on() -> bool:
@@ -100,9 +100,7 @@ def _prompt_units(data: DataProto, max_token_len: int) -> Optional[tuple[list[li
     units = prompt_groups(data.batch["input_ids"], mask, response_length)
     if not has_shared_prompts(units):
         return None
-    prompt_len = mask[:, : mask.shape[1] - response_length].sum(-1).tolist()
-    response_len = mask[:, mask.shape[1] - response_length:].sum(-1).tolist()
-    costs = [prompt_len[u[0]] + sum(response_len[i] for i in u) for u in units]
+    costs = group_token_counts(mask, response_length, units)
     return (units, costs) if max(costs) <= max_token_len else None
 
 

@@ -19,6 +19,7 @@ from hybrid_rl.protocol import DataProto
 from hybrid_rl.workers.batching import all_reduce_sum, restore_order, split_micro_batches
 from hybrid_rl.workers.config import CriticConfig
 from hybrid_rl.workers.forward import response_values
+from hybrid_rl.workers.packing import batch_prompt_groups
 from hybrid_rl.workers.fsdp_utils import dp_world
 from hybrid_rl.workers.update_utils import check_mini_batch_rows, mini_batches, optimizer_step
 from hybrid_rl.workers.varlen_attention import use_varlen_attention
@@ -67,8 +68,9 @@ class DataParallelPPOCritic:
         values = []
         for micro in micro_batches:
             batch = {k: v.to(self.device) for k, v in micro.batch.items()}
-            values.append((response_values(self.critic_module, batch, self.use_remove_padding,
-                                           self.group_prompts) * batch["response_mask"]).cpu())
+            groups = batch_prompt_groups(batch, self.group_prompts)
+            values.append((response_values(self.critic_module, batch, self.use_remove_padding, groups)
+                           * batch["response_mask"]).cpu())
         return restore_order(torch.cat(values), order)
 
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
@@ -106,7 +108,7 @@ class DataParallelPPOCritic:
             batch = {k: v.to(self.device) for k, v in micro.batch.items()}
             mask = batch["response_mask"]
             vpreds = response_values(self.critic_module, batch, self.use_remove_padding,
-                                     self.group_prompts)  # [b, R]
+                                     batch_prompt_groups(batch, self.group_prompts))  # [b, R]
             vf_loss, vf_clipfrac = compute_value_loss(
                 vpreds, batch["returns"], batch["values"], mask, cfg.cliprange_value,
                 loss_agg_mode=cfg.loss_agg_mode, **denoms)

@@ -10,8 +10,8 @@ With ``use_remove_padding`` the valid tokens of all rows are packed into one seq
 are passed as ``cu_seq_lens_q``: the varlen attention (:mod:`hybrid_rl.workers.varlen_attention`,
 switched on by the actor/critic) attends within each row, so no compute is spent on padding. A
 model left on plain ``sdpa`` rebuilds a block-diagonal causal mask from the ``position_ids``
-restarting at 0 instead. ``group_prompts`` (the prefix grouper) also runs each prompt shared by
-several rows only once; it needs the varlen attention.
+restarting at 0 instead. ``groups`` (the prefix grouper) also runs each prompt shared by several
+rows only once; it needs the varlen attention.
 """
 
 from __future__ import annotations
@@ -22,18 +22,13 @@ import torch
 from torch import nn
 
 from hybrid_rl.algorithms import entropy_from_logits, logprobs_from_logits
-from hybrid_rl.workers.packing import PackedBatch, pack
-
-
-def _first_valid_column(attention_mask: torch.Tensor) -> int:
-    valid_cols = attention_mask.any(dim=0).nonzero()
-    return int(valid_cols[0]) if len(valid_cols) else 0
+from hybrid_rl.workers.packing import PackedBatch, computed_tokens, first_valid_column, pack
 
 
 def trim_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       position_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Drop leading columns that are padding in every row (exact: they are masked anyway)."""
-    start = _first_valid_column(attention_mask)
+    start = first_valid_column(attention_mask)
     return input_ids[:, start:], attention_mask[:, start:], position_ids[:, start:]
 
 
@@ -45,29 +40,29 @@ def padding_fraction(attention_mask: torch.Tensor, use_remove_padding: bool) -> 
     """
     if use_remove_padding:
         return 0.0
-    width = attention_mask.shape[1] - _first_valid_column(attention_mask)
-    computed = attention_mask.shape[0] * width
+    computed = computed_tokens(attention_mask, 0, packed=False)
     return 1.0 - float(attention_mask.sum()) / computed if computed else 0.0
 
 
-def _pack(batch: dict[str, torch.Tensor], group_prompts: bool) -> PackedBatch:
+def _pack(batch: dict[str, torch.Tensor], groups: Optional[list[list[int]]]) -> PackedBatch:
     input_ids, attention_mask, position_ids = trim_left_padding(
         batch["input_ids"], batch["attention_mask"], batch["position_ids"])
-    return pack(input_ids, attention_mask, position_ids, batch["responses"].shape[1], group_prompts)
+    return pack(input_ids, attention_mask, position_ids, batch["responses"].shape[1], groups)
 
 
 def response_logits(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float,
-                    use_remove_padding: bool, group_prompts: bool = False
+                    use_remove_padding: bool, groups: Optional[list[list[int]]] = None
                     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Logits predicting each response token, divided by ``temperature``.
 
     Returns ``(logits, window)``: padded path ``logits`` is ``[B, R, V]`` and ``window`` None;
     packed path ``logits`` is ``[N, V]`` for the valid positions marked by ``window [B, R]``.
-    ``group_prompts`` (packed path, varlen attention only) runs each shared prompt once.
+    ``groups`` (:func:`~hybrid_rl.workers.packing.prompt_groups`; packed path, varlen attention
+    only) runs each shared prompt once.
     """
     response_length = batch["responses"].shape[1]
     if use_remove_padding:
-        packed = _pack(batch, group_prompts)
+        packed = _pack(batch, groups)
         out = module(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
                      use_cache=False, logits_to_keep=packed.keep, **packed.attention_kwargs)
         return out.logits[0] / temperature, packed.window  # [N, V]
@@ -89,13 +84,14 @@ def _unpack(values: torch.Tensor, window: Optional[torch.Tensor]) -> torch.Tenso
 
 def response_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float,
                        use_remove_padding: bool, calculate_entropy: bool, entropy_grad: bool = True,
-                       group_prompts: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                       groups: Optional[list[list[int]]] = None
+                       ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(log_probs [B, R], entropy [B, R] | None)`` of the response tokens (float32).
 
     ``entropy_grad=False`` computes the entropy outside autograd (a metric only): its backward,
     a second vocab-sized pass per response token, is then skipped.
     """
-    logits, window = response_logits(module, batch, temperature, use_remove_padding, group_prompts)
+    logits, window = response_logits(module, batch, temperature, use_remove_padding, groups)
     labels = batch["responses"] if window is None else batch["responses"][window]
     log_probs = _unpack(logprobs_from_logits(logits, labels), window)
     entropy = None
@@ -106,12 +102,12 @@ def response_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temper
 
 
 def response_values(module: nn.Module, batch: dict[str, torch.Tensor],
-                    use_remove_padding: bool, group_prompts: bool = False) -> torch.Tensor:
+                    use_remove_padding: bool, groups: Optional[list[list[int]]] = None) -> torch.Tensor:
     """Critic values ``[B, R]`` (float32): the value head at the columns predicting each response
     token, i.e. the value of the state before that token is generated."""
     response_length = batch["responses"].shape[1]
     if use_remove_padding:
-        packed = _pack(batch, group_prompts)
+        packed = _pack(batch, groups)
         out = module(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
                      use_cache=False, **packed.attention_kwargs)
         return _unpack(out.logits[0, packed.keep, 0].float(), packed.window)

@@ -59,8 +59,31 @@ def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return sorted(groups.values(), key=lambda rows: rows[0])
 
 
-def has_shared_prompts(groups: list[list[int]]) -> bool:
-    return any(len(rows) > 1 for rows in groups)
+def batch_prompt_groups(batch: dict[str, torch.Tensor], enabled: bool) -> Optional[list[list[int]]]:
+    """:func:`prompt_groups` of a micro-batch dict (``input_ids``, ``attention_mask``,
+    ``responses``), or None when the prefix grouper is off."""
+    if not enabled:
+        return None
+    return prompt_groups(batch["input_ids"], batch["attention_mask"], batch["responses"].shape[1])
+
+
+def has_shared_prompts(groups: Optional[list[list[int]]]) -> bool:
+    return groups is not None and any(len(rows) > 1 for rows in groups)
+
+
+def group_token_counts(attention_mask: torch.Tensor, response_length: int,
+                       groups: list[list[int]]) -> list[int]:
+    """Tokens each group computes when grouped: its prompt once plus all its responses."""
+    prompt_cols = attention_mask.shape[1] - response_length
+    prompt_len = attention_mask[:, :prompt_cols].sum(-1).tolist()
+    response_len = attention_mask[:, prompt_cols:].sum(-1).tolist()
+    return [prompt_len[g[0]] + sum(response_len[i] for i in g) for g in groups]
+
+
+def first_valid_column(attention_mask: torch.Tensor) -> int:
+    """First column that is a valid token in some row (0 for an all-padding mask)."""
+    valid_cols = attention_mask.any(dim=0).nonzero()
+    return int(valid_cols[0]) if len(valid_cols) else 0
 
 
 def _row_packed(input_ids, attention_mask, position_ids, response_length) -> PackedBatch:
@@ -126,38 +149,30 @@ def _grouped(input_ids, attention_mask, position_ids, response_length,
 
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-         response_length: int, group_prompts: bool = False,
-         groups: Optional[list[list[int]]] = None) -> PackedBatch:
-    """Pack ``[B, L]`` rows; with ``group_prompts`` rows sharing a prompt share one copy of it
-    (only when some prompt is actually shared; otherwise the row layout is used)."""
-    if group_prompts:
-        groups = groups if groups is not None else prompt_groups(input_ids, attention_mask, response_length)
-        if has_shared_prompts(groups):
-            device = input_ids.device
-            packed = _grouped(input_ids.cpu(), attention_mask.cpu(), position_ids.cpu(),
-                              response_length, groups)
-            packed.input_ids, packed.position_ids = packed.input_ids.to(device), packed.position_ids.to(device)
-            packed.window, packed.keep = packed.window.to(device), packed.keep.to(device)
-            for block in packed.attention_kwargs["packed_blocks"]:  # moved once, used by every layer
-                block.mask = block.mask.to(device)
-            return packed
-    return _row_packed(input_ids, attention_mask, position_ids, response_length)
+         response_length: int, groups: Optional[list[list[int]]] = None) -> PackedBatch:
+    """Pack ``[B, L]`` rows; with ``groups`` (:func:`prompt_groups`, the prefix grouper) rows
+    sharing a prompt share one copy of it (only when some prompt is actually shared; otherwise
+    the row layout is used)."""
+    if not has_shared_prompts(groups):
+        return _row_packed(input_ids, attention_mask, position_ids, response_length)
+    device = input_ids.device
+    packed = _grouped(input_ids.cpu(), attention_mask.cpu(), position_ids.cpu(), response_length, groups)
+    packed.input_ids, packed.position_ids = packed.input_ids.to(device), packed.position_ids.to(device)
+    packed.window, packed.keep = packed.window.to(device), packed.keep.to(device)
+    for block in packed.attention_kwargs["packed_blocks"]:  # moved once, used by every layer
+        block.mask = block.mask.to(device)
+    return packed
 
 
 def computed_tokens(attention_mask: torch.Tensor, response_length: int, packed: bool,
-                    group_prompts: bool, input_ids: Optional[torch.Tensor] = None) -> int:
+                    groups: Optional[list[list[int]]] = None) -> int:
     """Tokens a forward over this micro-batch runs through the model.
 
     Padded: ``B x L'`` (``L'`` after dropping all-padding leading columns); packed: the valid
-    tokens; grouped: minus the ``n - 1`` extra copies of each shared prompt.
+    tokens; grouped (``groups``, packed only): each shared prompt once.
     """
     if not packed:
-        valid_cols = attention_mask.any(dim=0).nonzero()
-        first = int(valid_cols[0]) if len(valid_cols) else 0
-        return attention_mask.shape[0] * (attention_mask.shape[1] - first)
-    total = int(attention_mask.sum())
-    if group_prompts and input_ids is not None:
-        prompt_cols = attention_mask.shape[1] - response_length
-        for group in prompt_groups(input_ids, attention_mask, response_length):
-            total -= (len(group) - 1) * int(attention_mask[group[0], :prompt_cols].sum())
-    return total
+        return attention_mask.shape[0] * (attention_mask.shape[1] - first_valid_column(attention_mask))
+    if groups is not None:
+        return sum(group_token_counts(attention_mask, response_length, groups))
+    return int(attention_mask.sum())

@@ -62,21 +62,14 @@ def varlen_sdpa_attention_forward(module: nn.Module, query: torch.Tensor, key: t
     causally to itself only. ``packed_blocks`` (prefix-grouped layouts) describe the blocks
     instead. ``attention_mask`` is ignored in both cases (HF builds it from the positions).
     """
-    if packed_blocks is not None:
-        assert query.shape[0] == 1, "packed sequences come as one row"
-        out = _blocks_attention(query, key, value, packed_blocks, dropout, scaling)
-        return out.transpose(1, 2).contiguous(), None
-    if cu_seq_lens_q is None:
+    if packed_blocks is None and cu_seq_lens_q is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     assert query.shape[0] == 1, "packed sequences come as one row"
-    bounds = cu_seq_lens_q.tolist()
-    outputs = []
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        outputs.append(F.scaled_dot_product_attention(
-            query[:, :, start:end], key[:, :, start:end], value[:, :, start:end], is_causal=True,
-            dropout_p=dropout, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]))
-    out = torch.cat(outputs, dim=2)  # [1, H, T, D]
+    if packed_blocks is None:  # one causal block per packed row
+        bounds = cu_seq_lens_q.tolist()
+        packed_blocks = [PackedBlock(start, end) for start, end in zip(bounds[:-1], bounds[1:])]
+    out = _blocks_attention(query, key, value, packed_blocks, dropout, scaling)  # [1, H, T, D]
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -51,10 +51,11 @@ def test_prompt_groups_and_token_count_by_hand():
     mask = torch.tensor([[0, 1, 1, 1, 0], [0, 1, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 0, 0]])
     assert prompt_groups(input_ids, mask, response_length=2) == [[0, 1, 3], [2]]
     # packed: 14 valid tokens; grouped: the 2-token prompt once instead of 3 times -> 10
-    assert computed_tokens(mask, 2, packed=True, group_prompts=False) == 14
-    assert computed_tokens(mask, 2, packed=True, group_prompts=True, input_ids=input_ids) == 10
-    assert computed_tokens(mask, 2, packed=False, group_prompts=False) == 20
-    packed = pack(input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), 2, group_prompts=True)
+    groups = prompt_groups(input_ids, mask, response_length=2)
+    assert computed_tokens(mask, 2, packed=True) == 14
+    assert computed_tokens(mask, 2, packed=True, groups=groups) == 10
+    assert computed_tokens(mask, 2, packed=False) == 20
+    packed = pack(input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), 2, groups=groups)
     # layout: prompt [5, 6], row 0 [9], row 1 [9, 9], (row 3 empty), prompt [7, 5, 6], row 2 [9, 9]
     assert packed.input_ids.tolist() == [[5, 6, 9, 9, 9, 7, 5, 6, 9, 9]]
     assert packed.position_ids.tolist() == [[0, 1, 2, 2, 3, 0, 1, 2, 3, 4]]
@@ -72,7 +73,8 @@ def test_prompt_groups_and_token_count_by_hand():
 def test_unshared_prompts_keep_the_row_layout():
     data = make_batch()
     b = data.batch
-    packed = pack(b["input_ids"], b["attention_mask"], b["position_ids"], 5, group_prompts=True)
+    groups = prompt_groups(b["input_ids"], b["attention_mask"], 5)
+    packed = pack(b["input_ids"], b["attention_mask"], b["position_ids"], 5, groups=groups)
     assert "cu_seq_lens_q" in packed.attention_kwargs  # flash-attention's varlen layout
 
 
@@ -144,7 +146,8 @@ def test_dynamic_batches_keep_a_prompts_rows_together():
                                        max_token_len=budget, key="k", group_prompts=True)
     for m in micro:
         assert len(m) % 3 == 0  # whole groups only
-        assert computed_tokens(m.batch["attention_mask"], 5, True, True, m.batch["input_ids"]) <= budget
+        groups = prompt_groups(m.batch["input_ids"], m.batch["attention_mask"], 5)
+        assert computed_tokens(m.batch["attention_mask"], 5, True, groups) <= budget
     assert sorted(order) == list(range(12))
     # a budget below one group's cost falls back to balancing single rows
     small = max(int(x) for x in b["attention_mask"].sum(-1))
