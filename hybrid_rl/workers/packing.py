@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 
-from hybrid_rl.workers.varlen_attention import PackedBlock, cu_seq_lens
+from hybrid_rl.workers.varlen_attention import PackedBlock, PackedLayout, cu_seq_lens
 
 
 @dataclass
@@ -100,7 +100,8 @@ def _row_packed(input_ids, attention_mask, position_ids, response_length) -> Pac
     keep = packed_index[:, cols][window]  # [N]
     cu = cu_seq_lens(attention_mask)
     longest = int(attention_mask.sum(-1).max())
-    kwargs = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
+    kwargs = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest,
+                  packed_layout=PackedLayout.from_cu_seq_lens(cu))
     return PackedBatch(ids, pos, window, keep, kwargs)
 
 
@@ -145,7 +146,7 @@ def _grouped(input_ids, attention_mask, position_ids, response_length,
     window = mask[:, cols]  # [B, R]
     keep = packed_index[:, cols][window]  # [N]
     assert bool((keep >= 0).all()), "every valid response-predicting position is packed"
-    return PackedBatch(ids, pos, window, keep, {"packed_blocks": blocks})
+    return PackedBatch(ids, pos, window, keep, {"packed_layout": PackedLayout(blocks)})
 
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
@@ -159,7 +160,7 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
     packed = _grouped(input_ids.cpu(), attention_mask.cpu(), position_ids.cpu(), response_length, groups)
     packed.input_ids, packed.position_ids = packed.input_ids.to(device), packed.position_ids.to(device)
     packed.window, packed.keep = packed.window.to(device), packed.keep.to(device)
-    for block in packed.attention_kwargs["packed_blocks"]:  # moved once, used by every layer
+    for block in packed.attention_kwargs["packed_layout"].blocks:  # moved once, used by every layer
         block.mask = block.mask.to(device)
     return packed
 

@@ -40,6 +40,14 @@ def grouped_batch(prompts: int = 3, n: int = 3, seed: int = 0) -> DataProto:
     return data
 
 
+@pytest.fixture(params=["batched", "per_block"])
+def attention_path(request, monkeypatch):
+    """Both forms of the varlen attention: all blocks in batched matmuls, or one SDPA call per block."""
+    if request.param == "per_block":
+        monkeypatch.setattr(varlen_attention, "DENSE_MAX_SCORES", 0)
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def model(tiny_model_dir):
     return load_causal_lm(tiny_model_dir).double()  # float64: differences are the layout's, not rounding
@@ -59,7 +67,7 @@ def test_prompt_groups_and_token_count_by_hand():
     # layout: prompt [5, 6], row 0 [9], row 1 [9, 9], (row 3 empty), prompt [7, 5, 6], row 2 [9, 9]
     assert packed.input_ids.tolist() == [[5, 6, 9, 9, 9, 7, 5, 6, 9, 9]]
     assert packed.position_ids.tolist() == [[0, 1, 2, 2, 3, 0, 1, 2, 3, 4]]
-    blocks = packed.attention_kwargs["packed_blocks"]
+    blocks = packed.attention_kwargs["packed_layout"].blocks
     assert [(b.start, b.end) for b in blocks] == [(0, 5), (5, 10)]
     # prompt (0, 1), row 0 (2), row 1 (3, 4): a response sees the prompt and itself, causally
     assert blocks[0].mask.int().tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0],
@@ -78,7 +86,7 @@ def test_unshared_prompts_keep_the_row_layout():
     assert "cu_seq_lens_q" in packed.attention_kwargs  # flash-attention's varlen layout
 
 
-def test_log_probs_and_entropy_match_the_padded_forward(model, monkeypatch):
+def test_log_probs_and_entropy_match_the_padded_forward(model, monkeypatch, attention_path):
     data = grouped_batch()
     actor = DataParallelPPOActor(actor_config(), copy.deepcopy(model), use_remove_padding=True)
     assert actor.group_prompts
@@ -95,9 +103,10 @@ def test_log_probs_and_entropy_match_the_padded_forward(model, monkeypatch):
     b, mask = data.batch, data.batch["response_mask"].bool()
     prompt_len = b["attention_mask"][:, :6].sum(-1)
     response_len = b["response_mask"].sum(-1)
-    # per layer: one call per prompt group, over the prompt and its 3 responses
+    # per layer: one call per prompt group, over the prompt and its 3 responses (or none: batched)
     expected_calls = [(int(prompt_len[i] + response_len[i:i + 3].sum()),) * 2 for i in (0, 3, 6)]
-    assert sorted(calls) == sorted(expected_calls * model.config.num_hidden_layers)
+    expected_calls = expected_calls * model.config.num_hidden_layers if attention_path == "per_block" else []
+    assert sorted(calls) == sorted(expected_calls)
     assert actor.pop_computed_token_frac() == pytest.approx(
         float(prompt_len[[0, 3, 6]].sum() + response_len.sum()) / float(b["attention_mask"].sum()))
     expected = hf_response_log_probs(model, data, temperature=0.7)
@@ -118,7 +127,7 @@ def _update(model, data, remove_padding, **cfg):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, metrics
 
 
-def test_update_equals_the_padded_update_and_is_micro_batch_invariant(model):
+def test_update_equals_the_padded_update_and_is_micro_batch_invariant(model, attention_path):
     data = grouped_batch()
     padded, m_padded = _update(model, data, remove_padding=False, ppo_micro_batch_size_per_gpu=9)
     grouped, m_grouped = _update(model, data, remove_padding=True, ppo_micro_batch_size_per_gpu=9)
@@ -156,7 +165,7 @@ def test_dynamic_batches_keep_a_prompts_rows_together():
     assert sorted(order) == list(range(12)) and all(int(m.batch["attention_mask"].sum()) <= small for m in micro)
 
 
-def test_critic_values_match_the_padded_forward(tiny_model_dir):
+def test_critic_values_match_the_padded_forward(tiny_model_dir, attention_path):
     from hybrid_rl.workers.model_loader import load_value_model
 
     value_model = load_value_model(tiny_model_dir).double()
