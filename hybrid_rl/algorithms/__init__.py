@@ -28,7 +28,7 @@ from hybrid_rl.algorithms.kl import (
     get_kl_controller,
     kl_penalty,
 )
-from hybrid_rl.algorithms.logits import entropy_from_logits, logprobs_from_logits
+from hybrid_rl.algorithms.logits import entropy_from_logits, logprobs_and_entropy_from_logits, logprobs_from_logits
 from hybrid_rl.algorithms.loss_agg import LOSS_AGG_MODES, agg_loss, global_batch_denominators
 from hybrid_rl.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from hybrid_rl.algorithms.policy_loss import (
@@ -68,6 +68,7 @@ __all__ = [
     "group_ids",
     "group_mean_std",
     "kl_penalty",
+    "logprobs_and_entropy_from_logits",
     "logprobs_from_logits",
     "masked_mean",
     "masked_sum",

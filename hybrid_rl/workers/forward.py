@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from hybrid_rl.algorithms import entropy_from_logits, logprobs_from_logits
+from hybrid_rl.algorithms import entropy_from_logits, logprobs_and_entropy_from_logits, logprobs_from_logits
 from hybrid_rl.workers.packing import PackedBatch, computed_tokens, first_valid_column, pack
 
 
@@ -50,10 +50,9 @@ def _pack(batch: dict[str, torch.Tensor], groups: Optional[list[list[int]]]) -> 
     return pack(input_ids, attention_mask, position_ids, batch["responses"].shape[1], groups)
 
 
-def response_logits(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float,
-                    use_remove_padding: bool, groups: Optional[list[list[int]]] = None
-                    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Logits predicting each response token, divided by ``temperature``.
+def response_logits(module: nn.Module, batch: dict[str, torch.Tensor], use_remove_padding: bool,
+                    groups: Optional[list[list[int]]] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Logits predicting each response token (before the sampling temperature is applied).
 
     Returns ``(logits, window)``: padded path ``logits`` is ``[B, R, V]`` and ``window`` None;
     packed path ``logits`` is ``[N, V]`` for the valid positions marked by ``window [B, R]``.
@@ -65,12 +64,12 @@ def response_logits(module: nn.Module, batch: dict[str, torch.Tensor], temperatu
         packed = _pack(batch, groups)
         out = module(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
                      use_cache=False, logits_to_keep=packed.keep, **packed.attention_kwargs)
-        return out.logits[0] / temperature, packed.window  # [N, V]
+        return out.logits[0], packed.window  # [N, V]
     input_ids, attention_mask, position_ids = trim_left_padding(
         batch["input_ids"], batch["attention_mask"], batch["position_ids"])
     out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                  use_cache=False, logits_to_keep=response_length + 1)
-    return out.logits[:, :-1, :] / temperature, None  # [B, R, V]
+    return out.logits[:, :-1, :], None  # [B, R, V]
 
 
 def _unpack(values: torch.Tensor, window: Optional[torch.Tensor]) -> torch.Tensor:
@@ -86,18 +85,20 @@ def response_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temper
                        use_remove_padding: bool, calculate_entropy: bool, entropy_grad: bool = True,
                        groups: Optional[list[list[int]]] = None
                        ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """``(log_probs [B, R], entropy [B, R] | None)`` of the response tokens (float32).
+    """``(log_probs [B, R], entropy [B, R] | None)`` of the response tokens (float32) under
+    ``softmax(logits / temperature)``.
 
-    ``entropy_grad=False`` computes the entropy outside autograd (a metric only): its backward,
-    a second vocab-sized pass per response token, is then skipped.
+    ``entropy_grad=False`` computes the entropy outside autograd (a metric only), in the same pass
+    over the logits as the log-probs; its backward, a second vocab-sized pass per response token,
+    is then skipped.
     """
-    logits, window = response_logits(module, batch, temperature, use_remove_padding, groups)
+    logits, window = response_logits(module, batch, use_remove_padding, groups)
     labels = batch["responses"] if window is None else batch["responses"][window]
-    log_probs = _unpack(logprobs_from_logits(logits, labels), window)
-    entropy = None
-    if calculate_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = _unpack(entropy_from_logits(logits), window)
+    if calculate_entropy and not (entropy_grad and torch.is_grad_enabled()):
+        log_probs, entropy = logprobs_and_entropy_from_logits(logits, labels, temperature=temperature)
+        return _unpack(log_probs, window), _unpack(entropy, window)
+    log_probs = _unpack(logprobs_from_logits(logits, labels, temperature=temperature), window)
+    entropy = _unpack(entropy_from_logits(logits, temperature=temperature), window) if calculate_entropy else None
     return log_probs, entropy
 
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from hybrid_rl.algorithms import entropy_from_logits, logprobs_from_logits
+from hybrid_rl.algorithms import entropy_from_logits, logprobs_and_entropy_from_logits, logprobs_from_logits
 
 F64 = torch.float64
 
@@ -62,12 +62,37 @@ def test_entropy_equals_reference_with_gradient(chunk_rows):
     assert torch.allclose(g_ours, g_ref, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_fused_entropy_and_temperature_equal_the_reference(temperature):
+    full, logits, labels = _sliced_logits(seed=4)
+    logp, entropy = logprobs_and_entropy_from_logits(logits, labels, chunk_rows=4, temperature=temperature)
+    upstream = torch.randn(logp.shape, dtype=F64)
+    (g_ours,) = torch.autograd.grad((logp * upstream).sum(), full)
+    scaled = logits / temperature
+    ref_logp = _reference_logprobs(scaled, labels)
+    (g_ref,) = torch.autograd.grad((ref_logp * upstream).sum(), full)
+    assert torch.allclose(logp, ref_logp, atol=1e-12, rtol=0)
+    assert torch.allclose(g_ours, g_ref, atol=1e-12, rtol=0)
+    assert not entropy.requires_grad  # a metric: no backward pass over the vocabulary
+    assert torch.allclose(entropy, _reference_entropy(scaled.detach()), atol=1e-12, rtol=0)
+    assert torch.equal(logprobs_from_logits(logits, labels, chunk_rows=4, temperature=temperature), logp)
+    # the separate entropy with temperature, and its gradient
+    ent = entropy_from_logits(logits, temperature=temperature)
+    (g_ent,) = torch.autograd.grad((ent * upstream).sum(), full)
+    (g_ent_ref,) = torch.autograd.grad((_reference_entropy(logits / temperature) * upstream).sum(), full)
+    assert torch.allclose(ent, entropy, atol=1e-12, rtol=0)
+    assert torch.allclose(g_ent, g_ent_ref, atol=1e-12, rtol=0)
+    assert full.grad is None and torch.equal(full, _sliced_logits(seed=4)[0])  # the logits are not written
+
+
 def test_gradcheck():
     gen = torch.Generator().manual_seed(2)
     logits = torch.randn(4, 6, generator=gen, dtype=F64, requires_grad=True)
     labels = torch.randint(0, 6, (4,), generator=gen)
     assert torch.autograd.gradcheck(lambda z: logprobs_from_logits(z, labels, chunk_rows=3), (logits,))
     assert torch.autograd.gradcheck(lambda z: entropy_from_logits(z, chunk_rows=3), (logits,))
+    assert torch.autograd.gradcheck(lambda z: logprobs_from_logits(z, labels, chunk_rows=3, temperature=0.6), (logits,))
+    assert torch.autograd.gradcheck(lambda z: entropy_from_logits(z, chunk_rows=3, temperature=1.7), (logits,))
 
 
 def test_bfloat16_logits_give_float32_close_to_reference():
@@ -101,7 +126,8 @@ def test_no_vocab_sized_tensor_saved_for_backward():
     logits = torch.randn(2, 8, vocab, requires_grad=True)
     labels = torch.randint(0, vocab, (2, 8))
     rows = 2 * 8
-    for fn in (lambda z: logprobs_from_logits(z, labels), entropy_from_logits):
+    for fn in (lambda z: logprobs_from_logits(z, labels), entropy_from_logits,
+               lambda z: logprobs_and_entropy_from_logits(z, labels, temperature=0.5)[0]):
         assert all(n <= rows for n in _saved_tensor_numels(fn, logits))
     # Control: the naive version keeps a full [2, 8, V] log_softmax output alive.
     naive = _saved_tensor_numels(lambda z: _reference_logprobs(z, labels), logits)
