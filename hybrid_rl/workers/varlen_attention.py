@@ -13,10 +13,10 @@ Without either kwarg (the padded path) the function is exactly HF's ``sdpa`` att
 
 Small blocks (RL rows and prompt groups: a few hundred tokens) are not computed one SDPA call at a
 time but all at once, as HF's ``eager`` attention does it: the blocks are gathered into a padded
-``[n, H, L_max, D]`` batch, and scores, an fp32 softmax and the weighted values are batched
-matmuls. On CPU the SDPA backward has a large fixed cost per call and its masked path is slow
-(a micro-batch of 8 prompt groups of ~180 tokens: 1.1 s of attention forward + backward over 30
-layers per call, 0.5 s batched). The batched form stores ``n * H * L_max**2`` probabilities per
+``[n, H, L_max, D]`` batch, and scores, a softmax (accumulating in fp32) and the weighted values
+are batched matmuls. On CPU the SDPA backward has a large fixed cost per call and its masked path
+is slow (a micro-batch of 8 prompt groups of ~180 tokens, bf16, attention forward + backward over
+30 layers: 1.1 s with one SDPA call per group, 0.33 s batched). The batched form stores ``n * H * L_max**2`` probabilities per
 layer for backward, so it is used only up to :data:`DENSE_MAX_SCORES`; longer blocks keep one
 SDPA call per block (flash attention, memory linear in the tokens).
 """
@@ -36,7 +36,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 VARLEN_ATTENTION = "hybrid_rl_varlen_sdpa"
 
 #: Most attention scores (blocks x heads x L_max**2) one layer computes in the batched form: its
-#: backward keeps ~6 bytes per score (fp32 probabilities and their bf16 copy), ~50 MB per layer.
+#: backward keeps the probabilities (2 bytes per score in bf16), ~16 MB per layer.
 DENSE_MAX_SCORES = 1 << 23
 
 
@@ -60,16 +60,16 @@ class DenseBlocks:
     its block; no real query attends to it)."""
     scatter: torch.Tensor
     """``[T]`` long: the slot of each packed position."""
-    blocked: torch.Tensor
-    """``[n, 1, 1, L_max, L_max]`` bool: True where a query slot must not attend to a key slot
-    (a padding query slot attends to itself, so no softmax row is empty)."""
+    bias: torch.Tensor
+    """``[n, 1, 1, L_max, L_max]`` in the compute dtype: 0 where a query slot attends to a key
+    slot, -inf elsewhere (a padding query slot attends to itself, so no softmax row is empty)."""
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.blocked.shape[0], self.blocked.shape[-1]
+        return self.bias.shape[0], self.bias.shape[-1]
 
 
-def dense_blocks(blocks: list[PackedBlock], device: torch.device) -> DenseBlocks:
+def dense_blocks(blocks: list[PackedBlock], device: torch.device, dtype: torch.dtype) -> DenseBlocks:
     """The :class:`DenseBlocks` of ``blocks``, which must tile ``[0, T)`` in order."""
     lengths = [b.end - b.start for b in blocks]
     assert all(a.end == b.start for a, b in zip(blocks, blocks[1:])) and blocks[0].start == 0
@@ -81,12 +81,14 @@ def dense_blocks(blocks: list[PackedBlock], device: torch.device) -> DenseBlocks
     for i, (b, length) in enumerate(zip(blocks, lengths)):
         attend[i, :length, :length] = torch.ones(length, length, dtype=torch.bool).tril() if b.mask is None \
             else b.mask.cpu()
-    return DenseBlocks(gather.reshape(-1).to(device), scatter.to(device), (~attend)[:, None, None].to(device))
+    bias = torch.zeros(attend.shape, dtype=dtype).masked_fill_(~attend, float("-inf"))[:, None, None]
+    return DenseBlocks(gather.reshape(-1).to(device), scatter.to(device), bias.to(device))
 
 
 def _dense_attention(query, key, value, dense: DenseBlocks, scaling: float) -> torch.Tensor:
     """``[1, T, H, D]`` attention of ``query [1, H, T, D]``, ``key/value [1, H_kv, T, D]`` over the
-    padded blocks: batched matmuls and a softmax in (at least) fp32, as HF's eager attention.
+    padded blocks: batched matmuls and a softmax that accumulates in fp32 and writes the compute
+    dtype (HF's eager attention rounds its fp32 softmax to that dtype too; fused kernels likewise).
 
     Query heads share key/value heads in HF's order (head ``h`` reads kv head ``h // (H / H_kv)``),
     so the ``H / H_kv`` query heads of a kv head are stacked along the rows instead of repeating
@@ -99,10 +101,9 @@ def _dense_attention(query, key, value, dense: DenseBlocks, scaling: float) -> t
     q = q.view(kv_heads, rep, n, width, dim).permute(2, 0, 1, 3, 4).reshape(n, kv_heads, rep * width, dim)
     k = key[0].index_select(1, dense.gather).view(kv_heads, n, width, dim).transpose(0, 1)  # [n, H_kv, L_max, D]
     v = value[0].index_select(1, dense.gather).view(kv_heads, n, width, dim).transpose(0, 1)
-    scores = torch.matmul(q, k.transpose(-1, -2)).view(n, kv_heads, rep, width, width)
-    scores = scores.masked_fill(dense.blocked, float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(query.dtype, torch.float32))
-    out = torch.matmul(probs.to(query.dtype).view(n, kv_heads, rep * width, width), v)  # [n, H_kv, rep * L_max, D]
+    scores = torch.matmul(q, k.transpose(-1, -2)).view(n, kv_heads, rep, width, width).add_(dense.bias)
+    probs = torch.softmax(scores, dim=-1).view(n, kv_heads, rep * width, width)
+    out = torch.matmul(probs, v)  # [n, H_kv, rep * L_max, D]
     out = out.view(n, heads, width, dim).transpose(1, 2).reshape(n * width, heads, dim)
     return out.index_select(0, dense.scatter).unsqueeze(0)  # [1, T, H, D]
 
@@ -121,13 +122,13 @@ class PackedLayout:
         bounds = cu_seq_lens_q.tolist()
         return cls([PackedBlock(start, end) for start, end in zip(bounds[:-1], bounds[1:]) if end > start])
 
-    def dense(self, heads: int, device: torch.device) -> Optional[DenseBlocks]:
+    def dense(self, heads: int, device: torch.device, dtype: torch.dtype) -> Optional[DenseBlocks]:
         """The batched form, or None when its scores would exceed :data:`DENSE_MAX_SCORES`."""
         width = max(b.end - b.start for b in self.blocks)
         if len(self.blocks) * heads * width**2 > DENSE_MAX_SCORES:
             return None
-        if self._dense is None:
-            self._dense = dense_blocks(self.blocks, device)
+        if self._dense is None or self._dense.bias.dtype != dtype:
+            self._dense = dense_blocks(self.blocks, device, dtype)
         return self._dense
 
 
@@ -162,7 +163,7 @@ def varlen_sdpa_attention_forward(module: nn.Module, query: torch.Tensor, key: t
     assert query.shape[0] == 1, "packed sequences come as one row"
     layout = packed_layout or PackedLayout.from_cu_seq_lens(cu_seq_lens_q)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    dense = layout.dense(query.shape[1], query.device) if dropout == 0.0 else None
+    dense = layout.dense(query.shape[1], query.device, query.dtype) if dropout == 0.0 else None
     if dense is not None:
         return _dense_attention(query, key, value, dense, scaling), None
     out = _blocks_attention(query, key, value, layout.blocks, dropout, scaling)  # [1, H, T, D]

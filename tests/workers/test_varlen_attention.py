@@ -78,7 +78,7 @@ def _attention_and_grads(fn, q, k, v):
 def test_batched_blocks_equal_one_sdpa_call_per_block(dtype, tol):
     blocks, q, k, v = _blocks_and_inputs(dtype)
     layout = varlen_attention.PackedLayout(blocks)
-    dense = layout.dense(heads=6, device=q.device)
+    dense = layout.dense(heads=6, device=q.device, dtype=dtype)
     assert dense.shape == (3, 6)
 
     def per_block(q, k, v):
@@ -98,6 +98,6 @@ def test_layouts_too_large_for_the_batched_form_fall_back(monkeypatch):
     blocks, *_ = _blocks_and_inputs(torch.float32)
     layout = varlen_attention.PackedLayout(blocks)
     monkeypatch.setattr(varlen_attention, "DENSE_MAX_SCORES", 3 * 6 * 6**2 - 1)  # blocks x heads x 6**2
-    assert layout.dense(heads=6, device=torch.device("cpu")) is None
+    assert layout.dense(heads=6, device=torch.device("cpu"), dtype=torch.float32) is None
     monkeypatch.setattr(varlen_attention, "DENSE_MAX_SCORES", 3 * 6 * 6**2)
-    assert layout.dense(heads=6, device=torch.device("cpu")) is not None
+    assert layout.dense(heads=6, device=torch.device("cpu"), dtype=torch.float32) is not None
