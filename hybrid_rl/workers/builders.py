@@ -18,7 +18,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from hybrid_rl.workers.config import FSDPConfig, ModelConfig, OptimConfig
 from hybrid_rl.workers.fsdp_utils import apply_fsdp2
-from hybrid_rl.workers.model_loader import load_causal_lm, load_value_model
+from hybrid_rl.workers.model_loader import load_causal_lm, load_value_model, torch_dtype
 
 # The value head is freshly initialised: the same seed on every rank gives every rank the same head.
 _VALUE_HEAD_SEED = 0
@@ -33,13 +33,26 @@ def _place(model: nn.Module, fsdp_config: FSDPConfig, device: torch.device) -> n
     return model
 
 
+def _frozen_dtype(model_config: ModelConfig, fsdp_config: FSDPConfig) -> str:
+    """Storage dtype of a frozen model. Under FSDP2 it computes in ``mixed_precision.param_dtype``
+    and has no optimizer, so fp32 master weights buy nothing: it is loaded in that dtype when it is
+    narrower (as veRL loads its reference in bf16). The forward sees the same weights (the cast
+    happens at load instead of at every all-gather) and the copy takes half the memory."""
+    compute = fsdp_config.mixed_precision.param_dtype
+    sharded = dist.is_available() and dist.is_initialized()
+    narrower = torch_dtype(compute).itemsize < torch_dtype(model_config.dtype).itemsize
+    return compute if sharded and narrower else model_config.dtype
+
+
 def build_causal_lm(model_config: ModelConfig, path: str, fsdp_config: FSDPConfig,
                     device: torch.device, *, trainable: bool) -> nn.Module:
     """Policy or reference model from the local folder ``path`` (already resolved).
 
-    ``trainable=False`` freezes it (reference policy) and skips gradient checkpointing.
+    ``trainable=False`` freezes it (reference policy) and skips gradient checkpointing; under FSDP2
+    it is stored in its compute dtype (:func:`_frozen_dtype`).
     """
-    model = load_causal_lm(path, dtype=model_config.dtype,
+    dtype = model_config.dtype if trainable else _frozen_dtype(model_config, fsdp_config)
+    model = load_causal_lm(path, dtype=dtype,
                            trust_remote_code=model_config.trust_remote_code,
                            override_config=model_config.override_config)
     if trainable and model_config.enable_gradient_checkpointing:

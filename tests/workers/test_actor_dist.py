@@ -59,12 +59,17 @@ def _two_rank_job(rank, world, model_dir, data, grouped, out_path):
     budget = 16 if rank == 0 else 40
     results["grouped"] = _update_on_rank(model_dir, grouped, rank, world, FP32, remove_padding=True,
                                          use_dynamic_bsz=True, ppo_max_token_len_per_gpu=budget)
+    # a frozen reference under bf16 mixed precision is stored in bf16 (no fp32 master weights)
+    ref = build_causal_lm(ModelConfig(path=model_dir), model_dir, BF16, torch.device("cpu"), trainable=False)
+    ref_dtypes = sorted({str(p.dtype) for p in ref.parameters()})
+    ref_log_probs, _ = DataParallelPPOActor(actor_config(**COMMON), ref).compute_log_prob(data.chunk(world)[rank])
+    results["ref_bf16"] = (ref_log_probs, None, {"dtypes": ref_dtypes})
     gathered = [None] * world
     torch.distributed.all_gather_object(gathered, {k: (v[0], v[2]) for k, v in results.items()})
     if rank == 0:
         torch.save({"log_probs": {k: torch.cat([g[k][0] for g in gathered]) for k in results},
                     "metrics": {k: gathered[0][k][1] for k in results},
-                    "params": {k: v[1] for k, v in results.items()}}, out_path)
+                    "params": {k: v[1] for k, v in results.items() if v[1] is not None}}, out_path)
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +144,10 @@ def test_two_ranks_bf16_mixed_precision_is_close(two_rank_results):
         assert res["params"]["bf16"][name].dtype == torch.float32
         worst = max(worst, (res["params"]["bf16"][name] - value).abs().max().item())
     assert worst < 0.05, worst
+
+
+def test_frozen_reference_is_stored_in_its_compute_dtype(two_rank_results):
+    _, _, res = two_rank_results
+    assert res["metrics"]["ref_bf16"]["dtypes"] == ["torch.bfloat16"]
+    # same log-probs as fp32 master weights cast to bf16 at every all-gather (the "bf16" actor)
+    torch.testing.assert_close(res["log_probs"]["ref_bf16"], res["log_probs"]["bf16"], atol=0, rtol=0)
