@@ -114,7 +114,7 @@ def time_calls(rollout, batch: DataProto, repeats: int) -> dict[str, Any]:
 def engine_config(engine: str, args, response_length: int, temperature: float) -> RolloutConfig:
     return RolloutConfig(name="hf" if engine == "hf" else "vllm", dtype=args.dtype, temperature=temperature,
                          response_length=response_length, prompt_length=128, cpu_kvcache_space_gib=1,
-                         enforce_eager=engine != "vllm-compiled", seed=0)
+                         enforce_eager=engine != "vllm-compiled", seed=0, block_size=args.block_size)
 
 
 def bench_engine(engine: str, args, model_dir: str, tokenizer) -> list[dict]:
@@ -166,6 +166,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--repeats", type=int, default=2, help="timed calls per row (median reported)")
     parser.add_argument("--stop-at-eos", action="store_true", help="synthetic rows stop at EOS (fewer tokens)")
+    parser.add_argument("--block-size", type=int, default=None, help="vLLM KV block size (default: the rollout's)")
     parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args()
