@@ -75,14 +75,10 @@ class RssMonitor(threading.Thread):
 
 def model_sizes(cfg) -> tuple[float, float]:
     """(body params, embedding/LM-head params) of the actor model."""
-    from hybrid_rl.trainer.components import count_model_params
-    from hybrid_rl.workers.model_loader import load_hf_config, resolve_model_path
+    from hybrid_rl.trainer.components import model_param_split
 
-    model = cfg.actor_rollout_ref.model
-    hf = load_hf_config(resolve_model_path(model.path), trust_remote_code=model.trust_remote_code)
-    total = count_model_params(cfg)
-    embed = hf.vocab_size * hf.hidden_size
-    return float(total - embed), float(embed)
+    body, head = model_param_split(cfg)
+    return float(body), float(head)
 
 
 def step_figures(m: dict, sizes: tuple[float, float], rows: int, peaks: dict[str, float]) -> dict:

@@ -159,18 +159,31 @@ def build_worker_groups(
     return WorkerGroups(actor_rollout=views["actor_rollout"], critic=views.get("critic"), resource_pool=pool)
 
 
+def _actor_hf_config(cfg: PPOConfig):
+    from hybrid_rl.workers.model_loader import load_hf_config, resolve_model_path
+
+    model = cfg.actor_rollout_ref.model
+    return load_hf_config(resolve_model_path(model.path), trust_remote_code=model.trust_remote_code)
+
+
 def count_model_params(cfg: PPOConfig) -> int:
     """Parameters of the actor model, counted on the meta device (nothing is allocated)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hybrid_rl.workers.model_loader import load_hf_config, resolve_model_path
-
-    model = cfg.actor_rollout_ref.model
-    hf_config = load_hf_config(resolve_model_path(model.path), trust_remote_code=model.trust_remote_code)
     with torch.device("meta"):
-        module = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=model.trust_remote_code)
+        module = AutoModelForCausalLM.from_config(
+            _actor_hf_config(cfg), trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
     return sum(p.numel() for p in module.parameters())
+
+
+def model_param_split(cfg: PPOConfig) -> tuple[int, int]:
+    """``(body, head)`` parameters of the actor for FLOP counts: ``head`` = vocab x hidden (the LM
+    head, which runs only on the positions that predict a response token), ``body`` = the rest
+    (every computed token runs through it)."""
+    hf_config = _actor_hf_config(cfg)
+    head = hf_config.vocab_size * hf_config.hidden_size
+    return count_model_params(cfg) - head, head
 
 
 def measure_peak_flops(device: str, seconds: float = 0.5, dtype: str = "bfloat16", size: int = 2048) -> float:

@@ -147,15 +147,21 @@ def compute_actor_mfu(
     update_seconds: float,
     peak_flops_per_worker: float,
     num_workers: int,
+    head_params: int = 0,
+    head_tokens: float = 0.0,
 ) -> float:
-    """Model-FLOPs utilisation of the actor update: 6 N T (forward + backward) per epoch.
+    """Model-FLOPs utilisation of the actor update: 6 FLOPs (forward + backward) per parameter and
+    token, per epoch. ``head_params`` of the ``num_params`` (the LM head) count only for the
+    ``head_tokens`` positions they run on (the response-predicting ones); the rest for all
+    ``num_tokens``. With ``head_params=0`` this is the usual ``6 N T``.
 
     The attention score term (~12 L d T^2) is left out: for the short sequences of RL on small
     models it is a few percent, and the estimate stays comparable with veRL's.
     """
     if update_seconds <= 0 or peak_flops_per_worker <= 0:
         return 0.0
-    achieved = 6.0 * num_params * num_tokens * ppo_epochs / update_seconds
+    flops = 6.0 * ((num_params - head_params) * num_tokens + head_params * head_tokens)
+    achieved = flops * ppo_epochs / update_seconds
     return achieved / (peak_flops_per_worker * num_workers)
 
 

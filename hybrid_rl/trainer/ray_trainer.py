@@ -453,7 +453,8 @@ class RayPPOTrainer:
 
     def _actor_mfu(self, batch: DataProto, update_seconds: float, needed_token_frac: float = 1.0) -> float:
         """MFU of the update over the tokens it must compute (``needed_token_frac`` of the valid
-        tokens: below 1 when the prefix grouper computes a shared prompt once)."""
+        tokens: below 1 when the prefix grouper computes a shared prompt once), with the LM head
+        counted on the response tokens only (where it runs), as ``benchmarks/bench_step.py`` does."""
         if self._flops is None:
             threads = torch.get_num_threads()
             if self.plan.device == "cpu":
@@ -461,11 +462,12 @@ class RayPPOTrainer:
             try:
                 # fork_rng: the measurement must not advance the driver RNG (resumed runs replay it).
                 with torch.random.fork_rng(devices=[]):
-                    self._flops = (components.count_model_params(self.config),
+                    self._flops = (components.model_param_split(self.config),
                                    components.measure_peak_flops(self.plan.device))
             finally:
                 torch.set_num_threads(threads)
-        num_params, peak = self._flops
+        (body, head), peak = self._flops
         tokens = float(batch.batch["attention_mask"].sum()) * needed_token_frac
-        return metric_fns.compute_actor_mfu(num_params, tokens, self.config.actor_rollout_ref.actor.ppo_epochs,
-                                            update_seconds, peak, self.plan.world_size)
+        return metric_fns.compute_actor_mfu(body + head, tokens, self.config.actor_rollout_ref.actor.ppo_epochs,
+                                            update_seconds, peak, self.plan.world_size, head_params=head,
+                                            head_tokens=float(batch.batch["response_mask"].sum()))

@@ -99,4 +99,6 @@ def test_mfu_and_reduce():
     # 6 * 10 params * 100 tokens * 2 epochs / 1 s = 12000 FLOP/s over 2 workers x 6000 peak = 1.0
     assert M.compute_actor_mfu(10, 100, 2, 1.0, 6000.0, 2) == pytest.approx(1.0)
     assert M.compute_actor_mfu(10, 100, 2, 0.0, 6000.0, 2) == 0.0
+    # 4 of the 10 params are the LM head, run on 25 of the 100 tokens: 6 * (6 * 100 + 4 * 25) * 2 = 8400
+    assert M.compute_actor_mfu(10, 100, 2, 1.0, 4200.0, 2, head_params=4, head_tokens=25) == pytest.approx(1.0)
     assert M.reduce_metrics({"a": [1.0, 3.0], "b": 2, "c": torch.tensor([1.0, 2.0])}) == {"a": 2.0, "b": 2.0, "c": 1.5}
