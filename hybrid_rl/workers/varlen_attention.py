@@ -1,23 +1,22 @@
-"""Attention over packed sequences without a ``[T, T]`` mask: one causal SDPA call per segment.
+"""Attention over packed sequences without a ``[T, T]`` mask: each block attends only to itself.
 
 With ``use_remove_padding`` the valid tokens of a micro-batch are packed into one ``[1, T]`` row.
-HF's ``sdpa`` then attends through a block-diagonal ``[T, T]`` mask: attention costs grow with
+HF's ``sdpa`` would then attend through a block-diagonal ``[T, T]`` mask: attention costs grow with
 ``T**2`` (the whole micro-batch) instead of the sum of the squared row lengths, and the CPU SDPA
-kernels take their slow masked path. On GPUs veRL uses flash-attention's varlen kernel for this;
-here the same thing is done with one ``is_causal`` SDPA call per packed row (``cu_seq_lens_q``,
-the cumulative row lengths, is passed through the model call as in HF's flash-attention path).
-Prefix-grouped layouts (:mod:`hybrid_rl.workers.packing`) pass a ``packed_layout`` instead: one
-SDPA call per prompt group with a ``[L, L]`` mask in which each response attends to the group's
-prompt and causally to itself.
+kernels take their slow masked path. On GPUs veRL uses flash-attention's varlen kernel for this.
+Here the blocks come from ``cu_seq_lens_q`` (the cumulative row lengths, HF's flash-attention
+kwarg; each packed row attends causally to itself) or from a ``packed_layout`` built once per
+forward by :mod:`hybrid_rl.workers.packing` (prefix-grouped layouts: a ``[L, L]`` mask per prompt
+group in which each response attends to the group's prompt and causally to itself).
 Without either kwarg (the padded path) the function is exactly HF's ``sdpa`` attention.
 
-Small blocks (RL rows and prompt groups: a few hundred tokens) are not computed one SDPA call at a
-time but all at once, as HF's ``eager`` attention does it: the blocks are gathered into a padded
-``[n, H, L_max, D]`` batch, and scores, a softmax (accumulating in fp32) and the weighted values
-are batched matmuls. On CPU the SDPA backward has a large fixed cost per call and its masked path
-is slow (a micro-batch of 8 prompt groups of ~180 tokens, bf16, attention forward + backward over
-30 layers: 1.1 s with one SDPA call per group, 0.33 s batched). The batched form stores ``n * H * L_max**2`` probabilities per
-layer for backward, so it is used only up to :data:`DENSE_MAX_SCORES`; longer blocks keep one
+Small blocks (RL rows and prompt groups: a few hundred tokens) are computed all at once, as HF's
+``eager`` attention does it: the blocks are gathered into a padded ``[n, H, L_max, D]`` batch,
+and scores, a softmax (accumulating in fp32) and the weighted values are batched matmuls. On CPU
+the SDPA backward has a large fixed cost per call and its masked path is slow (a micro-batch of 8
+prompt groups of ~180 tokens, bf16, attention forward + backward over 30 layers: 1.1 s with one
+SDPA call per group, 0.33 s batched). The batched form keeps ``n * H * L_max**2`` probabilities
+per layer for backward, so it is used only up to :data:`DENSE_MAX_SCORES`; larger layouts make one
 SDPA call per block (flash attention, memory linear in the tokens).
 """
 

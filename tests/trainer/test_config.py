@@ -10,6 +10,13 @@ from hybrid_rl.trainer.config_loader import CONFIG_DIR, get_config, to_ppo_confi
 from hybrid_rl.trainer.validate import make_run_plan, validate_config
 
 
+@pytest.fixture(autouse=True)
+def _fresh_working_dir(tmp_path, monkeypatch):
+    """The default ``trainer.default_local_dir`` is relative: checkpoints of a default run made in
+    the repo (README's first command) must not turn into resume errors here."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _cfg(*overrides):
     return to_ppo_config(get_config(list(overrides)))
 
