@@ -30,9 +30,10 @@ import statistics
 import time
 from typing import Any
 
-# As the trainer's CPU workers do: OpenMP spin-waiting collapses multi-threaded generation when
-# the cores are shared with other busy processes. Must be set before torch loads OpenMP.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# As the trainer's CPU workers do (hybrid_rl.trainer.components.cpu_openmp_env): a short OpenMP
+# spin unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set. Must be set before torch loads OpenMP.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 import torch  # noqa: E402
 
@@ -175,6 +176,7 @@ def main() -> None:
     tokenizer = load_tokenizer(model_dir)
     print(f"model {model_dir}, dtype {args.dtype}, torch threads {torch.get_num_threads()}, cores "
           f"{len(os.sched_getaffinity(0))}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
+          f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}, "
           f"uptime: {os.popen('uptime').read().strip()}", flush=True)
     rows = [row for engine in args.engines for row in bench_engine(engine, args, model_dir, tokenizer)]
     print_table(rows)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.validate import RunPlan, as_file_list
@@ -126,11 +126,7 @@ def build_worker_groups(
     )
     from hybrid_rl.workers import ActorRolloutRefWorker, CriticWorker
 
-    env_vars = {}
-    if plan.device == "cpu":
-        # OpenMP spin-waiting collapses multi-threaded CPU work when the machine has other busy
-        # processes (measured 0.3 vs 8 tok/s generation); passive waiting costs little when idle.
-        env_vars["OMP_WAIT_POLICY"] = os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
+    env_vars = cpu_openmp_env(os.environ) if plan.device == "cpu" else {}
     init_ray(address=cfg.ray_init.address, num_cpus=cfg.ray_init.num_cpus, runtime_env={"env_vars": env_vars})
     pool = RayResourcePool(
         [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes,
@@ -164,6 +160,21 @@ def _actor_hf_config(cfg: PPOConfig):
 
     model = cfg.actor_rollout_ref.model
     return load_hf_config(resolve_model_path(model.path), trust_remote_code=model.trust_remote_code)
+
+
+#: Iterations a GNU OpenMP thread (torch's runtime on Linux) spins before it sleeps, for CPU workers.
+#: Measured with vLLM generation on 2 cores (docs/rollout.md): the OpenMP default (300k) collapses
+#: multi-threaded work when another busy process shares the cores (133 vs 322 tok/s at batch 32
+#: with one busy neighbour); never spinning (OMP_WAIT_POLICY=PASSIVE) costs ~25% on a quiet
+#: machine (470 vs 677 tok/s at batch 64). 1000 gave 600 quiet and 281 beside the neighbour.
+CPU_OPENMP_SPINCOUNT = "1000"
+
+
+def cpu_openmp_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """OpenMP waiting for CPU workers: the user's ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` when
+    either is set (``OMP_WAIT_POLICY=`` restores the runtime's default), else a short spin."""
+    chosen = {k: environ[k] for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in environ}
+    return chosen or {"GOMP_SPINCOUNT": CPU_OPENMP_SPINCOUNT}
 
 
 def count_model_params(cfg: PPOConfig) -> int:

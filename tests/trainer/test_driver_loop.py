@@ -102,3 +102,12 @@ def test_resume_path_errors(tmp_path, tiny_model_dir):
     with pytest.raises(ValueError, match="not a global_step_N folder"):
         _trainer(tmp_path, tiny_model_dir, "trainer.resume_mode=resume_path",
                  f"trainer.resume_from_path={tmp_path}/run/global_step_9")
+
+
+def test_cpu_workers_get_a_short_openmp_spin_unless_the_user_chose():
+    from hybrid_rl.trainer.components import CPU_OPENMP_SPINCOUNT, cpu_openmp_env
+
+    assert cpu_openmp_env({}) == {"GOMP_SPINCOUNT": CPU_OPENMP_SPINCOUNT}
+    assert cpu_openmp_env({"OMP_WAIT_POLICY": "PASSIVE"}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert cpu_openmp_env({"OMP_WAIT_POLICY": ""}) == {"OMP_WAIT_POLICY": ""}  # the runtime's default
+    assert cpu_openmp_env({"GOMP_SPINCOUNT": "0", "PATH": "/bin"}) == {"GOMP_SPINCOUNT": "0"}
