@@ -163,10 +163,9 @@ def _actor_hf_config(cfg: PPOConfig):
 
 
 #: Iterations a GNU OpenMP thread (torch's runtime on Linux) spins before it sleeps, for CPU workers.
-#: Measured with vLLM generation on 2 cores (docs/rollout.md): the OpenMP default (300k) collapses
-#: multi-threaded work when another busy process shares the cores (133 vs 322 tok/s at batch 32
-#: with one busy neighbour); never spinning (OMP_WAIT_POLICY=PASSIVE) costs ~25% on a quiet
-#: machine (470 vs 677 tok/s at batch 64). 1000 gave 600 quiet and 281 beside the neighbour.
+#: Measured with vLLM generation on 2 cores (docs/rollout.md), tok/s: the OpenMP default (300k
+#: spins) gave 677 quiet but 133 beside one busy process; never spinning (OMP_WAIT_POLICY=PASSIVE)
+#: 470 quiet and 322 beside it; 1000 spins 600 quiet and 281 beside it.
 CPU_OPENMP_SPINCOUNT = "1000"
 
 
