@@ -30,10 +30,11 @@ import statistics
 import time
 from typing import Any
 
-# As the trainer's CPU workers do (hybrid_rl.trainer.components.cpu_openmp_env): a short OpenMP
-# spin unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set. Must be set before torch loads OpenMP.
-if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+from hybrid_rl.utils.openmp import cpu_openmp_env  # torch-free
+
+# As the trainer's CPU workers get it: a short OpenMP spin unless OMP_WAIT_POLICY or GOMP_SPINCOUNT
+# is set. Must be set before torch loads OpenMP.
+os.environ.update(cpu_openmp_env(os.environ))
 
 import torch  # noqa: E402
 

@@ -60,6 +60,12 @@ def _scaled(block: torch.Tensor, dtype: torch.dtype, temperature: float, copy: b
     return out if temperature == 1.0 else out.div_(temperature)
 
 
+def _mean_logit(z: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """``E_p[z]`` ``[n]`` under ``p = softmax(z)`` for a block ``z [n, V]`` with log-sum-exp ``lse
+    [n]`` (the entropy is ``lse - E_p[z]``), in one temporary."""
+    return (z - lse[:, None]).exp_().mul_(z).sum(-1)
+
+
 class _LogProbsFromLogits(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int, temperature: float,
@@ -74,8 +80,8 @@ class _LogProbsFromLogits(torch.autograd.Function):
             z = _scaled(block, dtype, temperature)
             lse[start:end] = torch.logsumexp(z, dim=-1)
             out[start:end] = z.gather(-1, flat_labels[start:end, None]).squeeze(-1) - lse[start:end]
-            if with_entropy:  # H = lse - E_p[z]
-                entropy[start:end] = lse[start:end] - (z - lse[start:end, None]).exp_().mul_(z).sum(-1)
+            if with_entropy:
+                entropy[start:end] = lse[start:end] - _mean_logit(z, lse[start:end])
         ctx.save_for_backward(logits, flat_labels, lse)
         ctx.chunk_rows, ctx.temperature = chunk_rows, temperature
         entropy = entropy.view(labels.shape) if with_entropy else entropy
@@ -110,8 +116,7 @@ class _EntropyFromLogits(torch.autograd.Function):
             end = start + block.shape[0]
             block = _scaled(block, dtype, temperature)
             lse[start:end] = torch.logsumexp(block, dim=-1)
-            probs = torch.exp(block - lse[start:end, None])
-            mean_logit[start:end] = (probs * block).sum(dim=-1)
+            mean_logit[start:end] = _mean_logit(block, lse[start:end])
         ctx.save_for_backward(logits, lse, mean_logit)
         ctx.chunk_rows, ctx.temperature = chunk_rows, temperature
         return (lse - mean_logit).view(logits.shape[:-1])  # H = lse - E_p[z]

@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.validate import RunPlan, as_file_list
+from hybrid_rl.utils.openmp import cpu_openmp_env
 
 logger = logging.getLogger(__name__)
 
@@ -160,20 +161,6 @@ def _actor_hf_config(cfg: PPOConfig):
 
     model = cfg.actor_rollout_ref.model
     return load_hf_config(resolve_model_path(model.path), trust_remote_code=model.trust_remote_code)
-
-
-#: Iterations a GNU OpenMP thread (torch's runtime on Linux) spins before it sleeps, for CPU workers.
-#: Measured with vLLM generation on 2 cores (docs/rollout.md), tok/s: the OpenMP default (300k
-#: spins) gave 677 quiet but 133 beside one busy process; never spinning (OMP_WAIT_POLICY=PASSIVE)
-#: 470 quiet and 322 beside it; 1000 spins 600 quiet and 281 beside it.
-CPU_OPENMP_SPINCOUNT = "1000"
-
-
-def cpu_openmp_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """OpenMP waiting for CPU workers: the user's ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` when
-    either is set (``OMP_WAIT_POLICY=`` restores the runtime's default), else a short spin."""
-    chosen = {k: environ[k] for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in environ}
-    return chosen or {"GOMP_SPINCOUNT": CPU_OPENMP_SPINCOUNT}
 
 
 def count_model_params(cfg: PPOConfig) -> int:

@@ -114,6 +114,7 @@ class PackedLayout:
 
     blocks: list[PackedBlock]
     _dense: Optional[DenseBlocks] = field(default=None, repr=False)
+    _width: int = field(default=0, repr=False)
 
     @classmethod
     def from_cu_seq_lens(cls, cu_seq_lens_q: torch.Tensor) -> "PackedLayout":
@@ -123,8 +124,8 @@ class PackedLayout:
 
     def dense(self, heads: int, device: torch.device, dtype: torch.dtype) -> Optional[DenseBlocks]:
         """The batched form, or None when its scores would exceed :data:`DENSE_MAX_SCORES`."""
-        width = max(b.end - b.start for b in self.blocks)
-        if len(self.blocks) * heads * width**2 > DENSE_MAX_SCORES:
+        self._width = self._width or max(b.end - b.start for b in self.blocks)
+        if len(self.blocks) * heads * self._width**2 > DENSE_MAX_SCORES:
             return None
         if self._dense is None or self._dense.bias.dtype != dtype:
             self._dense = dense_blocks(self.blocks, device, dtype)

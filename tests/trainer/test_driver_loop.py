@@ -105,7 +105,7 @@ def test_resume_path_errors(tmp_path, tiny_model_dir):
 
 
 def test_cpu_workers_get_a_short_openmp_spin_unless_the_user_chose():
-    from hybrid_rl.trainer.components import CPU_OPENMP_SPINCOUNT, cpu_openmp_env
+    from hybrid_rl.utils.openmp import CPU_OPENMP_SPINCOUNT, cpu_openmp_env
 
     assert cpu_openmp_env({}) == {"GOMP_SPINCOUNT": CPU_OPENMP_SPINCOUNT}
     assert cpu_openmp_env({"OMP_WAIT_POLICY": "PASSIVE"}) == {"OMP_WAIT_POLICY": "PASSIVE"}
