@@ -73,15 +73,7 @@ class RssMonitor(threading.Thread):
         self._done.set()
 
 
-def model_sizes(cfg) -> tuple[float, float]:
-    """(body params, embedding/LM-head params) of the actor model."""
-    from hybrid_rl.trainer.components import model_param_split
-
-    body, head = model_param_split(cfg)
-    return float(body), float(head)
-
-
-def step_figures(m: dict, sizes: tuple[float, float], rows: int, peaks: dict[str, float]) -> dict:
+def step_figures(m: dict, sizes: tuple[int, int], rows: int, peaks: dict[str, float]) -> dict:
     """Breakdown, overhead, throughput and MFU of one step's logged metrics ``m``."""
     body, embed = sizes
     tokens = m["perf/total_num_tokens"]
@@ -119,7 +111,7 @@ def run(args: argparse.Namespace) -> dict:
     import torch
 
     from hybrid_rl.trainer import get_config
-    from hybrid_rl.trainer.components import measure_peak_flops
+    from hybrid_rl.trainer.components import measure_peak_flops, model_param_split
     from hybrid_rl.trainer.main_ppo import build_trainer
     from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
     from hybrid_rl.trainer.validate import make_run_plan
@@ -138,7 +130,7 @@ def run(args: argparse.Namespace) -> dict:
     plan = make_run_plan(trainer.config)
     torch.set_num_threads(plan.threads_per_worker)
     peaks = {d: measure_peak_flops(plan.device, 1.0, d) for d in ("fp32", "bf16")}
-    sizes = model_sizes(trainer.config)
+    sizes = model_param_split(trainer.config)
     rows = trainer.config.data.train_batch_size * trainer.config.actor_rollout_ref.rollout.n
     monitor = RssMonitor()
     monitor.start()

@@ -65,7 +65,7 @@ class DataParallelPPOActor:
         varlen = use_remove_padding and use_varlen_attention(actor_module)  # per-row attention, no [T, T] mask
         # prefix grouper: one copy of each shared prompt per micro-batch (needs the varlen attention)
         self.group_prompts = config.use_prefix_grouper and varlen
-        self.token_counts = torch.zeros(2, dtype=torch.float64)  # computed, valid tokens (since reset)
+        self.token_counts = [0.0, 0.0]  # computed, valid tokens (since the last pop)
         self.device = torch.device(device)
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.rank, self.dp_size = dp_world()
@@ -104,13 +104,14 @@ class DataParallelPPOActor:
     def _count_tokens(self, batch: dict[str, torch.Tensor], groups: Optional[list[list[int]]]) -> None:
         mask = batch["attention_mask"]
         computed = computed_tokens(mask, batch["responses"].shape[1], self.use_remove_padding, groups)
-        self.token_counts += torch.tensor([computed, float(mask.sum())], dtype=torch.float64)
+        self.token_counts[0] += computed
+        self.token_counts[1] += float(mask.sum())
 
     def pop_computed_token_frac(self) -> float:
         """Tokens run through the model / valid tokens since the last call (1 = packed rows, > 1 =
         padding computed, < 1 = shared prompts computed once); resets the counts."""
-        computed, valid = self.token_counts.tolist()
-        self.token_counts.zero_()
+        computed, valid = self.token_counts
+        self.token_counts = [0.0, 0.0]
         return computed / valid if valid else float("nan")
 
     # ------------------------------------------------------------------ policy update

@@ -73,15 +73,15 @@ def dense_blocks(blocks: list[PackedBlock], device: torch.device, dtype: torch.d
     lengths = [b.end - b.start for b in blocks]
     assert all(a.end == b.start for a, b in zip(blocks, blocks[1:])) and blocks[0].start == 0
     n, width = len(blocks), max(lengths)
-    slot = torch.arange(width)
+    slot = torch.arange(width, device=device)
     gather = torch.stack([b.start + slot.clamp(max=length - 1) for b, length in zip(blocks, lengths)])
     scatter = torch.cat([i * width + slot[:length] for i, length in enumerate(lengths)])
-    attend = torch.eye(width, dtype=torch.bool).repeat(n, 1, 1)  # [n, L_max, L_max]
+    attend = torch.eye(width, dtype=torch.bool, device=device).repeat(n, 1, 1)  # [n, L_max, L_max]
     for i, (b, length) in enumerate(zip(blocks, lengths)):
-        attend[i, :length, :length] = torch.ones(length, length, dtype=torch.bool).tril() if b.mask is None \
-            else b.mask.cpu()
-    bias = torch.zeros(attend.shape, dtype=dtype).masked_fill_(~attend, float("-inf"))[:, None, None]
-    return DenseBlocks(gather.reshape(-1).to(device), scatter.to(device), bias.to(device))
+        attend[i, :length, :length] = b.mask if b.mask is not None else \
+            torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    bias = torch.zeros(attend.shape, dtype=dtype, device=device).masked_fill_(~attend, float("-inf"))
+    return DenseBlocks(gather.reshape(-1), scatter, bias[:, None, None])
 
 
 def _dense_attention(query, key, value, dense: DenseBlocks, scaling: float) -> torch.Tensor:
