@@ -24,24 +24,42 @@ from hybrid_rl.workers.model_loader import load_causal_lm, load_value_model, tor
 _VALUE_HEAD_SEED = 0
 
 
-def _place(model: nn.Module, fsdp_config: FSDPConfig, device: torch.device) -> nn.Module:
-    offloaded = fsdp_config.param_offload and device.type == "cuda"
+def _place(model: nn.Module, fsdp_config: FSDPConfig, device: torch.device, *, frozen: bool = False
+           ) -> nn.Module:
+    offloaded = _offloaded(fsdp_config, device)
     if not offloaded:  # with CPUOffloadPolicy FSDP2 expects the module on CPU
         model.to(device)
-    if dist.is_available() and dist.is_initialized():
+    if _sharded() and not (frozen and _frozen_unwrapped(fsdp_config, device)):
         apply_fsdp2(model, fsdp_config, device)
     return model
 
 
-def _frozen_dtype(model_config: ModelConfig, fsdp_config: FSDPConfig) -> str:
+def _sharded() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _offloaded(fsdp_config: FSDPConfig, device: torch.device) -> bool:
+    return fsdp_config.param_offload and device.type == "cuda"
+
+
+def _frozen_unwrapped(fsdp_config: FSDPConfig, device: torch.device) -> bool:
+    """A frozen model in a one-process group is not wrapped by FSDP2: there is nothing to shard,
+    no gradient to reduce, and FSDP2 would copy the whole model at every forward (its all-gather;
+    7% of a SmolLM2 log-prob pass on CPU). It is stored in its compute dtype instead."""
+    return dist.get_world_size() == 1 and not _offloaded(fsdp_config, device)
+
+
+def _frozen_dtype(model_config: ModelConfig, fsdp_config: FSDPConfig, device: torch.device) -> str:
     """Storage dtype of a frozen model. Under FSDP2 it computes in ``mixed_precision.param_dtype``
     and has no optimizer, so fp32 master weights buy nothing: it is loaded in that dtype when it is
-    narrower (as veRL loads its reference in bf16). The forward sees the same weights (the cast
-    happens at load instead of at every all-gather) and the copy takes half the memory."""
+    narrower (as veRL loads its reference in bf16), or whenever FSDP2 does not wrap it. The forward
+    sees the same weights (the cast happens at load instead of at every all-gather) and a narrower
+    copy takes less memory."""
+    if not _sharded():
+        return model_config.dtype
     compute = fsdp_config.mixed_precision.param_dtype
-    sharded = dist.is_available() and dist.is_initialized()
     narrower = torch_dtype(compute).itemsize < torch_dtype(model_config.dtype).itemsize
-    return compute if sharded and narrower else model_config.dtype
+    return compute if narrower or _frozen_unwrapped(fsdp_config, device) else model_config.dtype
 
 
 def build_causal_lm(model_config: ModelConfig, path: str, fsdp_config: FSDPConfig,
@@ -49,16 +67,17 @@ def build_causal_lm(model_config: ModelConfig, path: str, fsdp_config: FSDPConfi
     """Policy or reference model from the local folder ``path`` (already resolved).
 
     ``trainable=False`` freezes it (reference policy) and skips gradient checkpointing; under FSDP2
-    it is stored in its compute dtype (:func:`_frozen_dtype`).
+    it is stored in its compute dtype (:func:`_frozen_dtype`), and in a one-process group it is not
+    wrapped (:func:`_frozen_unwrapped`).
     """
-    dtype = model_config.dtype if trainable else _frozen_dtype(model_config, fsdp_config)
+    dtype = model_config.dtype if trainable else _frozen_dtype(model_config, fsdp_config, device)
     model = load_causal_lm(path, dtype=dtype,
                            trust_remote_code=model_config.trust_remote_code,
                            override_config=model_config.override_config)
     if trainable and model_config.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.requires_grad_(trainable)
-    return _place(model, fsdp_config, device)
+    return _place(model, fsdp_config, device, frozen=not trainable)
 
 
 def build_value_model(model_config: ModelConfig, path: str, fsdp_config: FSDPConfig,

@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from hybrid_rl.workers.actor import DataParallelPPOActor
 from hybrid_rl.workers.builders import build_causal_lm
@@ -63,7 +64,7 @@ def _two_rank_job(rank, world, model_dir, data, grouped, out_path):
     ref = build_causal_lm(ModelConfig(path=model_dir), model_dir, BF16, torch.device("cpu"), trainable=False)
     ref_dtypes = sorted({str(p.dtype) for p in ref.parameters()})
     ref_log_probs, _ = DataParallelPPOActor(actor_config(**COMMON), ref).compute_log_prob(data.chunk(world)[rank])
-    results["ref_bf16"] = (ref_log_probs, None, {"dtypes": ref_dtypes})
+    results["ref_bf16"] = (ref_log_probs, None, {"dtypes": ref_dtypes, "fsdp": isinstance(ref, FSDPModule)})
     gathered = [None] * world
     torch.distributed.all_gather_object(gathered, {k: (v[0], v[2]) for k, v in results.items()})
     if rank == 0:
@@ -148,6 +149,27 @@ def test_two_ranks_bf16_mixed_precision_is_close(two_rank_results):
 
 def test_frozen_reference_is_stored_in_its_compute_dtype(two_rank_results):
     _, _, res = two_rank_results
-    assert res["metrics"]["ref_bf16"]["dtypes"] == ["torch.bfloat16"]
+    assert res["metrics"]["ref_bf16"] == {"dtypes": ["torch.bfloat16"], "fsdp": True}  # sharded over 2 ranks
     # same log-probs as fp32 master weights cast to bf16 at every all-gather (the "bf16" actor)
     torch.testing.assert_close(res["log_probs"]["ref_bf16"], res["log_probs"]["bf16"], atol=0, rtol=0)
+
+
+def _one_rank_ref_job(rank, world, model_dir, data, out_path):
+    ref = build_causal_lm(ModelConfig(path=model_dir), model_dir, BF16, torch.device("cpu"), trainable=False)
+    actor = build_causal_lm(ModelConfig(path=model_dir), model_dir, BF16, torch.device("cpu"), trainable=True)
+    config = actor_config(**COMMON)
+    torch.save({"ref_fsdp": isinstance(ref, FSDPModule), "actor_fsdp": isinstance(actor, FSDPModule),
+                "ref_dtypes": sorted({str(p.dtype) for p in ref.parameters()}),
+                "ref": DataParallelPPOActor(config, ref).compute_log_prob(data)[0],
+                "actor": DataParallelPPOActor(config, actor).compute_log_prob(data)[0]}, out_path)
+
+
+def test_one_rank_frozen_reference_is_not_wrapped_and_computes_the_same(tiny_model_dir, tmp_path):
+    # nothing to shard on one rank: the frozen ref is a plain bf16 module (no FSDP2 all-gather copies)
+    data = _prepared_batch(load_causal_lm(tiny_model_dir))
+    out = tmp_path / "ref.pt"
+    run_ranks(_one_rank_ref_job, 1, tiny_model_dir, data, str(out))
+    res = torch.load(out, weights_only=True)
+    assert (res["ref_fsdp"], res["actor_fsdp"], res["ref_dtypes"]) == (False, True, ["torch.bfloat16"])
+    # bitwise the log-probs of the FSDP2 actor that casts its fp32 weights to bf16 at every forward
+    torch.testing.assert_close(res["ref"], res["actor"], atol=0, rtol=0)
