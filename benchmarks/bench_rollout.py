@@ -30,7 +30,7 @@ import statistics
 import time
 from typing import Any
 
-from hybrid_rl.utils.openmp import cpu_openmp_env  # torch-free
+from hybrid_rl.utils.cpu_env import cpu_openmp_env  # torch-free
 
 # As the trainer's CPU workers get it: a short OpenMP spin unless OMP_WAIT_POLICY or GOMP_SPINCOUNT
 # is set. Must be set before torch loads OpenMP.

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.validate import RunPlan, as_file_list
-from hybrid_rl.utils.openmp import cpu_openmp_env
+from hybrid_rl.utils.cpu_env import cpu_worker_env
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def build_worker_groups(
     )
     from hybrid_rl.workers import ActorRolloutRefWorker, CriticWorker
 
-    env_vars = cpu_openmp_env(os.environ) if plan.device == "cpu" else {}
+    env_vars = cpu_worker_env(os.environ) if plan.device == "cpu" else {}
     init_ray(address=cfg.ray_init.address, num_cpus=cfg.ray_init.num_cpus, runtime_env={"env_vars": env_vars})
     pool = RayResourcePool(
         [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes,

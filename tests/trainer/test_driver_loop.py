@@ -105,9 +105,22 @@ def test_resume_path_errors(tmp_path, tiny_model_dir):
 
 
 def test_cpu_workers_get_a_short_openmp_spin_unless_the_user_chose():
-    from hybrid_rl.utils.openmp import CPU_OPENMP_SPINCOUNT, cpu_openmp_env
+    from hybrid_rl.utils.cpu_env import CPU_OPENMP_SPINCOUNT, cpu_openmp_env
 
     assert cpu_openmp_env({}) == {"GOMP_SPINCOUNT": CPU_OPENMP_SPINCOUNT}
     assert cpu_openmp_env({"OMP_WAIT_POLICY": "PASSIVE"}) == {"OMP_WAIT_POLICY": "PASSIVE"}
     assert cpu_openmp_env({"OMP_WAIT_POLICY": ""}) == {"OMP_WAIT_POLICY": ""}  # the runtime's default
     assert cpu_openmp_env({"GOMP_SPINCOUNT": "0", "PATH": "/bin"}) == {"GOMP_SPINCOUNT": "0"}
+
+
+def test_cpu_workers_keep_freed_memory_unless_the_user_configures_the_allocator():
+    from hybrid_rl.utils.cpu_env import CPU_MALLOC_ENV, cpu_malloc_env, cpu_worker_env
+
+    assert CPU_MALLOC_ENV == {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+    assert cpu_malloc_env({"PATH": "/bin"}) == CPU_MALLOC_ENV
+    assert cpu_malloc_env({"MALLOC_ARENA_MAX": "2"}) == {"MALLOC_ARENA_MAX": "2"}
+    tcmalloc = {"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"}
+    assert cpu_malloc_env(tcmalloc) == tcmalloc
+    assert cpu_malloc_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}) == {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    both = cpu_worker_env({"OMP_WAIT_POLICY": "PASSIVE"})
+    assert both == {"OMP_WAIT_POLICY": "PASSIVE", **CPU_MALLOC_ENV}
