@@ -13,8 +13,8 @@ the listed parts) and the dispatch cost (driver-side call time minus worker-side
 achieved FLOP/s and MFU of each model pass against fp32 and bf16 matmul peaks measured in this run
 (2048-square matmuls with the worker's thread count, before Ray starts), and the peak RSS of this
 process tree. FLOPs per pass: ``2 * N_body * tokens + 2 * N_embed * response_tokens`` forward
-(the LM head only runs on response-predicting positions), x3 for forward + backward; attention
-scores are not counted (a few % at ~100 tokens/row). ``tokens`` are the tokens the pass must
+(the LM head only runs on response-predicting positions), x3 for forward + backward, and x
+``ppo_epochs`` for the update; attention scores are not counted (a few % at ~100 tokens/row). ``tokens`` are the tokens the pass must
 compute: padding and the repeated copies of a prompt shared by GRPO's n responses are not counted
 (the worker reports ``perf/computed_token_frac/<pass>``, computed / valid tokens; with the prefix
 grouper it is below 1, and FLOP/s are those of the work actually done). The first ``--warmup`` steps are shown but
@@ -73,8 +73,9 @@ class RssMonitor(threading.Thread):
         self._done.set()
 
 
-def step_figures(m: dict, sizes: tuple[int, int], rows: int, peaks: dict[str, float]) -> dict:
-    """Breakdown, overhead, throughput and MFU of one step's logged metrics ``m``."""
+def step_figures(m: dict, sizes: tuple[int, int], rows: int, peaks: dict[str, float], epochs: int = 1) -> dict:
+    """Breakdown, overhead, throughput and MFU of one step's logged metrics ``m``; the update
+    passes over the batch ``epochs`` times (``actor.ppo_epochs``)."""
     body, embed = sizes
     tokens = m["perf/total_num_tokens"]
     resp_tokens = m["response_length/mean"] * rows
@@ -90,6 +91,7 @@ def step_figures(m: dict, sizes: tuple[int, int], rows: int, peaks: dict[str, fl
             needed = min(1.0, m.get(f"perf/computed_token_frac/{key}", 1.0))
             out[f"{label}_computed_token_frac"] = m.get(f"perf/computed_token_frac/{key}", float("nan"))
             fwd_flops = 2 * body * tokens * needed + 2 * embed * resp_tokens
+            mult *= epochs if label == "update_actor" else 1
             out[f"{label}_gflops"] = mult * fwd_flops / sec / 1e9
             for dtype, peak in peaks.items():
                 out[f"{label}_mfu_{dtype}"] = mult * fwd_flops / sec / peak
@@ -140,7 +142,8 @@ def run(args: argparse.Namespace) -> dict:
     finally:
         trainer.shutdown()
         monitor.stop()
-    figures = [step_figures(m, sizes, rows, peaks) for m in steps]
+    epochs = trainer.config.actor_rollout_ref.actor.ppo_epochs
+    figures = [step_figures(m, sizes, rows, peaks, epochs) for m in steps]
     return {"overrides": overrides, "peak_flops": peaks, "threads_per_worker": plan.threads_per_worker,
             "steps": figures, "wall_s": time.perf_counter() - start,
             "peak_rss_gib": monitor.peak_total / 2**30, "peak_rss_one_process_gib": monitor.peak_single / 2**30,
