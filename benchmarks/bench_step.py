@@ -12,13 +12,13 @@ Per step it prints the ``timing_s/*`` breakdown (driver side), the driver/Ray ov
 the listed parts) and the dispatch cost (driver-side call time minus worker-side compute), tokens/s,
 achieved FLOP/s and MFU of each model pass against fp32 and bf16 matmul peaks measured in this run
 (2048-square matmuls with the worker's thread count, before Ray starts), and the peak RSS of this
-process tree. FLOPs per pass: ``2 * N_body * tokens + 2 * N_embed * response_tokens`` forward
-(the LM head only runs on response-predicting positions), x3 for forward + backward, and x
-``ppo_epochs`` for the update; attention scores are not counted (a few % at ~100 tokens/row). ``tokens`` are the tokens the pass must
-compute: padding and the repeated copies of a prompt shared by GRPO's n responses are not counted
-(the worker reports ``perf/computed_token_frac/<pass>``, computed / valid tokens; with the prefix
-grouper it is below 1, and FLOP/s are those of the work actually done). The first ``--warmup`` steps are shown but
-left out of the medians. The last line is ``median step: <seconds>``.
+process tree. FLOPs per pass: ``2 * N_body * tokens + 2 * N_embed * response_tokens`` forward (the
+LM head only runs on response-predicting positions), x3 for forward + backward, and x ``ppo_epochs``
+for the update; attention scores are not counted (a few % at ~100 tokens/row). ``tokens`` are the
+tokens the pass must compute: padding and the repeated copies of a prompt shared by GRPO's n
+responses are not counted (the worker reports ``perf/computed_token_frac/<pass>``, computed / valid
+tokens; with the prefix grouper it is below 1, and FLOP/s are those of the work actually done). The
+first ``--warmup`` steps are shown but left out of the medians. The last line is ``median step: <seconds>``.
 """
 
 from __future__ import annotations
