@@ -18,7 +18,8 @@ for the update; attention scores are not counted (a few % at ~100 tokens/row). `
 tokens the pass must compute: padding and the repeated copies of a prompt shared by GRPO's n
 responses are not counted (the worker reports ``perf/computed_token_frac/<pass>``, computed / valid
 tokens; with the prefix grouper it is below 1, and FLOP/s are those of the work actually done). The
-first ``--warmup`` steps are shown but left out of the medians. The last line is ``median step: <seconds>``.
+first ``--warmup`` steps are shown but left out of the medians. The last line is ``median step:
+<seconds>``.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class RssMonitor(threading.Thread):
         self._done.set()
 
 
-def step_figures(m: dict, sizes: tuple[int, int], rows: int, peaks: dict[str, float], epochs: int = 1) -> dict:
+def step_figures(m: dict, sizes: tuple[int, int], rows: int, peaks: dict[str, float],
+                 epochs: int = 1) -> dict:
     """Breakdown, overhead, throughput and MFU of one step's logged metrics ``m``; the update
     passes over the batch ``epochs`` times (``actor.ppo_epochs``)."""
     body, embed = sizes
@@ -90,11 +92,11 @@ def step_figures(m: dict, sizes: tuple[int, int], rows: int, peaks: dict[str, fl
             # tokens that must be computed: padding and repeated copies of a shared prompt excluded
             needed = min(1.0, m.get(f"perf/computed_token_frac/{key}", 1.0))
             out[f"{label}_computed_token_frac"] = m.get(f"perf/computed_token_frac/{key}", float("nan"))
-            fwd_flops = 2 * body * tokens * needed + 2 * embed * resp_tokens
-            mult *= epochs if label == "update_actor" else 1
-            out[f"{label}_gflops"] = mult * fwd_flops / sec / 1e9
+            flops = mult * (2 * body * tokens * needed + 2 * embed * resp_tokens)
+            flops *= epochs if label == "update_actor" else 1
+            out[f"{label}_gflops"] = flops / sec / 1e9
             for dtype, peak in peaks.items():
-                out[f"{label}_mfu_{dtype}"] = mult * fwd_flops / sec / peak
+                out[f"{label}_mfu_{dtype}"] = flops / sec / peak
     out["update_weights_s"] = m.get("timing_s/weight_sync", 0.0)
     out["overhead_s"] = step - listed
     out["overhead_frac"] = out["overhead_s"] / step

@@ -121,6 +121,7 @@ def test_cpu_workers_keep_freed_memory_unless_the_user_configures_the_allocator(
     assert cpu_malloc_env({"MALLOC_ARENA_MAX": "2"}) == {"MALLOC_ARENA_MAX": "2"}
     tcmalloc = {"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"}
     assert cpu_malloc_env(tcmalloc) == tcmalloc
-    assert cpu_malloc_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}) == {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    thp = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    assert cpu_malloc_env(thp) == thp
     both = cpu_worker_env({"OMP_WAIT_POLICY": "PASSIVE"})
     assert both == {"OMP_WAIT_POLICY": "PASSIVE", **CPU_MALLOC_ENV}
