@@ -17,7 +17,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from hybrid_rl.workers.config import FSDPConfig, ModelConfig, OptimConfig
-from hybrid_rl.workers.fsdp_utils import apply_fsdp2
+from hybrid_rl.workers.fsdp_utils import apply_fsdp2, dp_world, param_offloaded
 from hybrid_rl.workers.model_loader import load_causal_lm, load_value_model, torch_dtype
 
 # The value head is freshly initialised: the same seed on every rank gives every rank the same head.
@@ -26,7 +26,7 @@ _VALUE_HEAD_SEED = 0
 
 def _place(model: nn.Module, fsdp_config: FSDPConfig, device: torch.device, *, frozen: bool = False
            ) -> nn.Module:
-    offloaded = _offloaded(fsdp_config, device)
+    offloaded = param_offloaded(fsdp_config, device)
     if not offloaded:  # with CPUOffloadPolicy FSDP2 expects the module on CPU
         model.to(device)
     if _sharded() and not (frozen and _frozen_unwrapped(fsdp_config, device)):
@@ -38,15 +38,11 @@ def _sharded() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _offloaded(fsdp_config: FSDPConfig, device: torch.device) -> bool:
-    return fsdp_config.param_offload and device.type == "cuda"
-
-
 def _frozen_unwrapped(fsdp_config: FSDPConfig, device: torch.device) -> bool:
     """A frozen model in a one-process group is not wrapped by FSDP2: there is nothing to shard,
     no gradient to reduce, and FSDP2 would copy the whole model at every forward (its all-gather;
     7% of a SmolLM2 log-prob pass on CPU). It is stored in its compute dtype instead."""
-    return dist.get_world_size() == 1 and not _offloaded(fsdp_config, device)
+    return dp_world()[1] == 1 and not param_offloaded(fsdp_config, device)
 
 
 def _frozen_dtype(model_config: ModelConfig, fsdp_config: FSDPConfig, device: torch.device) -> str:

@@ -67,9 +67,14 @@ def mixed_precision_policy(fsdp_config: FSDPConfig) -> MixedPrecisionPolicy:
                                 cast_forward_inputs=True)
 
 
+def param_offloaded(fsdp_config: FSDPConfig, device: torch.device) -> bool:
+    """Whether FSDP2 keeps the parameters on CPU between uses: ``param_offload`` on GPU only."""
+    return fsdp_config.param_offload and device.type == "cuda"
+
+
 def offload_policy(fsdp_config: FSDPConfig, device: torch.device) -> OffloadPolicy:
     """``CPUOffloadPolicy`` when ``param_offload`` is set on GPU; offload is moot on CPU."""
-    if fsdp_config.param_offload and device.type == "cuda":
+    if param_offloaded(fsdp_config, device):
         return CPUOffloadPolicy(pin_memory=True)
     if fsdp_config.param_offload:
         logger.info("fsdp_config.param_offload ignored: parameters already live in CPU memory")
