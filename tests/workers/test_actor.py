@@ -92,8 +92,9 @@ def test_update_policy_is_micro_batch_invariant(base_model, mode):
     assert changed > 1e-3  # the update did something
     for other in (one, four, dyn, rmpad):
         _assert_same_params(full, other)
+    # Relative: a grad norm of ~59 differs by ~1e-5 relative between summation orders (AMX kernels).
     for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm"):
-        assert metrics_full[key][0] == pytest.approx(metrics_one[key][0], abs=1e-5), key
+        assert metrics_full[key][0] == pytest.approx(metrics_one[key][0], rel=1e-4, abs=1e-5), key
 
 
 def test_update_policy_metrics_and_two_mini_batches(base_model):

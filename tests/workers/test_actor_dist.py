@@ -116,7 +116,7 @@ def test_two_ranks_half_batch_equal_one_rank_full_batch(two_rank_results, varian
         torch.testing.assert_close(res["params"][variant][name], value, atol=1e-5, rtol=0, msg=name)
     # loss metrics are all-reduced: the same full-mini-batch values as on one rank
     for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
-        assert res["metrics"][variant][key][0] == pytest.approx(metrics[key][0], abs=1e-5), key
+        assert res["metrics"][variant][key][0] == pytest.approx(metrics[key][0], rel=1e-4, abs=1e-5), key
 
 
 def test_two_ranks_prefix_grouped_equal_one_rank_padded(two_rank_results):
@@ -129,7 +129,7 @@ def test_two_ranks_prefix_grouped_equal_one_rank_padded(two_rank_results):
     for name, value in params.items():
         torch.testing.assert_close(res["params"]["grouped"][name], value, atol=1e-5, rtol=0, msg=name)
     for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
-        assert res["metrics"]["grouped"][key][0] == pytest.approx(metrics[key][0], abs=1e-5), key
+        assert res["metrics"]["grouped"][key][0] == pytest.approx(metrics[key][0], rel=1e-4, abs=1e-5), key
 
 
 def test_two_ranks_bf16_mixed_precision_is_close(two_rank_results):
