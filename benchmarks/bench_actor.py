@@ -1,6 +1,6 @@
 """Speed of the actor's ``compute_log_prob`` and ``update_policy`` (FSDP2, 1 process, no Ray).
 
-    python benchmarks/bench_actor.py                                   # SmolLM2-135M, bf16, 32 rows
+    python benchmarks/bench_actor.py                                   # SmolLM2-135M, auto dtype, 32 rows
     python benchmarks/bench_actor.py --dtypes float32,bfloat16 --remove-padding 0,1
     python benchmarks/bench_actor.py --model /path/to/hf --rows 64 --response-len 128
 
@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.trainer.components import measure_peak_flops
+from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers.actor import DataParallelPPOActor
 from hybrid_rl.workers.builders import build_causal_lm, build_optimizer
 from hybrid_rl.workers.config import ActorConfig, FSDPConfig, MixedPrecisionConfig, ModelConfig, OptimConfig
@@ -112,30 +113,36 @@ def setup(args: argparse.Namespace) -> tuple[str, dict[str, float]]:
     os.environ.setdefault("MASTER_PORT", str(29000 + os.getpid() % 1000))
     dist.init_process_group("gloo", rank=0, world_size=1)
     peaks = {d: measure_peak_flops("cpu", 1.0, d) for d in ("float32", "bfloat16")}
-    print(f"peak matmul: fp32 {peaks['float32'] / 1e9:.0f} GFLOP/s, bf16 {peaks['bfloat16'] / 1e9:.0f} GFLOP/s; "
+    shown = ", ".join(f"{d} {p / 1e9:.0f} GFLOP/s" if p else f"{d} emulated (no peak)" for d, p in peaks.items())
+    print(f"CPU {torch.backends.cpu.get_cpu_capability()}; peak matmul: {shown}; "
           f"threads={args.threads} load avg {os.getloadavg()[0]:.2f}", flush=True)
     return resolve_model_path(args.model, key="--model"), peaks
+
+
+def _share(gflops: float, peak) -> str:
+    """``gflops`` as a share of the measured peak (FLOP/s), or ``no peak`` for an emulated dtype."""
+    return f"{gflops * 1e9 / peak:.0%}" if peak else "no peak"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_args(parser)
-    parser.add_argument("--dtypes", default="bfloat16")
+    parser.add_argument("--dtypes", default="auto", help="comma list; auto = what the trainer would pick here")
     parser.add_argument("--remove-padding", default="0,1", help="comma list of 0/1")
     args = parser.parse_args()
     path, peaks = setup(args)
     print(f"model={args.model} rows={args.rows} prompt<={args.prompt_len} response<={args.response_len} "
           f"micro={'dynamic ' + str(args.max_token_len) if args.dynamic_bsz else args.micro}", flush=True)
-    for dtype in args.dtypes.split(","):
+    for dtype in (resolve_dtype(d, "cpu") for d in args.dtypes.split(",")):
         for rmpad in (bool(int(x)) for x in args.remove_padding.split(",")):
             actor = build_actor(path, dtype, rmpad, args)
             data = make_batch(args.rows, args.prompt_len, args.response_len, actor.actor_module.config.vocab_size)
             r = measure(actor, data, args)
             print(f"{dtype:>9} remove_padding={int(rmpad)} padding={r['padding_frac']:.0%}: "
                   f"compute_log_prob {r['compute_log_prob_s']:.2f} s {r['compute_log_prob_tok_s']:6.0f} tok/s "
-                  f"{r['compute_log_prob_gflops']:4.0f} GFLOP/s ({r['compute_log_prob_gflops'] * 1e9 / peaks[dtype]:.0%})"
+                  f"{r['compute_log_prob_gflops']:4.0f} GFLOP/s ({_share(r['compute_log_prob_gflops'], peaks[dtype])})"
                   f" | update_policy {r['update_policy_s']:.2f} s {r['update_policy_tok_s']:6.0f} tok/s "
-                  f"{r['update_policy_gflops']:4.0f} GFLOP/s ({r['update_policy_gflops'] * 1e9 / peaks[dtype]:.0%})",
+                  f"{r['update_policy_gflops']:4.0f} GFLOP/s ({_share(r['update_policy_gflops'], peaks[dtype])})",
                   flush=True)
     dist.destroy_process_group()
 

@@ -10,8 +10,10 @@ policy with coefficient 0.04, one optimizer step per batch, no validation, no ch
 
 Per step it prints the ``timing_s/*`` breakdown (driver side), the driver/Ray overhead (step minus
 the listed parts) and the dispatch cost (driver-side call time minus worker-side compute), tokens/s,
-achieved FLOP/s and MFU of each model pass against fp32 and bf16 matmul peaks measured in this run
-(2048-square matmuls with the worker's thread count, before Ray starts), and the peak RSS of this
+achieved FLOP/s and MFU of each model pass against the matmul peak of the compute dtype that ran
+(``auto`` resolved: bf16 only where the CPU computes it natively), also against the fp32 and bf16
+peaks where they can be measured quickly (2048-square matmuls with the worker's thread count, before
+Ray starts; an emulated bf16 gets no peak and no MFU, never minutes of measuring), and the peak RSS of this
 process tree. FLOPs per pass: ``2 * N_body * tokens + 2 * N_embed * response_tokens`` forward (the
 LM head only runs on response-predicting positions), x3 for forward + backward, and x ``ppo_epochs``
 for the update; attention scores are not counted (a few % at ~100 tokens/row). ``tokens`` are the
@@ -31,6 +33,7 @@ import statistics
 import tempfile
 import threading
 import time
+from typing import Optional
 
 import psutil
 
@@ -74,8 +77,8 @@ class RssMonitor(threading.Thread):
         self._done.set()
 
 
-def step_figures(m: dict, sizes: tuple[int, int], rows: int, peaks: dict[str, float],
-                 epochs: int = 1) -> dict:
+def step_figures(m: dict, sizes: tuple[int, int], rows: int, peaks: dict[str, Optional[float]],
+                 epochs: int = 1, dtype: str = "bfloat16") -> dict:
     """Breakdown, overhead, throughput and MFU of one step's logged metrics ``m``; the update
     passes over the batch ``epochs`` times (``actor.ppo_epochs``)."""
     body, embed = sizes
@@ -95,8 +98,9 @@ def step_figures(m: dict, sizes: tuple[int, int], rows: int, peaks: dict[str, fl
             flops = mult * (2 * body * tokens * needed + 2 * embed * resp_tokens)
             flops *= epochs if label == "update_actor" else 1
             out[f"{label}_gflops"] = flops / sec / 1e9
-            for dtype, peak in peaks.items():
-                out[f"{label}_mfu_{dtype}"] = flops / sec / peak
+            for name, peak in peaks.items():
+                out[f"{label}_mfu_{name}"] = flops / sec / peak if peak else float("nan")
+            out[f"{label}_mfu"] = out[f"{label}_mfu_{dtype}"]  # against the dtype that ran
     out["update_weights_s"] = m.get("timing_s/weight_sync", 0.0)
     out["overhead_s"] = step - listed
     out["overhead_frac"] = out["overhead_s"] / step
@@ -133,7 +137,7 @@ def run(args: argparse.Namespace) -> dict:
     trainer = build_trainer(cfg, Recording)
     plan = make_run_plan(trainer.config)
     torch.set_num_threads(plan.threads_per_worker)
-    peaks = {d: measure_peak_flops(plan.device, 1.0, d) for d in ("fp32", "bf16")}
+    peaks = {d: measure_peak_flops(plan.device, 1.0, d) for d in ("float32", "bfloat16")}
     sizes = model_param_split(trainer.config)
     rows = trainer.config.data.train_batch_size * trainer.config.actor_rollout_ref.rollout.n
     monitor = RssMonitor()
@@ -145,8 +149,10 @@ def run(args: argparse.Namespace) -> dict:
         trainer.shutdown()
         monitor.stop()
     epochs = trainer.config.actor_rollout_ref.actor.ppo_epochs
-    figures = [step_figures(m, sizes, rows, peaks, epochs) for m in steps]
-    return {"overrides": overrides, "peak_flops": peaks, "threads_per_worker": plan.threads_per_worker,
+    dtype = trainer.actor_compute_dtype
+    figures = [step_figures(m, sizes, rows, peaks, epochs, dtype) for m in steps]
+    return {"overrides": overrides, "peak_flops": peaks, "compute_dtype": dtype,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads_per_worker": plan.threads_per_worker,
             "steps": figures, "wall_s": time.perf_counter() - start,
             "peak_rss_gib": monitor.peak_total / 2**30, "peak_rss_one_process_gib": monitor.peak_single / 2**30,
             "load_avg": os.getloadavg(), "warmup": args.warmup}
@@ -160,9 +166,10 @@ def median_figures(result: dict) -> dict:
 def print_table(result: dict) -> None:
     cols = ["step_s", "gen_s", "old_log_prob_s", "ref_s", "adv_s", "update_actor_s", "update_weights_s",
             "overhead_s", "dispatch_s"]
-    print(f"peak matmul: fp32 {result['peak_flops']['fp32'] / 1e9:.0f} GFLOP/s, bf16 "
-          f"{result['peak_flops']['bf16'] / 1e9:.0f} GFLOP/s ({result['threads_per_worker']} threads); "
-          f"load avg {' '.join(f'{x:.2f}' for x in result['load_avg'])}")
+    peaks = ", ".join(f"{d} {p / 1e9:.0f} GFLOP/s" if p else f"{d} not measurable quickly (emulated)"
+                      for d, p in result["peak_flops"].items())
+    print(f"CPU {result['cpu_capability']}, compute dtype {result['compute_dtype']}; peak matmul: {peaks} "
+          f"({result['threads_per_worker']} threads); load avg {' '.join(f'{x:.2f}' for x in result['load_avg'])}")
     print("step " + " ".join(f"{c[:-2]:>13}" for c in cols))
     for i, s in enumerate(result["steps"], 1):
         mark = "*" if i <= result["warmup"] else " "
@@ -173,8 +180,9 @@ def print_table(result: dict) -> None:
           f"{med['train_tok_s']:.0f} tok/s, padding in trained micro-batches {med['padding_frac']:.1%}")
     for label in ("old_log_prob", "ref", "update_actor"):
         if f"{label}_gflops" in med:
-            print(f"  {label:>13}: {med[f'{label}_gflops']:6.0f} GFLOP/s = {med[f'{label}_mfu_bf16']:.0%} of bf16 "
-                  f"peak, {med[f'{label}_mfu_fp32']:.0%} of fp32 peak; computed/valid tokens "
+            print(f"  {label:>13}: {med[f'{label}_gflops']:6.0f} GFLOP/s = {med[f'{label}_mfu']:.0%} of the "
+                  f"{result['compute_dtype']} peak (bf16 {med[f'{label}_mfu_bfloat16']:.0%}, fp32 "
+                  f"{med[f'{label}_mfu_float32']:.0%}); computed/valid tokens "
                   f"{med[f'{label}_computed_token_frac']:.2f}")
     print(f"  driver/Ray overhead {med['overhead_s']:.2f} s ({med['overhead_frac']:.1%} of the step), "
           f"of which dispatch + serialization {med['dispatch_s']:.2f} s ({med['dispatch_frac']:.1%})")

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from hybrid_rl.utils.log_setup import configure_worker_logging
+
 __all__ = ["Worker", "find_free_port"]
 
 logger = logging.getLogger(__name__)
@@ -43,6 +45,8 @@ class Worker:
         self._local_world_size = _env_int("LOCAL_WORLD_SIZE", 1)
         if not 0 <= self._rank < self._world_size:
             raise ValueError(f"RANK={self._rank} is outside [0, WORLD_SIZE={self._world_size})")
+        if _in_ray_actor():
+            configure_worker_logging(self._rank)  # before vLLM is imported: it reads the environment
         if _in_ray_actor() and not torch.cuda.is_available():
             # Ray exports OMP_NUM_THREADS=1 for actors without an explicit CPU count; a CPU worker
             # must compute on every core the placement group gave it.

@@ -14,6 +14,7 @@ from typing import Any, Optional
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.validate import RunPlan, as_file_list
 from hybrid_rl.utils.cpu_env import cpu_worker_env
+from hybrid_rl.utils.log_setup import LOG_DIR_ENV, effective_level, library_env
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ def build_dataset(files: list[str], tokenizer, cfg: PPOConfig):
         max_prompt_length=data.max_prompt_length,
         filter_overlong_prompts=data.filter_overlong_prompts,
         truncation=data.truncation,
+        return_raw_chat=data.return_raw_chat,
     )
 
 
@@ -112,11 +114,12 @@ def build_worker_groups(
     actor_cls: Optional[type] = None,
     critic_cls: Optional[type] = None,
     call_timeout_s: Optional[float] = None,
+    log_dir: Optional[str] = None,
 ) -> WorkerGroups:
     """Start ``world_size`` colocated processes, each hosting actor + rollout (+ ref) (+ critic).
 
     ``total_training_steps`` sizes the LR schedules; it is passed to the workers, never written
-    into their configs.
+    into their configs. Each worker writes its full log to ``log_dir/worker_<rank>.log``.
     """
     from hybrid_rl.single_controller import (
         RayClassWithInitArgs,
@@ -128,7 +131,9 @@ def build_worker_groups(
     from hybrid_rl.workers import ActorRolloutRefWorker, CriticWorker
 
     env_vars = cpu_worker_env(os.environ) if plan.device == "cpu" else {}
-    init_ray(address=cfg.ray_init.address, num_cpus=cfg.ray_init.num_cpus, runtime_env={"env_vars": env_vars})
+    env_vars.update(library_env(cfg.trainer.log_level), **({LOG_DIR_ENV: log_dir} if log_dir else {}))
+    init_ray(address=cfg.ray_init.address, num_cpus=cfg.ray_init.num_cpus, runtime_env={"env_vars": env_vars},
+             quiet=effective_level(cfg.trainer.log_level) != "debug")
     pool = RayResourcePool(
         [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes,
         use_gpu=plan.device == "cuda",
@@ -183,8 +188,41 @@ def model_param_split(cfg: PPOConfig) -> tuple[int, int]:
     return count_model_params(cfg) - head, head
 
 
-def measure_peak_flops(device: str, seconds: float = 0.5, dtype: str = "bfloat16", size: int = 2048) -> float:
-    """Achievable matmul FLOP/s of one worker's device, measured with ``size``-square ``dtype`` matmuls.
+def compute_dtype_fields(cfg: PPOConfig, plan: RunPlan) -> dict[str, str]:
+    """The compute-dtype keys of the models this run builds, with their configured values."""
+    arr = cfg.actor_rollout_ref
+    fields = {"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype":
+              arr.actor.fsdp_config.mixed_precision.param_dtype,
+              "actor_rollout_ref.rollout.dtype": arr.rollout.dtype}
+    if plan.use_reference_policy:
+        fields["actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype"] = \
+            arr.ref.fsdp_config.mixed_precision.param_dtype
+    if plan.use_critic:
+        fields["critic.model.fsdp_config.mixed_precision.param_dtype"] = \
+            cfg.critic.model.fsdp_config.mixed_precision.param_dtype
+    return fields
+
+
+def report_precision(cfg: PPOConfig, plan: RunPlan) -> str:
+    """Log the run's compute dtypes and why in one line (and warn about an explicit bf16 on a CPU
+    that emulates it); returns the actor's resolved compute dtype. Resolving runs the CPU probe
+    once here, on the driver, so the workers read its cached result."""
+    from hybrid_rl.utils.precision import describe_choices, resolve_dtype, slow_bf16_warning
+
+    fields = compute_dtype_fields(cfg, plan)
+    role_of = lambda key: "rollout" if key.endswith("rollout.dtype") else "train"  # noqa: E731
+    logger.info(describe_choices(fields, plan.device, role_of))
+    warning = slow_bf16_warning(fields, plan.device)
+    if warning:
+        logger.warning(warning)
+    return resolve_dtype(cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype, plan.device)
+
+
+def measure_peak_flops(device: str, seconds: float = 0.5, dtype: str = "bfloat16", size: int = 2048,
+                       max_matmul_s: float = 1.0) -> Optional[float]:
+    """Achievable matmul FLOP/s of one worker's device, measured with ``size``-square ``dtype`` matmuls;
+    None when one such matmul would take longer than ``max_matmul_s`` (an emulated dtype, e.g. bf16
+    on an AVX2 CPU): no peak rather than a wrong one, and never minutes of measuring.
 
     MFU is reported against this measured peak rather than a datasheet number, so it reads the
     same on a laptop CPU and on a GPU. On CPU the measurement uses this process's threads. The
@@ -198,15 +236,23 @@ def measure_peak_flops(device: str, seconds: float = 0.5, dtype: str = "bfloat16
     from hybrid_rl.workers.model_loader import torch_dtype
 
     dev = torch.device("cuda" if device == "cuda" else "cpu")
+
+    def timed(a: torch.Tensor, b: torch.Tensor) -> float:
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    scout = torch.randn(size // 4, size // 4, device=dev, dtype=torch_dtype(dtype))
+    timed(scout, scout)  # warm-up
+    if timed(scout, scout) * 64 > max_matmul_s:  # 64 = (size / (size // 4)) ** 3
+        return None
     a = torch.randn(size, size, device=dev, dtype=torch_dtype(dtype))
     b = torch.randn(size, size, device=dev, dtype=torch_dtype(dtype))
     torch.matmul(a, b)  # warm-up
     best, deadline = 0.0, time.perf_counter() + seconds
     while True:  # best single matmul: the peak, robust to other processes taking the cores
-        start = time.perf_counter()
-        torch.matmul(a, b)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        best = max(best, 2.0 * size**3 / (time.perf_counter() - start))
+        best = max(best, 2.0 * size**3 / timed(a, b))
         if time.perf_counter() > deadline:
             return best

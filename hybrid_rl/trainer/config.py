@@ -72,6 +72,8 @@ class DataConfig:
     """Shuffle the training prompts each epoch (seeded by ``data.seed``)."""
     seed: int = 1
     """Seed of the training sampler's shuffle."""
+    return_raw_chat: bool = True
+    """Keep each prompt's chat messages (untemplated) as ``raw_prompt`` beside the token ids."""
     arithmetic: ArithmeticDataConfig = field(default_factory=ArithmeticDataConfig)
     """Synthetic arithmetic task settings (only used when ``train_files`` is null)."""
 
@@ -156,8 +158,9 @@ class TrainerConfig:
     """Project name for trackers and the checkpoint folder."""
     experiment_name: str = "arithmetic_grpo"
     """Run name for trackers and the checkpoint folder."""
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    """Trackers: console, jsonl, tensorboard, wandb, mlflow, swanlab."""
+    logger: Any = field(default_factory=lambda: ["console", "jsonl"])
+    """Trackers: a list of console, jsonl, tensorboard, wandb, mlflow, swanlab, or one name as a
+    string (``trainer.logger=console``, as veRL accepts)."""
     log_val_generations: int = 3
     """Decoded validation samples (prompt, response, score) logged at each validation."""
     nnodes: int = 1
@@ -207,6 +210,13 @@ class TrainerConfig:
     """Show a tqdm progress bar (step, ETA, latest reward) on the driver."""
     plot: bool = True
     """Write reward_curve.png (reward and validation score per step) into the run folder."""
+    use_legacy_worker_impl: str = "auto"
+    """veRL's worker-implementation switch: auto | enable (veRL's FSDP workers, which hybrid_rl's
+    workers follow). disable (veRL's new engine workers) is refused: hybrid_rl has one implementation."""
+    log_level: str = "info"
+    """info: the console shows hybrid_rl's lines, the progress bar, warnings and errors; vLLM, Ray and
+    transformers below WARNING and their known-harmless warnings go only to the per-process files in
+    ``<default_local_dir>/logs/``. debug: everything on the console. ``HYBRID_RL_LOG_LEVEL`` overrides."""
 
 
 @dataclass

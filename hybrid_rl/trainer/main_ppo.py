@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config_loader import CONFIG_DIR, CONFIG_NAME, check_override_keys, get_config, to_ppo_config
 from hybrid_rl.trainer.preflight import check_reward_coverage
+from hybrid_rl.trainer.verl_compat import verl_default_notices
 
 logger = logging.getLogger(__name__)
 
@@ -37,14 +38,16 @@ FULL_ERROR_ENV = "HYBRID_RL_FULL_ERROR"
 __all__ = ["get_config", "run_ppo", "main"]
 
 
-def _ensure_logging() -> None:
-    """Show hybrid_rl's INFO logs when the caller configured no logging at all (notebooks)."""
-    if not logging.getLogger().handlers and not logging.getLogger("hybrid_rl").handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
-        package_logger = logging.getLogger("hybrid_rl")
-        package_logger.addHandler(handler)
-        package_logger.setLevel(logging.INFO)
+def _configure_driver_logging(cfg: Union[DictConfig, PPOConfig], always: bool) -> None:
+    """The quiet console of ``trainer.log_level`` and ``<run>/logs/driver.log``
+    (hybrid_rl/utils/log_setup.py). From a notebook (``always=False``) only when the caller
+    configured no logging at all: a user's own logging set-up is left as it is."""
+    from hybrid_rl.trainer.validate import run_dir
+    from hybrid_rl.utils.log_setup import configure_logging
+
+    if always or (not logging.getLogger().handlers and not logging.getLogger("hybrid_rl").handlers):
+        cfg = to_ppo_config(cfg)
+        configure_logging(cfg.trainer.log_level, os.path.join(run_dir(cfg), "logs", "driver.log"))
 
 
 def build_trainer(cfg: Union[DictConfig, PPOConfig], trainer_cls: Optional[type] = None):
@@ -65,7 +68,7 @@ def run_ppo(cfg: Union[DictConfig, PPOConfig], trainer_cls: Optional[type] = Non
     """
     from hybrid_rl.trainer.supervisor import run_supervised
 
-    _ensure_logging()
+    _configure_driver_logging(cfg, always=False)
     trainer = build_trainer(cfg, trainer_cls)
     # Stops the workers at the end; restarts them after a worker failure per trainer.max_restarts.
     return run_supervised(trainer, lambda config: build_trainer(config, trainer_cls))
@@ -123,6 +126,9 @@ def _hydra_task(cfg: DictConfig) -> None:
     try:
         from hybrid_rl.trainer.supervisor import run_supervised
 
+        _configure_driver_logging(cfg, always=True)
+        for notice in verl_default_notices(to_ppo_config(cfg), _override_args(sys.argv[1:])):
+            logger.warning(notice)
         trainer = build_trainer(cfg)
         run_supervised(trainer, build_trainer)  # trainer.max_restarts: restart after a worker failure
     except Exception as error:  # noqa: BLE001 - re-raised unless it is a user mistake

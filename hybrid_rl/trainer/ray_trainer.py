@@ -34,8 +34,8 @@ from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config_loader import to_container, to_ppo_config
 from hybrid_rl.trainer.health import HealthMonitor
 from hybrid_rl.trainer.plotting import PLOT_FILE, plot_run
-from hybrid_rl.trainer.tracking import ProgressBar, Tracking
-from hybrid_rl.trainer.validate import make_run_plan, resume_point_problems, validate_config
+from hybrid_rl.trainer.tracking import ProgressBar, Tracking, as_backend_list
+from hybrid_rl.trainer.validate import make_run_plan, resume_point_problems, run_dir, validate_config
 from hybrid_rl.trainer.validation import run_validation
 from hybrid_rl.workers.config import update_is_on_policy
 from hybrid_rl.utils import faults
@@ -93,6 +93,7 @@ class RayPPOTrainer:
         validate_config(self.config)
         cfg = self.config
         self.plan = make_run_plan(cfg)
+        self.actor_compute_dtype = components.report_precision(cfg, self.plan)
         self.tokenizer = tokenizer if tokenizer is not None else components.build_tokenizer(cfg)
         self.reward_fn = reward_fn or components.build_reward_manager(cfg, self.tokenizer, cfg.reward_model.num_examine)
         self.val_reward_fn = val_reward_fn or components.build_reward_manager(cfg, self.tokenizer, num_examine=0)
@@ -100,7 +101,7 @@ class RayPPOTrainer:
         self.train_dataloader = components.build_train_dataloader(self.train_dataset, cfg)
         self.total_training_steps = self._count_training_steps()
         self.kl_ctrl_in_reward = get_kl_controller(**asdict(cfg.algorithm.kl_ctrl)) if cfg.algorithm.use_kl_in_reward else None
-        self.run_dir = os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
+        self.run_dir = run_dir(cfg)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.trainer.max_actor_ckpt_to_keep)
         if cfg.trainer.save_freq > 0:
             self.checkpoints.probe(self._checkpoint_bytes())
@@ -111,7 +112,8 @@ class RayPPOTrainer:
         self.tracker: Optional[Tracking] = None
         self.progress: Optional[ProgressBar] = None
         self._worker_classes = (actor_worker_cls, critic_worker_cls)
-        self._flops: Optional[tuple[int, float]] = None  # (actor params, peak FLOP/s per worker)
+        # ((body, head) params, peak FLOP/s per worker in the actor's compute dtype, or None)
+        self._flops: Optional[tuple[tuple[int, int], Optional[float]]] = None
 
     # ------------------------------------------------------------------ set-up
     def _datasets(self, train_dataset, val_dataset) -> tuple[Any, Any]:
@@ -151,7 +153,7 @@ class RayPPOTrainer:
         actor_cls, critic_cls = self._worker_classes
         self.workers = components.build_worker_groups(
             self.config, self.plan, self.total_training_steps, actor_cls=actor_cls, critic_cls=critic_cls,
-            call_timeout_s=self.config.trainer.worker_call_timeout_s,
+            call_timeout_s=self.config.trainer.worker_call_timeout_s, log_dir=os.path.join(self.run_dir, "logs"),
         )
 
     def shutdown(self) -> None:
@@ -407,7 +409,7 @@ class RayPPOTrainer:
     def _begin_fit(self) -> dict[str, float]:
         t = self.config.trainer
         os.makedirs(self.run_dir, exist_ok=True)
-        self.tracker = Tracking(t.project_name, t.experiment_name, list(t.logger), self.run_dir,
+        self.tracker = Tracking(t.project_name, t.experiment_name, as_backend_list(t.logger), self.run_dir,
                                 config=to_container(self.config))
         # Seed the driver's RNGs like a fresh process; a resumed run then restores the saved state.
         _seed_everything(t.seed)
@@ -443,7 +445,9 @@ class RayPPOTrainer:
         metrics.update(metric_fns.compute_throughput_metrics(batch, timing, self.plan.world_size))
         if "update_actor" in timing and "perf/mfu/actor" not in metrics:
             needed = min(1.0, metrics.get("perf/computed_token_frac/update_actor", 1.0))
-            metrics["perf/mfu/actor"] = self._actor_mfu(batch, timing["update_actor"], needed)
+            mfu = self._actor_mfu(batch, timing["update_actor"], needed)
+            if mfu is not None:
+                metrics["perf/mfu/actor"] = mfu
         metrics.update(metric_fns.areal_aliases(metrics, batch, self.tokenizer.eos_token_id))
         metrics["training/global_step"] = self.global_steps
         metrics["training/epoch"] = self.train_dataloader.epoch
@@ -451,10 +455,12 @@ class RayPPOTrainer:
         self.progress.update(metrics)
         return metrics
 
-    def _actor_mfu(self, batch: DataProto, update_seconds: float, needed_token_frac: float = 1.0) -> float:
+    def _actor_mfu(self, batch: DataProto, update_seconds: float, needed_token_frac: float = 1.0) -> Optional[float]:
         """MFU of the update over the tokens it must compute (``needed_token_frac`` of the valid
         tokens: below 1 when the prefix grouper computes a shared prompt once), with the LM head
-        counted on the response tokens only (where it runs), as ``benchmarks/bench_step.py`` does."""
+        counted on the response tokens only (where it runs), as ``benchmarks/bench_step.py`` does.
+        The peak is measured in the dtype the update computes in; None when it cannot be measured
+        quickly (no MFU rather than a wrong one)."""
         if self._flops is None:
             threads = torch.get_num_threads()
             if self.plan.device == "cpu":
@@ -463,10 +469,15 @@ class RayPPOTrainer:
                 # fork_rng: the measurement must not advance the driver RNG (resumed runs replay it).
                 with torch.random.fork_rng(devices=[]):
                     self._flops = (components.model_param_split(self.config),
-                                   components.measure_peak_flops(self.plan.device))
+                                   components.measure_peak_flops(self.plan.device, dtype=self.actor_compute_dtype))
+                if self._flops[1] is None:
+                    logger.info("perf/mfu/actor not reported: a %s matmul peak cannot be measured quickly on "
+                                "this %s", self.actor_compute_dtype, self.plan.device)
             finally:
                 torch.set_num_threads(threads)
         (body, head), peak = self._flops
+        if peak is None:
+            return None
         tokens = float(batch.batch["attention_mask"].sum()) * needed_token_frac
         return metric_fns.compute_actor_mfu(body + head, tokens, self.config.actor_rollout_ref.actor.ppo_epochs,
                                             update_seconds, peak, self.plan.world_size, head_params=head,

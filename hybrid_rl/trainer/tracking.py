@@ -24,6 +24,11 @@ _REQUIRED_MODULE = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "m
 METRICS_FILE = "metrics.jsonl"
 
 
+def as_backend_list(logger: Any) -> list[str]:
+    """``trainer.logger`` as a list of tracker names (veRL accepts one name as a string)."""
+    return [logger] if isinstance(logger, str) else list(logger or [])
+
+
 def check_backends(backends: list[str]) -> list[str]:
     """Error messages for unknown or not-installed trackers in ``trainer.logger`` (empty = fine)."""
     errors = []

@@ -57,6 +57,11 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
+def run_dir(cfg: PPOConfig) -> str:
+    """Absolute run folder (``trainer.default_local_dir``): checkpoints, metrics, plot, logs/."""
+    return os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
+
+
 def make_run_plan(cfg: PPOConfig) -> RunPlan:
     """Derived values (call after :func:`validate_config`)."""
     device = resolve_device(cfg.trainer.device)
@@ -280,10 +285,17 @@ def _check_files(cfg: PPOConfig) -> list[str]:
 
 def _check_trainer(cfg: PPOConfig) -> list[str]:
     from hybrid_rl.trainer.checkpoint_manager import RESUME_MODES
-    from hybrid_rl.trainer.tracking import check_backends
+    from hybrid_rl.trainer.tracking import as_backend_list, check_backends
+    from hybrid_rl.utils.log_setup import LOG_LEVELS
 
     t = cfg.trainer
-    errors = check_backends(list(t.logger))
+    errors = check_backends(as_backend_list(t.logger))
+    if t.use_legacy_worker_impl not in ("auto", "enable"):
+        errors.append(f"trainer.use_legacy_worker_impl={t.use_legacy_worker_impl!r} asks for veRL's new engine "
+                      "workers, which hybrid_rl does not have; set it to auto (or enable).")
+    if t.log_level.lower() not in LOG_LEVELS:
+        errors.append(f"trainer.log_level={t.log_level!r} must be one of {LOG_LEVELS}; use info (quiet console) "
+                      "or debug (everything).")
     if t.total_training_steps is not None and t.total_training_steps < 1:
         errors.append(f"trainer.total_training_steps={t.total_training_steps} must be >= 1 or null.")
     if t.total_epochs < 1:

@@ -56,11 +56,14 @@ class DataParallelPPOActor:
     def __init__(self, config: ActorConfig, actor_module: nn.Module,
                  actor_optimizer: Optional[torch.optim.Optimizer] = None, *,
                  ppo_mini_batch_size_per_gpu: Optional[int] = None,
+                 ppo_micro_batch_size_per_gpu: Optional[int] = None,
                  use_remove_padding: bool = False, device: torch.device | str = "cpu"):
         self.config = config
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.mini_batch_rows = ppo_mini_batch_size_per_gpu or config.ppo_mini_batch_size
+        # per-rank rows of a micro-batch (derive_batch_sizes: also from veRL's global micro-batch key)
+        self.micro_batch_rows = ppo_micro_batch_size_per_gpu or config.ppo_micro_batch_size_per_gpu
         self.use_remove_padding = use_remove_padding
         varlen = use_remove_padding and use_varlen_attention(actor_module)  # per-row attention, no [T, T] mask
         # prefix grouper: one copy of each shared prompt per micro-batch (needs the varlen attention)
@@ -160,7 +163,7 @@ class DataParallelPPOActor:
         denoms = {k: all_reduce_sum(v, self.device)
                   for k, v in global_batch_denominators(mini.batch["response_mask"]).items()}
         micro_batches, _ = split_micro_batches(
-            mini, micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
+            mini, micro_batch_size=self.micro_batch_rows,
             use_dynamic_bsz=cfg.use_dynamic_bsz, max_token_len=cfg.ppo_max_token_len_per_gpu,
             key="actor.ppo_max_token_len_per_gpu", device=self.device,
             group_prompts=self.group_prompts)

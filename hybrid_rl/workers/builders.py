@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers.config import FSDPConfig, ModelConfig, OptimConfig
 from hybrid_rl.workers.fsdp_utils import apply_fsdp2, dp_world, param_offloaded
 from hybrid_rl.workers.model_loader import load_causal_lm, load_value_model, torch_dtype
@@ -53,7 +54,7 @@ def _frozen_dtype(model_config: ModelConfig, fsdp_config: FSDPConfig, device: to
     copy takes less memory."""
     if not _sharded():
         return model_config.dtype
-    compute = fsdp_config.mixed_precision.param_dtype
+    compute = resolve_dtype(fsdp_config.mixed_precision.param_dtype, device.type)
     narrower = torch_dtype(compute).itemsize < torch_dtype(model_config.dtype).itemsize
     return compute if narrower or _frozen_unwrapped(fsdp_config, device) else model_config.dtype
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hybrid_rl.algorithms import KL_PENALTY_TYPES, LOSS_AGG_MODES
+from hybrid_rl.utils.precision import COMPUTE_DTYPES
 from hybrid_rl.workers.rollout.config import RolloutConfig
 
 DEFAULT_MODEL_PATH = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -25,8 +26,9 @@ def _check(ok: bool, key: str, value: Any, rule: str, fix: str) -> None:
         raise ValueError(f"{key}={value!r} is invalid: {rule}. Fix: {fix}.")
 
 
-def _check_dtype(key: str, value: str) -> None:
-    _check(value in _DTYPES, key, value, f"must be one of {_DTYPES}", "use float32 or bfloat16")
+def _check_dtype(key: str, value: str, allowed: tuple[str, ...] = _DTYPES) -> None:
+    _check(value in allowed, key, value, f"must be one of {allowed}",
+           "use " + ("auto, " if "auto" in allowed else "") + "float32 or bfloat16")
 
 
 def _check_optional_positive(key: str, value: Optional[int]) -> None:
@@ -55,11 +57,21 @@ class ModelConfig:
     """Entries that override the HF ``config.json`` (e.g. ``{attention_dropout: 0.0}``)."""
     dtype: str = "float32"
     """dtype the weights are loaded in = the master weights the optimizer updates."""
+    lora_rank: int = 0
+    """veRL's LoRA switch: 0 = train every parameter (the only mode so far; > 0 is refused)."""
+    lora_alpha: int = 16
+    """veRL's LoRA scaling alpha (read only when lora_rank > 0)."""
+    target_modules: Any = "all-linear"
+    """veRL's LoRA target modules, a list or ``all-linear`` (read only when lora_rank > 0)."""
 
     def __post_init__(self) -> None:
         _check(bool(self.path), "model.path", self.path, "must name a model",
                "set it to a local HF folder or to " + DEFAULT_MODEL_PATH)
         _check_dtype("model.dtype", self.dtype)
+        _check(self.lora_rank == 0, "model.lora_rank", self.lora_rank,
+               "LoRA training is not available in hybrid_rl yet (every parameter is trained)",
+               "set model.lora_rank=0 (or drop it)")
+        _check(self.lora_alpha > 0, "model.lora_alpha", self.lora_alpha, "must be > 0", "use e.g. 16")
 
 
 @dataclass(kw_only=True)
@@ -117,13 +129,15 @@ class OptimConfig:
 class MixedPrecisionConfig:
     """FSDP2 ``MixedPrecisionPolicy`` (veRL ``fsdp_config.mixed_precision.*``)."""
 
-    param_dtype: str = "bfloat16"
-    """dtype of the gathered parameters in forward/backward (compute dtype)."""
+    param_dtype: str = "auto"
+    """dtype of the gathered parameters in forward/backward (compute dtype). ``auto`` = bf16 on
+    GPUs that have it and on CPUs that compute it natively (AVX512_BF16/AMX/ARM BF16, confirmed by
+    a timed probe), else fp32 (see hybrid_rl/utils/precision.py); the run logs the choice."""
     reduce_dtype: str = "float32"
     """dtype of the gradient reduce-scatter across ranks."""
 
     def __post_init__(self) -> None:
-        _check_dtype("mixed_precision.param_dtype", self.param_dtype)
+        _check_dtype("mixed_precision.param_dtype", self.param_dtype, COMPUTE_DTYPES)
         _check_dtype("mixed_precision.reduce_dtype", self.reduce_dtype)
 
 
@@ -182,7 +196,13 @@ def _check_batching(prefix: str, cfg: Any) -> None:
            "must be > 0 (prompts per optimizer step)", "use a positive number of prompts")
     _check_optional_positive(f"{prefix}.ppo_micro_batch_size_per_gpu",
                              cfg.ppo_micro_batch_size_per_gpu)
-    _check(cfg.use_dynamic_bsz or cfg.ppo_micro_batch_size_per_gpu is not None,
+    _check_optional_positive(f"{prefix}.ppo_micro_batch_size", cfg.ppo_micro_batch_size)
+    if cfg.ppo_micro_batch_size is not None:
+        warnings.warn(f"{prefix}.ppo_micro_batch_size is deprecated (veRL's global micro-batch); use "
+                      f"{prefix}.ppo_micro_batch_size_per_gpu. It will be removed in hybrid_rl 0.3.",
+                      FutureWarning, stacklevel=4)
+    _check(cfg.use_dynamic_bsz or cfg.ppo_micro_batch_size_per_gpu is not None
+           or cfg.ppo_micro_batch_size is not None,
            f"{prefix}.ppo_micro_batch_size_per_gpu", None,
            "must be set when use_dynamic_bsz is false",
            "set ppo_micro_batch_size_per_gpu (rows per forward/backward) or use_dynamic_bsz=true")
@@ -206,6 +226,9 @@ class ActorConfig:
     """Prompts per optimizer step; each brings rollout.n responses, split over the DP ranks."""
     ppo_micro_batch_size_per_gpu: Optional[int] = 4
     """Rows per forward/backward on one rank (gradient accumulation unit)."""
+    ppo_micro_batch_size: Optional[int] = None
+    """Deprecated veRL key: rows per forward/backward over ALL ranks; when set it is divided by the
+    number of data-parallel workers and replaces ppo_micro_batch_size_per_gpu (FutureWarning)."""
     use_dynamic_bsz: bool = False
     """Pack rows into micro-batches of at most ppo_max_token_len_per_gpu tokens instead."""
     ppo_max_token_len_per_gpu: int = 16384
@@ -289,13 +312,22 @@ class RefConfig:
 
 
 @dataclass(kw_only=True)
+class CriticModelConfig(ModelConfig):
+    """The critic's model; unlike the actor's it also holds its sharding, as in veRL
+    (``critic.model.fsdp_config``)."""
+
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """Sharding and mixed precision of the value model."""
+
+
+@dataclass(kw_only=True)
 class CriticConfig:
     """Value model for GAE (veRL ``critic.*``)."""
 
     strategy: str = "fsdp2"
     """Training backend: fsdp2 (``fsdp`` is accepted as an alias)."""
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """Backbone the value head is put on (usually the actor's model path)."""
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    """Backbone the value head is put on (usually the actor's model path) and its sharding."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     """Optimizer and LR schedule of the critic."""
     rollout_n: int = 1
@@ -304,6 +336,8 @@ class CriticConfig:
     """Prompts per critic optimizer step (x rollout_n rows, split over the DP ranks)."""
     ppo_micro_batch_size_per_gpu: Optional[int] = 4
     """Rows per forward/backward on one rank."""
+    ppo_micro_batch_size: Optional[int] = None
+    """Deprecated veRL key: rows per forward/backward over ALL ranks (see actor.ppo_micro_batch_size)."""
     forward_micro_batch_size_per_gpu: Optional[int] = None
     """Rows per forward in compute_values; null = ppo_micro_batch_size_per_gpu."""
     use_dynamic_bsz: bool = False
@@ -322,12 +356,13 @@ class CriticConfig:
     """Aggregation of the per-token value loss (see actor.loss_agg_mode)."""
     grad_clip: Optional[float] = 1.0
     """Max global gradient norm; null disables clipping."""
-    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
-    """Sharding and mixed precision."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpoint contents and format."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.model, CriticModelConfig):
+            raise TypeError("critic.model must be a CriticModelConfig (a ModelConfig with fsdp_config), got "
+                            f"{type(self.model).__name__}")
         _check_batching("critic", self)
         _check(self.rollout_n >= 1, "critic.rollout_n", self.rollout_n, "must be >= 1",
                "set it to actor_rollout_ref.rollout.n")
@@ -365,17 +400,24 @@ class PerRankBatchSizes:
 
 def derive_batch_sizes(*, key: str, ppo_mini_batch_size: int, n: int, dp_size: int,
                        ppo_micro_batch_size_per_gpu: Optional[int],
-                       log_prob_micro_batch_size_per_gpu: Optional[int]) -> PerRankBatchSizes:
-    """Per-rank sizes; raises when the mini-batch rows do not split evenly over the ranks."""
+                       log_prob_micro_batch_size_per_gpu: Optional[int],
+                       ppo_micro_batch_size: Optional[int] = None) -> PerRankBatchSizes:
+    """Per-rank sizes; raises when the mini-batch rows do not split evenly over the ranks. The
+    deprecated global ``ppo_micro_batch_size``, when set, is split over the ranks (as veRL does)."""
     rows = ppo_mini_batch_size * n
     _check(rows % dp_size == 0, f"{key}.ppo_mini_batch_size", ppo_mini_batch_size,
            f"{ppo_mini_batch_size} prompts x n={n} = {rows} rows must divide over the "
            f"{dp_size} data-parallel workers",
            "change ppo_mini_batch_size or the number of workers (trainer.n_gpus_per_node)")
+    if ppo_micro_batch_size is not None:
+        _check(ppo_micro_batch_size % dp_size == 0, f"{key}.ppo_micro_batch_size", ppo_micro_batch_size,
+               f"the global micro-batch must divide over the {dp_size} data-parallel workers",
+               f"use {key}.ppo_micro_batch_size_per_gpu instead")
+        ppo_micro_batch_size_per_gpu = ppo_micro_batch_size // dp_size
     return PerRankBatchSizes(
         ppo_mini_batch_size_per_gpu=rows // dp_size,
         ppo_micro_batch_size_per_gpu=ppo_micro_batch_size_per_gpu,
-        log_prob_micro_batch_size_per_gpu=log_prob_micro_batch_size_per_gpu,
+        log_prob_micro_batch_size_per_gpu=log_prob_micro_batch_size_per_gpu or ppo_micro_batch_size_per_gpu,
     )
 
 

@@ -43,11 +43,13 @@ class DataParallelPPOCritic:
     def __init__(self, config: CriticConfig, critic_module: nn.Module,
                  critic_optimizer: Optional[torch.optim.Optimizer] = None, *,
                  ppo_mini_batch_size_per_gpu: Optional[int] = None,
+                 ppo_micro_batch_size_per_gpu: Optional[int] = None,
                  use_remove_padding: bool = False, device: torch.device | str = "cpu"):
         self.config = config
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
         self.mini_batch_rows = ppo_mini_batch_size_per_gpu or config.ppo_mini_batch_size * config.rollout_n
+        self.micro_batch_rows = ppo_micro_batch_size_per_gpu or config.ppo_micro_batch_size_per_gpu
         self.use_remove_padding = use_remove_padding
         varlen = use_remove_padding and use_varlen_attention(critic_module)  # per-row attention, no [T, T] mask
         self.group_prompts = config.use_prefix_grouper and varlen  # one copy of each shared prompt
@@ -61,7 +63,7 @@ class DataParallelPPOCritic:
         cfg = self.config
         micro_batches, order = split_micro_batches(
             data.select(batch_keys=_MODEL_INPUTS),
-            micro_batch_size=cfg.forward_micro_batch_size_per_gpu or cfg.ppo_micro_batch_size_per_gpu,
+            micro_batch_size=cfg.forward_micro_batch_size_per_gpu or self.micro_batch_rows,
             use_dynamic_bsz=cfg.use_dynamic_bsz, max_token_len=cfg.ppo_max_token_len_per_gpu,
             key="critic.ppo_max_token_len_per_gpu", device=self.device, group_prompts=self.group_prompts)
         self.critic_module.eval()
@@ -99,7 +101,7 @@ class DataParallelPPOCritic:
         denoms = {k: all_reduce_sum(v, self.device)
                   for k, v in global_batch_denominators(mini.batch["response_mask"]).items()}
         micro_batches, _ = split_micro_batches(
-            mini, micro_batch_size=cfg.ppo_micro_batch_size_per_gpu, use_dynamic_bsz=cfg.use_dynamic_bsz,
+            mini, micro_batch_size=self.micro_batch_rows, use_dynamic_bsz=cfg.use_dynamic_bsz,
             max_token_len=cfg.ppo_max_token_len_per_gpu, key="critic.ppo_max_token_len_per_gpu",
             device=self.device, group_prompts=self.group_prompts)
         self.critic_optimizer.zero_grad(set_to_none=True)

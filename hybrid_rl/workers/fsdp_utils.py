@@ -24,6 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers.config import FSDPConfig
 from hybrid_rl.workers.model_loader import torch_dtype
 
@@ -59,10 +60,11 @@ def build_device_mesh(device: torch.device, fsdp_size: int = -1) -> DeviceMesh:
     return init_device_mesh(device.type, (world,), mesh_dim_names=("fsdp",))
 
 
-def mixed_precision_policy(fsdp_config: FSDPConfig) -> MixedPrecisionPolicy:
-    """FSDP2 policy from ``fsdp_config.mixed_precision`` (compute and gradient-reduce dtypes)."""
+def mixed_precision_policy(fsdp_config: FSDPConfig, device: torch.device) -> MixedPrecisionPolicy:
+    """FSDP2 policy from ``fsdp_config.mixed_precision`` (compute and gradient-reduce dtypes;
+    ``auto`` resolved for ``device``)."""
     mp = fsdp_config.mixed_precision
-    return MixedPrecisionPolicy(param_dtype=torch_dtype(mp.param_dtype),
+    return MixedPrecisionPolicy(param_dtype=torch_dtype(resolve_dtype(mp.param_dtype, device.type)),
                                 reduce_dtype=torch_dtype(mp.reduce_dtype),
                                 cast_forward_inputs=True)
 
@@ -100,7 +102,7 @@ def apply_fsdp2(model: nn.Module, fsdp_config: FSDPConfig, device: torch.device,
     CPU when ``param_offload`` is used on GPU).
     """
     mesh = mesh or build_device_mesh(device, fsdp_config.fsdp_size)
-    kwargs = dict(mesh=mesh, mp_policy=mixed_precision_policy(fsdp_config),
+    kwargs = dict(mesh=mesh, mp_policy=mixed_precision_policy(fsdp_config, device),
                   offload_policy=offload_policy(fsdp_config, device))
     for layer in decoder_layers(model):
         fully_shard(layer, reshard_after_forward=fsdp_config.reshard_after_forward, **kwargs)

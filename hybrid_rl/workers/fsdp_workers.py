@@ -22,6 +22,7 @@ import torch
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.single_controller import Dispatch, Worker, register
 from hybrid_rl.utils import faults
+from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers import checkpoint as ckpt
 from hybrid_rl.workers.actor import DataParallelPPOActor
 from hybrid_rl.workers.builders import (build_causal_lm, build_lr_scheduler, build_optimizer,
@@ -118,11 +119,12 @@ class ActorRolloutRefWorker(Worker):
             key="actor_rollout_ref.actor", ppo_mini_batch_size=cfg.actor.ppo_mini_batch_size,
             n=cfg.rollout.n, dp_size=self.world_size,
             ppo_micro_batch_size_per_gpu=cfg.actor.ppo_micro_batch_size_per_gpu,
-            log_prob_micro_batch_size_per_gpu=(cfg.rollout.log_prob_micro_batch_size_per_gpu
-                                               or cfg.actor.ppo_micro_batch_size_per_gpu))
+            ppo_micro_batch_size=cfg.actor.ppo_micro_batch_size,
+            log_prob_micro_batch_size_per_gpu=cfg.rollout.log_prob_micro_batch_size_per_gpu)
         self.actor = DataParallelPPOActor(
             cfg.actor, self.actor_module, self.actor_optimizer,
             ppo_mini_batch_size_per_gpu=self.batch_sizes.ppo_mini_batch_size_per_gpu,
+            ppo_micro_batch_size_per_gpu=self.batch_sizes.ppo_micro_batch_size_per_gpu,
             use_remove_padding=use_rmpad, device=self.device)
         self.optimizer_offload.offload()
 
@@ -142,7 +144,7 @@ class ActorRolloutRefWorker(Worker):
         try:
             if self._is_actor and self._synced_version != self._weights_version:
                 start = time.perf_counter()
-                dtype = torch_dtype(self.config.rollout.dtype)
+                dtype = torch_dtype(resolve_dtype(self.config.rollout.dtype, self.device.type, "rollout"))
                 self.rollout.update_weights(iter_full_state(self.actor_module, dtype=dtype,
                                                             device=self.device))
                 self._synced_version = self._weights_version
@@ -168,9 +170,10 @@ class ActorRolloutRefWorker(Worker):
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` and ``entropys`` [B, R] under the current actor."""
         self._require("actor", "compute_log_prob")
-        a = self.config.actor
-        view = self._log_prob_meta(data, self.batch_sizes.log_prob_micro_batch_size_per_gpu,
-                                   a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu)
+        a, r = self.config.actor, self.config.rollout
+        dynamic = a.use_dynamic_bsz if r.log_prob_use_dynamic_bsz is None else r.log_prob_use_dynamic_bsz
+        view = self._log_prob_meta(data, self.batch_sizes.log_prob_micro_batch_size_per_gpu, dynamic,
+                                   r.log_prob_max_token_len_per_gpu or a.ppo_max_token_len_per_gpu)
         start = time.perf_counter()
         log_probs, entropys = self.actor.compute_log_prob(view, calculate_entropy=True)
         metrics = {"timing_s/compute_log_prob_worker": time.perf_counter() - start,
@@ -261,18 +264,20 @@ class CriticWorker(Worker):
         path = resolve_model_path(cfg.model.path, key="critic.model.path")
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or path,
                                         trust_remote_code=cfg.model.trust_remote_code)
-        self.critic_module = build_value_model(cfg.model, path, cfg.fsdp_config, self.device)
+        self.critic_module = build_value_model(cfg.model, path, cfg.model.fsdp_config, self.device)
         self.critic_optimizer = build_optimizer(self.critic_module, cfg.optim)
         self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, cfg.optim, key="critic.optim",
                                                       total_training_steps=self.total_training_steps)
-        self.optimizer_offload = _OptimizerOffload(self.critic_optimizer, cfg.fsdp_config.optimizer_offload,
+        self.optimizer_offload = _OptimizerOffload(self.critic_optimizer, cfg.model.fsdp_config.optimizer_offload,
                                                    self.device)
         sizes = derive_batch_sizes(key="critic", ppo_mini_batch_size=cfg.ppo_mini_batch_size,
                                    n=cfg.rollout_n, dp_size=self.world_size,
                                    ppo_micro_batch_size_per_gpu=cfg.ppo_micro_batch_size_per_gpu,
+                                   ppo_micro_batch_size=cfg.ppo_micro_batch_size,
                                    log_prob_micro_batch_size_per_gpu=cfg.forward_micro_batch_size_per_gpu)
         self.critic = DataParallelPPOCritic(cfg, self.critic_module, self.critic_optimizer,
                                             ppo_mini_batch_size_per_gpu=sizes.ppo_mini_batch_size_per_gpu,
+                                            ppo_micro_batch_size_per_gpu=sizes.ppo_micro_batch_size_per_gpu,
                                             use_remove_padding=cfg.model.use_remove_padding,
                                             device=self.device)
         self.optimizer_offload.offload()

@@ -22,6 +22,8 @@ from typing import Any, Optional
 
 import torch
 
+from hybrid_rl.utils.cache import cache_root
+
 logger = logging.getLogger(__name__)
 
 EMBEDDED_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -39,11 +41,6 @@ def torch_dtype(name: str) -> torch.dtype:
     if name not in _DTYPES:
         raise ValueError(f"dtype {name!r} is not supported: use one of {sorted(_DTYPES)}.")
     return _DTYPES[name]
-
-
-def cache_root() -> Path:
-    """Root of hybrid_rl's cache: ``$HYBRID_RL_CACHE`` or ``~/.cache/hybrid_rl``."""
-    return Path(os.environ.get("HYBRID_RL_CACHE") or "~/.cache/hybrid_rl").expanduser()
 
 
 def resolve_model_path(path: str, key: str = "actor_rollout_ref.model.path") -> str:

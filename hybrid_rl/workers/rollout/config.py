@@ -14,8 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from hybrid_rl.utils.precision import COMPUTE_DTYPES
+
 ROLLOUT_NAMES = ("vllm", "hf")
-ROLLOUT_DTYPES = ("bfloat16", "float32")
+ROLLOUT_MODES = ("sync", "async")
+LOAD_FORMATS = ("dummy", "auto", "hf", "safetensors")
+ROLLOUT_DTYPES = COMPUTE_DTYPES
 
 
 def _check(ok: bool, key: str, value: Any, rule: str, fix: str) -> None:
@@ -57,12 +61,39 @@ class SamplingConfig:
 
 
 @dataclass(kw_only=True)
+class MultiTurnConfig:
+    """veRL's multi-turn (tool-calling) rollout switch (``rollout.multi_turn.*``)."""
+
+    enable: bool = False
+    """Multi-turn rollout with tools. Not available in hybrid_rl yet: must stay false."""
+    format: str = "hermes"
+    """Tool-call format of the chat template (veRL reads it only when enable is true)."""
+
+    def __post_init__(self) -> None:
+        _check(not self.enable, "rollout.multi_turn.enable", self.enable,
+               "multi-turn rollouts with tools are not available in hybrid_rl yet",
+               "set rollout.multi_turn.enable=false (single-turn rollout)")
+
+
+@dataclass(kw_only=True)
 class RolloutConfig:
     """The generation engine of the colocated actor/rollout worker (veRL ``rollout.*``)."""
 
     name: str = "vllm"
     """``vllm`` (default: in-process vLLM engine, CPU or GPU; falls back to ``hf`` with a notice
     when vLLM is not installed or does not match the device) or ``hf`` (transformers generate)."""
+    mode: str = "sync"
+    """sync | async. veRL's ``async`` (its only mode: an engine server driven by an agent loop) is
+    accepted: for single-turn rollouts it samples the same responses, and hybrid_rl's colocated
+    in-process engine generates the whole batch in one call either way."""
+    load_format: str = "dummy"
+    """veRL's initial weight format of the engine (dummy | auto | hf | safetensors). Whatever it is,
+    the actor's weights are synced into the engine before its first generation, so samples always
+    come from the actor; hybrid_rl's engines load the model folder to build the model."""
+    layered_summon: bool = False
+    """veRL's layer-by-layer LoRA weight gather; only meaningful with LoRA (must stay false)."""
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Multi-turn rollout settings (veRL names)."""
     n: int = 1
     """Responses per prompt. The driver repeats each prompt row n times before generation; the
     engine produces one response per row."""
@@ -78,13 +109,20 @@ class RolloutConfig:
     """Maximum new tokens per response (R, the width of ``responses``)."""
     prompt_length: int = 512
     """Maximum prompt length (P); the engine's context is prompt_length + response_length."""
-    dtype: str = "bfloat16"
-    """Weights/compute dtype of the inference copy: ``bfloat16`` or ``float32``. In bf16 the
+    dtype: str = "auto"
+    """Weights/compute dtype of the inference copy: ``auto``, ``bfloat16``, ``float32`` or
+    ``float16``. ``auto`` = bf16 where the device computes it fast, else fp32 on CPU and fp16 on
+    GPUs without bf16 (hybrid_rl/utils/precision.py); the run logs the choice. In bf16 the
     engine's log-probs drift from the fp32 actor's by up to ~0.2; use the actor's
     ``old_log_probs`` for the PPO ratio (or float32 here if you need ``rollout_log_probs`` exact)."""
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     """Rows per forward when the actor recomputes log-probs of rollouts (``compute_log_prob``);
     null = the actor's ``ppo_micro_batch_size_per_gpu``. Lives here as in veRL."""
+    log_prob_use_dynamic_bsz: Optional[bool] = None
+    """Pack the log-prob recompute by log_prob_max_token_len_per_gpu tokens instead of rows;
+    null = the actor's use_dynamic_bsz (veRL's default interpolation)."""
+    log_prob_max_token_len_per_gpu: Optional[int] = None
+    """Token budget of one log-prob forward; null = the actor's ppo_max_token_len_per_gpu."""
     calculate_log_probs: bool = False
     """Also return the engine's log-prob of each sampled token as ``rollout_log_probs`` [B, R]."""
     tensor_model_parallel_size: int = 1
@@ -128,14 +166,26 @@ class RolloutConfig:
             self.val_kwargs = SamplingConfig(**self.val_kwargs)
         _check(self.name in ROLLOUT_NAMES, "rollout.name", self.name, f"must be one of {ROLLOUT_NAMES}",
                "use vllm (falls back to hf when vLLM is unavailable) or hf")
+        if isinstance(self.multi_turn, dict):
+            self.multi_turn = MultiTurnConfig(**self.multi_turn)
         _check_sampling("rollout", self)
+        _check(self.mode in ROLLOUT_MODES, "rollout.mode", self.mode, f"must be one of {ROLLOUT_MODES}",
+               "use sync (or veRL's async)")
+        _check(self.load_format in LOAD_FORMATS, "rollout.load_format", self.load_format,
+               f"must be one of {LOAD_FORMATS}", "use dummy (the actor's weights are synced before generating)")
+        _check(not self.layered_summon, "rollout.layered_summon", self.layered_summon,
+               "it gathers LoRA weights layer by layer, and hybrid_rl has no LoRA actor yet",
+               "set rollout.layered_summon=false")
+        max_tokens = self.log_prob_max_token_len_per_gpu
+        _check(max_tokens is None or max_tokens >= 1, "rollout.log_prob_max_token_len_per_gpu", max_tokens,
+               "must be a positive integer or null", "use null (the actor's budget) or e.g. 16384")
         for key in ("response_length", "prompt_length", "max_num_seqs", "max_num_batched_tokens",
                     "tensor_model_parallel_size", "cpu_kvcache_space_gib"):
             value = getattr(self, key)
             _check(isinstance(value, int) and value >= 1, f"rollout.{key}", value,
                    "must be a positive integer", f"set rollout.{key} to a positive integer")
         _check(self.dtype in ROLLOUT_DTYPES, "rollout.dtype", self.dtype, f"must be one of {ROLLOUT_DTYPES}",
-               "use bfloat16 (fast) or float32 (exact log-probs)")
+               "use auto (bf16 where the device computes it natively), bfloat16 or float32 (exact log-probs)")
         _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization",
                self.gpu_memory_utilization, "must be in (0, 1]", "use e.g. 0.5")
         _check(self.sleep_level in (1, 2), "rollout.sleep_level", self.sleep_level, "must be 1 or 2",

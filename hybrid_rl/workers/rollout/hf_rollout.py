@@ -17,6 +17,7 @@ from transformers import (GenerationConfig, LogitsProcessor, LogitsProcessorList
                           TopKLogitsWarper, TopPLogitsWarper)
 
 from hybrid_rl.protocol import DataProto
+from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers.model_loader import load_causal_lm
 from hybrid_rl.workers.rollout.base import (ROW_SEED_STRIDE, BaseRollout, GenerationParams, PrivateRng,
                                             StrictWeightStream, data_parallel_rank, expected_weight_shapes,
@@ -78,7 +79,8 @@ class HFRollout(BaseRollout):
         self.config = config
         self.tokenizer = tokenizer
         self.device = torch.device(device)
-        self.model = load_causal_lm(model_path, dtype=config.dtype, trust_remote_code=trust_remote_code)
+        dtype = resolve_dtype(config.dtype, self.device.type, "rollout")
+        self.model = load_causal_lm(model_path, dtype=dtype, trust_remote_code=trust_remote_code)
         self.model.to(self.device)
         self.model.requires_grad_(False)
         self._required, self._optional = expected_weight_shapes(self.model)

@@ -31,6 +31,8 @@ import torch
 import torch.distributed as dist
 
 from hybrid_rl.protocol import DataProto
+from hybrid_rl.utils.log_setup import effective_level
+from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers.model_loader import load_hf_config
 from hybrid_rl.workers.rollout.base import (ROW_SEED_STRIDE, BaseRollout, GenerationParams, PrivateRng,
                                             StrictWeightStream, data_parallel_rank, expected_weight_shapes,
@@ -92,8 +94,9 @@ def _engine_kwargs(config: RolloutConfig, model_path: str, on_cpu: bool, seed: i
     """``vllm.LLM`` arguments for this config and device."""
     enforce_eager = on_cpu if config.enforce_eager is None else config.enforce_eager
     kwargs: dict[str, Any] = dict(
-        model=model_path, dtype=config.dtype, seed=seed, enforce_eager=enforce_eager,
+        model=model_path, dtype=resolve_dtype(config.dtype, "cpu" if on_cpu else "cuda", "rollout"), seed=seed, enforce_eager=enforce_eager,
         skip_tokenizer_init=True,  # we exchange token ids only
+        use_tqdm_on_load=effective_level() == "debug",  # a quiet console (utils/log_setup.py)
         tensor_parallel_size=config.tensor_model_parallel_size, max_model_len=config.max_model_len,
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_model_len),
@@ -156,7 +159,8 @@ class VLLMRollout(BaseRollout):
             self.llm = LLM(**kwargs)
         torch.set_num_threads = _SET_NUM_THREADS  # undo vLLM's process-wide no-op
         logger.info("vLLM rollout engine ready (%s, dtype=%s, enforce_eager=%s, threads=%d)",
-                    "cpu" if self.on_cpu else "gpu", config.dtype, kwargs["enforce_eager"], self._num_threads)
+                    "cpu" if self.on_cpu else "gpu", kwargs["dtype"], kwargs["enforce_eager"], self._num_threads)
+        self._dtype = getattr(torch, kwargs["dtype"])
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         check_prompt_batch(prompts, self.config.prompt_length)
@@ -204,8 +208,7 @@ class VLLMRollout(BaseRollout):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Stream the actor's full state dict into the running engine, then reset the prefix cache."""
         stream = StrictWeightStream(named_tensors, self._required, self._optional)
-        dtype = torch.bfloat16 if self.config.dtype == "bfloat16" else torch.float32
-        cast = ((name, tensor.detach().to(dtype)) for name, tensor in stream)
+        cast = ((name, tensor.detach().to(self._dtype)) for name, tensor in stream)
         self._weights_valid = False  # a reload that stops midway leaves fused modules half-updated
         try:
             with self._rng.active():

@@ -1,0 +1,39 @@
+"""Notices for veRL command lines whose meaning changes under hybrid_rl's defaults.
+
+Every key of veRL's documented GSM8K quickstart and example scripts is accepted with veRL's value
+shapes (``tests/trainer/test_verl_cli.py``; the mapping is in ``docs/verl_compat.md``). What such a
+command line does *not* set comes from hybrid_rl's defaults, which are tuned for the no-argument demo
+run (GRPO, 8 samples per prompt, 4 steps). Where that silently changes what a veRL user asked for,
+the run says so in one line, with the override that restores veRL's behaviour.
+"""
+
+from __future__ import annotations
+
+from hybrid_rl.trainer.config import PPOConfig
+
+__all__ = ["verl_default_notices"]
+
+
+def _keys(overrides: list[str]) -> set[str]:
+    return {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+
+
+def verl_default_notices(cfg: PPOConfig, overrides: list[str]) -> list[str]:
+    """One line per veRL default that differs from ours and that the command line relies on."""
+    keys = _keys(overrides)
+    notices = []
+    if any(k.startswith("critic.") for k in keys) and "algorithm.adv_estimator" not in keys \
+            and cfg.algorithm.adv_estimator != "gae":
+        notices.append(f"critic.* is set but algorithm.adv_estimator={cfg.algorithm.adv_estimator} (hybrid_rl's "
+                       "default; veRL's is gae) trains no critic: add algorithm.adv_estimator=gae to run PPO as "
+                       "veRL does.")
+    if cfg.algorithm.adv_estimator == "gae" and "actor_rollout_ref.rollout.n" not in keys \
+            and cfg.actor_rollout_ref.rollout.n != 1:
+        notices.append(f"actor_rollout_ref.rollout.n={cfg.actor_rollout_ref.rollout.n} is hybrid_rl's default "
+                       "(veRL's is 1): add actor_rollout_ref.rollout.n=1 for one response per prompt as in veRL.")
+    steps = cfg.trainer.total_training_steps
+    if "trainer.total_epochs" in keys and "trainer.total_training_steps" not in keys and steps is not None:
+        notices.append(f"trainer.total_training_steps={steps} (hybrid_rl's demo default) ends this run before "
+                       f"trainer.total_epochs={cfg.trainer.total_epochs}: add trainer.total_training_steps=null to "
+                       "train every epoch as veRL does.")
+    return notices

@@ -1,0 +1,87 @@
+"""The quiet console: hybrid_rl's lines and real warnings pass, library INFO and known-harmless
+warnings go only to the log file; debug brings everything back."""
+
+import io
+import logging
+
+import pytest
+
+from hybrid_rl.utils import log_setup as L
+
+
+def _record(name: str, level: int, message: str) -> logging.LogRecord:
+    return logging.LogRecord(name, level, __file__, 1, message, None, None)
+
+
+def test_filter_rules():
+    f = L.QuietConsoleFilter()
+    assert f.filter(_record("hybrid_rl.trainer", logging.INFO, "started a local Ray instance"))
+    worker = L.QuietConsoleFilter(own_level=logging.WARNING)  # a worker's own INFO goes to its file only
+    assert not worker.filter(_record("hybrid_rl.worker", logging.INFO, "joined the gloo group"))
+    assert worker.filter(_record("hybrid_rl.rollout", logging.WARNING, "falling back to the hf rollout"))
+    assert f.filter(_record("hybrid_rl", logging.INFO, "precision on cpu"))
+    assert not f.filter(_record("vllm.config", logging.INFO, "Using max model len 640"))
+    assert f.filter(_record("vllm.engine", logging.WARNING, "KV cache is too small"))
+    assert f.filter(_record("transformers.modeling", logging.ERROR, "boom"))
+    for harmless in ("Chat template warmup failed", "Failed to create oneDNN linear, fallback to torch linear. x",
+                     "RotaryEmbedding: Failed to load weights",
+                     "Attempted to load weight norm.weight with dtype torch.float32 into parameter with dtype "
+                     "torch.bfloat16"):
+        assert not f.filter(_record("vllm.x", logging.WARNING, harmless)), harmless
+
+
+@pytest.fixture
+def clean_root(monkeypatch):
+    """A root logger with only a test stream handler; restored afterwards."""
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level, logging.getLogger("hybrid_rl").level)
+    stream = io.StringIO()
+    root.handlers = [logging.StreamHandler(stream)]
+    monkeypatch.delenv(L.LOG_LEVEL_ENV, raising=False)
+    yield stream
+    for handler in root.handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.close()
+    root.handlers, root.level = saved[0], saved[1]
+    logging.getLogger("hybrid_rl").setLevel(saved[2])
+    logging.captureWarnings(False)
+
+
+def test_console_is_quiet_and_the_file_keeps_everything(clean_root, tmp_path):
+    log_file = tmp_path / "logs" / "worker_0.log"
+    assert L.configure_logging("info", str(log_file)) == "info"
+    L.configure_logging("info", str(log_file))  # idempotent: one filter, one file handler
+    root = logging.getLogger()
+    assert sum(isinstance(h, logging.FileHandler) for h in root.handlers) == 1
+    logging.getLogger("hybrid_rl.test").info("own line")
+    logging.getLogger("enginelib.test").info("engine chatter")
+    logging.getLogger("enginelib.test").warning("Chat template warmup failed")
+    logging.getLogger("somelib.test").warning("a real warning")
+    console = clean_root.getvalue()
+    assert "own line" in console and "a real warning" in console
+    assert "engine chatter" not in console and "Chat template" not in console
+    text = log_file.read_text()
+    for line in ("own line", "engine chatter", "Chat template warmup failed", "a real warning"):
+        assert line in text
+
+
+def test_debug_shows_everything_and_env_wins(clean_root, monkeypatch):
+    L.configure_logging("info")
+    monkeypatch.setenv(L.LOG_LEVEL_ENV, "debug")
+    assert L.configure_logging("info") == "debug"
+    logging.getLogger("enginelib.test").info("engine chatter")
+    logging.getLogger("enginelib.test").debug("engine detail")
+    assert "engine chatter" in clean_root.getvalue() and "engine detail" in clean_root.getvalue()
+
+
+def test_bad_level_is_one_line_error(monkeypatch):
+    monkeypatch.delenv(L.LOG_LEVEL_ENV, raising=False)
+    with pytest.raises(ValueError, match=r"trainer.log_level='loud'.*Fix: use info"):
+        L.effective_level("loud")
+
+
+def test_library_env_routes_vllm_and_quiets_torch_cpp(monkeypatch):
+    monkeypatch.delenv(L.LOG_LEVEL_ENV, raising=False)
+    assert L.library_env("info") == {"VLLM_CONFIGURE_LOGGING": "0", L.LOG_LEVEL_ENV: "info",
+                                     "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    assert "TORCH_CPP_LOG_LEVEL" not in L.library_env("debug")
