@@ -112,7 +112,7 @@ def setup(args: argparse.Namespace) -> tuple[str, dict[str, float]]:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29000 + os.getpid() % 1000))
     dist.init_process_group("gloo", rank=0, world_size=1)
-    peaks = {d: measure_peak_flops("cpu", 1.0, d) for d in ("float32", "bfloat16")}
+    peaks = {d: measure_peak_flops("cpu", 1.0, d) for d in ("float32", "bfloat16", "float16")}
     shown = ", ".join(f"{d} {p / 1e9:.0f} GFLOP/s" if p else f"{d} emulated (no peak)" for d, p in peaks.items())
     print(f"CPU {torch.backends.cpu.get_cpu_capability()}; peak matmul: {shown}; "
           f"threads={args.threads} load avg {os.getloadavg()[0]:.2f}", flush=True)

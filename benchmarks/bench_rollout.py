@@ -39,6 +39,7 @@ os.environ.update(cpu_openmp_env(os.environ))
 import torch  # noqa: E402
 
 from hybrid_rl.protocol import DataProto  # noqa: E402
+from hybrid_rl.utils.precision import resolve_dtype  # noqa: E402
 from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path  # noqa: E402
 from hybrid_rl.workers.rollout import RolloutConfig, build_rollout  # noqa: E402
 
@@ -165,7 +166,8 @@ def main() -> None:
     parser.add_argument("--batch-sizes", nargs="*", type=int, default=[1, 8, 32, 64])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--default-run", action="store_true", help="also time the default run's generate calls")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                        help="auto = what the trainer would pick on this CPU (bf16 only where it is native)")
     parser.add_argument("--repeats", type=int, default=2, help="timed calls per row (median reported)")
     parser.add_argument("--stop-at-eos", action="store_true", help="synthetic rows stop at EOS (fewer tokens)")
     parser.add_argument("--block-size", type=int, default=None, help="vLLM KV block size (default: the rollout's)")
@@ -175,7 +177,8 @@ def main() -> None:
 
     model_dir = resolve_model_path(args.model)
     tokenizer = load_tokenizer(model_dir)
-    print(f"model {model_dir}, dtype {args.dtype}, torch threads {torch.get_num_threads()}, cores "
+    print(f"model {model_dir}, dtype {args.dtype} -> {resolve_dtype(args.dtype, 'cpu', 'rollout')} "
+          f"(CPU {torch.backends.cpu.get_cpu_capability()}), torch threads {torch.get_num_threads()}, cores "
           f"{len(os.sched_getaffinity(0))}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
           f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}, "
           f"uptime: {os.popen('uptime').read().strip()}", flush=True)

@@ -1,6 +1,6 @@
 """Does the actor's cost grow linearly in tokens? Log-prob + update time as response length and rows double.
 
-    python benchmarks/bench_scaling.py                     # SmolLM2-135M, bf16, FSDP2 (1 process)
+    python benchmarks/bench_scaling.py                     # SmolLM2-135M, auto dtype, FSDP2 (1 process)
     python benchmarks/bench_scaling.py --remove-padding --dynamic-bsz --max-token-len 4096
 
 One actor (the worker's code path, see bench_actor.py) is timed on ragged batches: rows
@@ -18,16 +18,18 @@ import torch.distributed as dist
 
 from bench_actor import add_args, build_actor, make_batch, measure, setup
 
+from hybrid_rl.utils.precision import resolve_dtype
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_args(parser)
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="auto", help="auto = bf16 only where the CPU computes it natively")
     parser.add_argument("--remove-padding", action="store_true")
     parser.set_defaults(rows=8, repeats=1, micro=8)
     args = parser.parse_args()
     path, peaks = setup(args)
-    actor = build_actor(path, args.dtype, args.remove_padding, args)
+    actor = build_actor(path, resolve_dtype(args.dtype, "cpu"), args.remove_padding, args)
     base_rows, base_resp = args.rows, args.response_len
     grid = [(base_rows * k, base_resp) for k in (1, 2, 4)] + [(base_rows, base_resp * k) for k in (2, 4)]
     print(f"{'rows':>5} {'resp<=':>6} {'tokens':>7} {'pad':>5} {'logp s':>7} {'s/1k tok':>8} {'update s':>8} "

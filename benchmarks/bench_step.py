@@ -137,7 +137,8 @@ def run(args: argparse.Namespace) -> dict:
     trainer = build_trainer(cfg, Recording)
     plan = make_run_plan(trainer.config)
     torch.set_num_threads(plan.threads_per_worker)
-    peaks = {d: measure_peak_flops(plan.device, 1.0, d) for d in ("float32", "bfloat16")}
+    dtype = trainer.actor_compute_dtype
+    peaks = {d: measure_peak_flops(plan.device, 1.0, d) for d in dict.fromkeys(("float32", "bfloat16", dtype))}
     sizes = model_param_split(trainer.config)
     rows = trainer.config.data.train_batch_size * trainer.config.actor_rollout_ref.rollout.n
     monitor = RssMonitor()
@@ -149,7 +150,6 @@ def run(args: argparse.Namespace) -> dict:
         trainer.shutdown()
         monitor.stop()
     epochs = trainer.config.actor_rollout_ref.actor.ppo_epochs
-    dtype = trainer.actor_compute_dtype
     figures = [step_figures(m, sizes, rows, peaks, epochs, dtype) for m in steps]
     return {"overrides": overrides, "peak_flops": peaks, "compute_dtype": dtype,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads_per_worker": plan.threads_per_worker,

@@ -78,8 +78,31 @@ def wait_for_results(refs: list[ray.ObjectRef], workers: list[WorkerInfo], metho
             raise WorkerGroupTimeoutError(_timeout_message(
                 [workers[index[r]] for r in pending], len(refs), method, timeout_s))
         i = index[ready[0]]
-        results[i] = _get_one(ready[0], workers[i], method)
+        try:
+            results[i] = _get_one(ready[0], workers[i], method)
+        except RayTaskError:
+            _raise_if_a_peer_died(pending, index, workers, method)
+            raise
     return results
+
+
+PEER_DEATH_GRACE_S = 10.0
+"""After a rank's method raises, how long to look for a dead peer behind it (error path only)."""
+
+
+def _raise_if_a_peer_died(pending: list[ray.ObjectRef], index: dict, workers: list[WorkerInfo], method: str) -> None:
+    """A rank failing inside a collective (gloo: "Connection reset by peer") is usually the echo of a
+    peer that died: report the dead worker, the root cause the supervisor restarts from, instead."""
+    if not pending:
+        return
+    ready, _ = ray.wait(pending, num_returns=len(pending), timeout=PEER_DEATH_GRACE_S)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except RayActorError as e:
+            raise WorkerGroupError(_died_message(workers[index[ref]], method, e)) from e
+        except Exception:  # noqa: BLE001 - another rank's own error: the first one is reported
+            continue
 
 
 def _get_one(ref: ray.ObjectRef, worker: WorkerInfo, method: str) -> Any:

@@ -15,6 +15,7 @@ from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.validate import RunPlan, as_file_list
 from hybrid_rl.utils.cpu_env import cpu_worker_env
 from hybrid_rl.utils.log_setup import LOG_DIR_ENV, effective_level, library_env
+from hybrid_rl.utils.precision import profile_env
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,8 @@ def build_worker_groups(
     )
     from hybrid_rl.workers import ActorRolloutRefWorker, CriticWorker
 
-    env_vars = cpu_worker_env(os.environ) if plan.device == "cpu" else {}
+    # CPU workers get the driver's probe result, so every rank resolves dtype auto the same way.
+    env_vars = {**cpu_worker_env(os.environ), **profile_env()} if plan.device == "cpu" else {}
     env_vars.update(library_env(cfg.trainer.log_level), **({LOG_DIR_ENV: log_dir} if log_dir else {}))
     init_ray(address=cfg.ray_init.address, num_cpus=cfg.ray_init.num_cpus, runtime_env={"env_vars": env_vars},
              quiet=effective_level(cfg.trainer.log_level) != "debug")
@@ -207,11 +209,21 @@ def report_precision(cfg: PPOConfig, plan: RunPlan) -> str:
     """Log the run's compute dtypes and why in one line (and warn about an explicit bf16 on a CPU
     that emulates it); returns the actor's resolved compute dtype. Resolving runs the CPU probe
     once here, on the driver, so the workers read its cached result."""
+    import torch
+
     from hybrid_rl.utils.precision import describe_choices, resolve_dtype, slow_bf16_warning
 
+    def role_of(key: str) -> str:
+        return "rollout" if key.endswith("rollout.dtype") else "train"
+
     fields = compute_dtype_fields(cfg, plan)
-    role_of = lambda key: "rollout" if key.endswith("rollout.dtype") else "train"  # noqa: E731
-    logger.info(describe_choices(fields, plan.device, role_of))
+    threads = torch.get_num_threads()
+    if plan.device == "cpu":  # probe with the threads one worker computes with
+        torch.set_num_threads(plan.threads_per_worker)
+    try:
+        logger.info(describe_choices(fields, plan.device, role_of))
+    finally:
+        torch.set_num_threads(threads)
     warning = slow_bf16_warning(fields, plan.device)
     if warning:
         logger.warning(warning)

@@ -43,9 +43,9 @@ def _configure_driver_logging(cfg: Union[DictConfig, PPOConfig], always: bool) -
     (hybrid_rl/utils/log_setup.py). From a notebook (``always=False``) only when the caller
     configured no logging at all: a user's own logging set-up is left as it is."""
     from hybrid_rl.trainer.validate import run_dir
-    from hybrid_rl.utils.log_setup import configure_logging
+    from hybrid_rl.utils.log_setup import configure_logging, only_own_handlers
 
-    if always or (not logging.getLogger().handlers and not logging.getLogger("hybrid_rl").handlers):
+    if always or (only_own_handlers() and not logging.getLogger("hybrid_rl").handlers):
         cfg = to_ppo_config(cfg)
         configure_logging(cfg.trainer.log_level, os.path.join(run_dir(cfg), "logs", "driver.log"))
 

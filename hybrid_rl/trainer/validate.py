@@ -199,8 +199,15 @@ def _check_group_batches(prefix: str, group: Any, train_batch_size: int, n: int,
             f"{prefix}.ppo_mini_batch_size ({mini}) * rollout.n ({n}) = {mini_rows} rows is not divisible by the "
             f"{world} workers; change {prefix}.ppo_mini_batch_size or trainer.n_gpus_per_node."
         )
-    elif not group.use_dynamic_bsz and group.ppo_micro_batch_size_per_gpu:
-        per_rank, micro = mini_rows // world, group.ppo_micro_batch_size_per_gpu
+    elif not group.use_dynamic_bsz and group.ppo_micro_batch_size is not None \
+            and group.ppo_micro_batch_size % world != 0:
+        errors.append(
+            f"{prefix}.ppo_micro_batch_size ({group.ppo_micro_batch_size}, veRL's global micro-batch) must divide over "
+            f"the {world} workers; set {prefix}.ppo_micro_batch_size_per_gpu instead.")
+    elif not group.use_dynamic_bsz and (group.ppo_micro_batch_size or group.ppo_micro_batch_size_per_gpu):
+        micro = (group.ppo_micro_batch_size // world if group.ppo_micro_batch_size is not None
+                 else group.ppo_micro_batch_size_per_gpu)
+        per_rank = mini_rows // world
         # A micro-batch larger than the rank's mini-batch is just one micro-batch.
         if micro < per_rank and per_rank % micro != 0:
             errors.append(
@@ -289,6 +296,9 @@ def _check_trainer(cfg: PPOConfig) -> list[str]:
     from hybrid_rl.utils.log_setup import LOG_LEVELS
 
     t = cfg.trainer
+    if not isinstance(t.logger, str) and not all(isinstance(b, str) for b in t.logger or []):
+        return [f"trainer.logger={t.logger!r} must be a tracker name or a list of them, e.g. "
+                "trainer.logger=console or trainer.logger=[console,jsonl]."]
     errors = check_backends(as_backend_list(t.logger))
     if t.use_legacy_worker_impl not in ("auto", "enable"):
         errors.append(f"trainer.use_legacy_worker_impl={t.use_legacy_worker_impl!r} asks for veRL's new engine "

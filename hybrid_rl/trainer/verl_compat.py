@@ -15,6 +15,7 @@ __all__ = ["verl_default_notices"]
 
 
 def _keys(overrides: list[str]) -> set[str]:
+    """The config keys a list of Hydra overrides sets."""
     return {o.lstrip("+~").split("=", 1)[0] for o in overrides}
 
 
@@ -31,6 +32,12 @@ def verl_default_notices(cfg: PPOConfig, overrides: list[str]) -> list[str]:
             and cfg.actor_rollout_ref.rollout.n != 1:
         notices.append(f"actor_rollout_ref.rollout.n={cfg.actor_rollout_ref.rollout.n} is hybrid_rl's default "
                        "(veRL's is 1): add actor_rollout_ref.rollout.n=1 for one response per prompt as in veRL.")
+    micro = sorted(k for k in keys if k.endswith(("micro_batch_size_per_gpu", ".ppo_micro_batch_size")))
+    if micro and "actor_rollout_ref.actor.use_dynamic_bsz" not in keys and cfg.actor_rollout_ref.actor.use_dynamic_bsz:
+        notices.append(f"{micro[0]} is not used: hybrid_rl packs micro-batches by tokens by default "
+                       "(use_dynamic_bsz=true; veRL's default is false): add "
+                       "actor_rollout_ref.actor.use_dynamic_bsz=false (and critic.use_dynamic_bsz=false) for "
+                       "veRL's row-count micro-batches.")
     steps = cfg.trainer.total_training_steps
     if "trainer.total_epochs" in keys and "trainer.total_training_steps" not in keys and steps is not None:
         notices.append(f"trainer.total_training_steps={steps} (hybrid_rl's demo default) ends this run before "

@@ -54,9 +54,10 @@ _OWN = "hybrid_rl"
 
 def effective_level(configured: str = "info") -> str:
     """``HYBRID_RL_LOG_LEVEL`` when set, else ``configured`` (lower case)."""
+    key = LOG_LEVEL_ENV if os.environ.get(LOG_LEVEL_ENV) else "trainer.log_level"
     level = (os.environ.get(LOG_LEVEL_ENV) or configured).lower()
     if level not in LOG_LEVELS:
-        raise ValueError(f"trainer.log_level={level!r} is invalid: must be one of {LOG_LEVELS}. "
+        raise ValueError(f"{key}={level!r} is invalid: must be one of {LOG_LEVELS}. "
                          "Fix: use info (quiet console) or debug (everything).")
     return level
 
@@ -99,6 +100,7 @@ def configure_logging(level: str = "info", log_file: Optional[str] = None, own_l
     if not consoles:
         console = logging.StreamHandler(sys.stderr)
         console.setFormatter(logging.Formatter(_FORMAT))
+        console._hybrid_rl = True  # type: ignore[attr-defined]
         root.addHandler(console)
         consoles = [console]
     for handler in consoles + _library_handlers():
@@ -109,13 +111,32 @@ def configure_logging(level: str = "info", log_file: Optional[str] = None, own_l
             handler.addFilter(QuietConsoleFilter(own_level))
     if not debug:
         _quiet_progress_bars()
-    if log_file and not any(isinstance(h, logging.FileHandler) and h.baseFilename == os.path.abspath(log_file)
-                            for h in root.handlers):
-        os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
-        file_handler = logging.FileHandler(log_file, encoding="utf-8")
-        file_handler.setFormatter(logging.Formatter(_FORMAT))
-        root.addHandler(file_handler)
+    if log_file:
+        _use_log_file(root, os.path.abspath(log_file))
     return level
+
+
+def _use_log_file(root: logging.Logger, path: str) -> None:
+    """Write to ``path``; a file handler this module added for an earlier run (a notebook's previous
+    ``run_ppo``) is closed and replaced."""
+    ours = [h for h in root.handlers if isinstance(h, logging.FileHandler) and getattr(h, "_hybrid_rl", False)]
+    if any(h.baseFilename == path for h in ours):
+        return
+    for handler in ours:
+        root.removeHandler(handler)
+        handler.close()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    file_handler = logging.FileHandler(path, encoding="utf-8")
+    file_handler.setFormatter(logging.Formatter(_FORMAT))
+    file_handler._hybrid_rl = True  # type: ignore[attr-defined]
+    root.addHandler(file_handler)
+
+
+def only_own_handlers() -> bool:
+    """True when the root logger has no handlers, or only ones :func:`configure_logging` added or
+    filtered (a notebook's earlier run): the caller configured no logging of its own."""
+    root = logging.getLogger()
+    return all(getattr(h, "_hybrid_rl", False) or _has_filter(h) for h in root.handlers)
 
 
 def _library_handlers() -> list[logging.Handler]:

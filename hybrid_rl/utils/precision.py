@@ -21,6 +21,7 @@ with its device. Explicit values are honoured as written.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -55,7 +56,8 @@ _ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 
 
 def canonical_dtype(name: str) -> str:
-    """``bf16`` -> ``bfloat16``, ``fp32`` -> ``float32``, ... (``auto`` stays ``auto``)."""
+    """``bf16`` -> ``bfloat16``, ``fp32`` -> ``float32``, ... (``auto`` stays ``auto``). The config
+    dataclasses reject other names with their key first; this is the last line of defence."""
     if name not in _CANONICAL:
         raise ValueError(f"dtype {name!r} is not one of {COMPUTE_DTYPES}; use auto, float32 or bfloat16")
     return _CANONICAL[name]
@@ -81,6 +83,7 @@ class CpuBf16Profile:
 
     @property
     def bf16_is_fast(self) -> bool:
+        """bf16 computed natively and measured at least :data:`BF16_MIN_SPEEDUP` x fp32."""
         return self.native and self.speedup >= BF16_MIN_SPEEDUP
 
 
@@ -132,17 +135,21 @@ def measure_cpu_bf16() -> CpuBf16Profile:
 
 
 def _fingerprint() -> str:
-    """Key of the probe cache: CPU model, torch version, ISA and the environment that limits it."""
+    """Key of the probe cache: CPU model and feature flags (VMs report generic model names), torch
+    version, ISA and the environment that limits it."""
     import torch
 
-    model = platform.processor() or platform.machine()
+    model, flags = platform.processor() or platform.machine(), ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+            lines = f.read().splitlines()
+        model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), model)
+        flags = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(("flags", "Features"))), "")
     except OSError:
         pass
+    flags_hash = hashlib.sha256(flags.encode()).hexdigest()[:12]
     env = ",".join(f"{k}={os.environ[k]}" for k in _ISA_ENV if k in os.environ)
-    return f"{model}|torch {torch.__version__}|{torch.backends.cpu.get_cpu_capability()}|{env}"
+    return f"{model}|flags {flags_hash}|torch {torch.__version__}|{torch.backends.cpu.get_cpu_capability()}|{env}"
 
 
 def _read_cache(path: Path) -> dict:
@@ -163,9 +170,21 @@ def _write_cache(path: Path, entries: dict) -> None:
         logger.debug("precision cache not written (%s)", error)
 
 
+PROFILE_ENV = "HYBRID_RL_CPU_BF16_PROFILE"
+"""The driver's probe result (JSON), passed to its workers so every rank resolves ``auto`` alike."""
+
+
+def profile_env() -> dict[str, str]:
+    """Worker environment carrying this process's :func:`cpu_bf16_profile` (see :data:`PROFILE_ENV`)."""
+    return {PROFILE_ENV: json.dumps(asdict(cpu_bf16_profile()), sort_keys=True)}
+
+
 @lru_cache(maxsize=1)
 def cpu_bf16_profile() -> CpuBf16Profile:
-    """This machine's :class:`CpuBf16Profile`, from the cache or measured once and cached."""
+    """This machine's :class:`CpuBf16Profile`: the driver's (:data:`PROFILE_ENV`), else the cached
+    probe, else measured once and cached."""
+    if os.environ.get(PROFILE_ENV):
+        return CpuBf16Profile(**json.loads(os.environ[PROFILE_ENV]))
     path, key = cache_root() / _CACHE_FILE, _fingerprint()
     entries = _read_cache(path)
     if key in entries:
@@ -203,7 +222,7 @@ def auto_dtype(device: str, role: str = "train") -> DtypeChoice:
 
         if not torch.cuda.is_available():  # e.g. engine arguments built for a GPU in a CPU-only test
             return DtypeChoice("bfloat16", "no CUDA device visible to ask; bf16 assumed")
-        if torch.cuda.is_bf16_supported():
+        if torch.cuda.is_bf16_supported(including_emulation=False):  # V100/T4 only emulate it
             return DtypeChoice("bfloat16", f"{torch.cuda.get_device_name()} supports bf16")
         fallback = "float16" if role == "rollout" else "float32"
         return DtypeChoice(fallback, f"{torch.cuda.get_device_name()} has no bf16")

@@ -362,7 +362,9 @@ class CriticConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.model, CriticModelConfig):
             raise TypeError("critic.model must be a CriticModelConfig (a ModelConfig with fsdp_config), got "
-                            f"{type(self.model).__name__}")
+                            f"{type(self.model).__name__}. Fix: build it with CriticModelConfig(path=..., "
+                            "fsdp_config=...); the critic's sharding moved from critic.fsdp_config to "
+                            "critic.model.fsdp_config (veRL's place).")
         _check_batching("critic", self)
         _check(self.rollout_n >= 1, "critic.rollout_n", self.rollout_n, "must be >= 1",
                "set it to actor_rollout_ref.rollout.n")

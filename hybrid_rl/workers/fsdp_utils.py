@@ -8,7 +8,7 @@ parameters are materialised at a time. The same code runs on CPU with gloo (each
 FSDP2 needs; no fallback was required.
 
 Mixed precision follows FSDP2's ``MixedPrecisionPolicy``: the sharded master weights keep the
-dtype the model was loaded in (fp32), forward/backward run in ``param_dtype`` (bf16 by default) and
+dtype the model was loaded in (fp32), forward/backward run in ``param_dtype`` (``auto``: bf16 where the device computes it natively) and
 gradients are reduced in ``reduce_dtype`` (fp32) before the optimizer sees them.
 """
 

@@ -67,6 +67,15 @@ def test_worker_killed_mid_call_names_the_worker_quickly(make_group, how):
     assert dead.log_files and any(path in message for path in dead.log_files)
 
 
+def test_a_peers_collective_error_is_reported_as_the_dead_worker(make_group):
+    """The supervisor restarts on a dead worker: the echo of its death in a peer's collective must
+    not hide it (seen with a SIGKILL during weight sync on a slow CPU)."""
+    wg = make_group()
+    with pytest.raises(WorkerGroupError) as excinfo:
+        wg.die_after_peer_error(1)
+    assert "ToyWorker rank 1/2" in str(excinfo.value) and "died during" in str(excinfo.value)
+
+
 def test_call_timeout_names_the_silent_worker(make_group):
     wg = make_group(call_timeout_s=3.0)
     start = time.monotonic()

@@ -106,6 +106,16 @@ class ToyWorker(Worker):
         return self.rank
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def die_after_peer_error(self, rank: int) -> int:
+        """Rank ``rank`` is SIGKILLed 1 s in; the others fail at once as in a broken collective (their
+        error reaches the driver before the death does)."""
+        if self.rank != rank:
+            raise RuntimeError("gloo/transport/tcp/pair.cc: Read error: Connection reset by peer")
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sleep_on(self, rank: int, seconds: float) -> int:
         if self.rank == rank:
             sys.stderr.write(f"toy worker rank {self.rank} going to sleep\n")

@@ -135,10 +135,13 @@ def test_notices_when_our_defaults_change_a_verl_command():
 
     argv = verl_argv("quickstart_ppo")
     notices = verl_default_notices(to_ppo_config(get_config(argv)), argv)
-    assert len(notices) == 2
-    assert "algorithm.adv_estimator=gae" in notices[0] and "trainer.total_training_steps=null" in notices[1]
-    fixed = argv + ["algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.n=1", "trainer.total_training_steps=null"]
+    assert len(notices) == 3
+    assert "algorithm.adv_estimator=gae" in notices[0] and "trainer.total_training_steps=null" in notices[2]
+    assert "actor_rollout_ref.actor.use_dynamic_bsz=false" in notices[1]
+    fixed = argv + ["algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.n=1", "trainer.total_training_steps=null",
+                    "actor_rollout_ref.actor.use_dynamic_bsz=false"]
     assert verl_default_notices(to_ppo_config(get_config(fixed)), fixed) == []
-    gae_only = argv + ["algorithm.adv_estimator=gae", "trainer.total_training_steps=null"]
+    gae_only = argv + ["algorithm.adv_estimator=gae", "trainer.total_training_steps=null",
+                       "actor_rollout_ref.actor.use_dynamic_bsz=false"]
     (notice,) = verl_default_notices(to_ppo_config(get_config(gae_only)), gae_only)
     assert "actor_rollout_ref.rollout.n=1" in notice

@@ -38,6 +38,9 @@ def clean_root(monkeypatch):
     stream = io.StringIO()
     root.handlers = [logging.StreamHandler(stream)]
     monkeypatch.delenv(L.LOG_LEVEL_ENV, raising=False)
+    # Ray's handlers and transformers' progress bars are process-wide: leave them to the real runs.
+    monkeypatch.setattr(L, "_library_handlers", lambda: [])
+    monkeypatch.setattr(L, "_quiet_progress_bars", lambda: None)
     yield stream
     for handler in root.handlers:
         if isinstance(handler, logging.FileHandler):
@@ -78,6 +81,21 @@ def test_bad_level_is_one_line_error(monkeypatch):
     monkeypatch.delenv(L.LOG_LEVEL_ENV, raising=False)
     with pytest.raises(ValueError, match=r"trainer.log_level='loud'.*Fix: use info"):
         L.effective_level("loud")
+    monkeypatch.setenv(L.LOG_LEVEL_ENV, "LOUDER")
+    with pytest.raises(ValueError, match=r"HYBRID_RL_LOG_LEVEL='louder'"):
+        L.effective_level("info")
+
+
+def test_a_later_run_replaces_the_earlier_runs_log_file(clean_root, tmp_path):
+    """A notebook's second run_ppo writes to its own run folder, not to the first run's file."""
+    first, second = tmp_path / "a" / "driver.log", tmp_path / "b" / "driver.log"
+    L.configure_logging("info", str(first))
+    assert L.only_own_handlers()
+    L.configure_logging("info", str(second))
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    assert [h.baseFilename for h in files] == [str(second)]
+    logging.getLogger("hybrid_rl.x").info("second run")
+    assert "second run" in second.read_text() and "second run" not in first.read_text()
 
 
 def test_library_env_routes_vllm_and_quiets_torch_cpp(monkeypatch):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import platform
 import subprocess
 import sys
 
@@ -56,7 +57,8 @@ def test_auto_on_cuda(monkeypatch, profile):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla V100")
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    # V100/T4: torch reports bf16 as supported *with emulation*; auto must not count that.
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
     profile(FAST)
     # fp16 training would need loss scaling: fp32; the rollout casts to fp16 as vLLM does.
     assert P.resolve_dtype("auto", "cuda") == "float32"
@@ -105,11 +107,37 @@ def test_probe_is_cached_per_machine_and_isa_environment(monkeypatch, tmp_path):
         P.cpu_bf16_profile.cache_clear()
 
 
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="ATEN_CPU_CAPABILITY=avx2 is x86 only")
 def test_real_probe_sees_a_simulated_avx2_cpu(tmp_path):
     """The measured path end to end: with torch and oneDNN limited to AVX2 (as on an AVX2-only CPU,
     or simulated on a faster one) bf16 is not native and auto picks fp32."""
     env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2", HYBRID_RL_CACHE=str(tmp_path))
+    env.pop(P.PROFILE_ENV, None)
     code = ("from hybrid_rl.utils.precision import cpu_bf16_profile, resolve_dtype\n"
-            "p = cpu_bf16_profile(); print(p.native, p.speedup < 1, resolve_dtype('auto', 'cpu'))")
+            "p = cpu_bf16_profile(); print(p.native, resolve_dtype('auto', 'cpu'))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.stdout.split() == ["False", "True", "float32"], out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "float32"], out.stderr[-2000:]
+
+
+def test_workers_take_the_drivers_profile(monkeypatch):
+    """Every rank resolves auto from the driver's probe (no re-probing that could disagree)."""
+    monkeypatch.setattr(P, "cpu_bf16_profile", lambda: EMULATED)
+    env = P.profile_env()  # what the driver puts into its workers' environment
+    monkeypatch.undo()
+    monkeypatch.setenv(P.PROFILE_ENV, env[P.PROFILE_ENV])
+    monkeypatch.setattr(P, "measure_cpu_bf16", lambda: pytest.fail("a worker must not probe"))
+    P.cpu_bf16_profile.cache_clear()
+    P.auto_dtype.cache_clear()
+    try:
+        assert P.cpu_bf16_profile() == EMULATED and P.resolve_dtype("auto", "cpu") == "float32"
+    finally:
+        P.cpu_bf16_profile.cache_clear()
+        P.auto_dtype.cache_clear()
+
+
+def test_peak_is_none_when_a_matmul_would_be_too_slow():
+    from hybrid_rl.trainer.components import measure_peak_flops
+
+    assert measure_peak_flops("cpu", 0.05, "float32", size=256, max_matmul_s=1e-9) is None
+    peak = measure_peak_flops("cpu", 0.05, "float32", size=256)
+    assert peak is not None and peak > 1e8

@@ -17,7 +17,7 @@ from tests.workers.dist_helpers import run_ranks
 from tests.workers.helpers import actor_config, hf_response_log_probs, make_batch
 
 FP32 = FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype="float32"))
-BF16 = FSDPConfig()
+BF16 = FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype="bfloat16"))  # bf16 numerics on every CPU kind
 COMMON = dict(use_kl_loss=True, kl_loss_coef=0.5, entropy_coeff=0.01, ppo_micro_batch_size_per_gpu=2)
 
 

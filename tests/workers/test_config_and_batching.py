@@ -57,6 +57,16 @@ def test_derived_batch_sizes():
     with pytest.raises(ValueError, match="5 prompts x n=3 = 15 rows must divide over the 2"):
         derive_batch_sizes(key="actor", ppo_mini_batch_size=5, n=3, dp_size=2,
                            ppo_micro_batch_size_per_gpu=1, log_prob_micro_batch_size_per_gpu=1)
+    assert sizes.log_prob_micro_batch_size_per_gpu == 2  # null = the training micro-batch
+
+
+def test_verl_global_micro_batch_is_split_over_the_ranks():
+    sizes = derive_batch_sizes(key="actor", ppo_mini_batch_size=6, n=4, dp_size=3, ppo_micro_batch_size_per_gpu=8,
+                               ppo_micro_batch_size=6, log_prob_micro_batch_size_per_gpu=None)
+    assert sizes.ppo_micro_batch_size_per_gpu == 2 and sizes.log_prob_micro_batch_size_per_gpu == 2
+    with pytest.raises(ValueError, match=r"actor.ppo_micro_batch_size=5 .* must divide over the 3"):
+        derive_batch_sizes(key="actor", ppo_mini_batch_size=6, n=4, dp_size=3, ppo_micro_batch_size_per_gpu=None,
+                           ppo_micro_batch_size=5, log_prob_micro_batch_size_per_gpu=None)
 
 
 # ------------------------------------------------------------------ batching

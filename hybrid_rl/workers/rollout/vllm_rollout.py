@@ -94,7 +94,8 @@ def _engine_kwargs(config: RolloutConfig, model_path: str, on_cpu: bool, seed: i
     """``vllm.LLM`` arguments for this config and device."""
     enforce_eager = on_cpu if config.enforce_eager is None else config.enforce_eager
     kwargs: dict[str, Any] = dict(
-        model=model_path, dtype=resolve_dtype(config.dtype, "cpu" if on_cpu else "cuda", "rollout"), seed=seed, enforce_eager=enforce_eager,
+        model=model_path, seed=seed,
+        dtype=resolve_dtype(config.dtype, "cpu" if on_cpu else "cuda", "rollout"), enforce_eager=enforce_eager,
         skip_tokenizer_init=True,  # we exchange token ids only
         use_tqdm_on_load=effective_level() == "debug",  # a quiet console (utils/log_setup.py)
         tensor_parallel_size=config.tensor_model_parallel_size, max_model_len=config.max_model_len,
