@@ -27,6 +27,8 @@ install_requires = [
     "gguf>=0.10",
     "accelerate>=1.0",
     "matplotlib",
+    # The LoRA actor (actor_rollout_ref.model.lora_rank > 0).
+    "peft>=0.17",
 ]
 
 extras_require = {

@@ -11,6 +11,11 @@ along dim 0; the expected full shape of every tensor comes from the model built 
 the meta device, so a replicated tensor is recognised and any mismatch is an error, not a silent
 corruption. The result loads with ``AutoModelForCausalLM.from_pretrained(target_dir)`` (or
 ``AutoModelForTokenClassification`` for a critic).
+
+A LoRA actor's checkpoint (``huggingface/adapter_config.json`` present) gives both exports: the
+merged model in ``target_dir`` (peft's ``merge_and_unload``) and the adapter alone in
+``target_dir/lora_adapter`` (peft's ``save_pretrained``: ``PeftModel.from_pretrained(base, that
+folder)`` loads it on the base model), as veRL's merger lays them out.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shutil
 from pathlib import Path
 from typing import Optional, Sequence
@@ -30,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 META_FILE = "checkpoint_meta.json"
 HF_SUBDIR = "huggingface"
+ADAPTER_CONFIG = "adapter_config.json"
+LORA_SUBDIR = "lora_adapter"
 # Wrappers that may prefix parameter names (activation checkpointing, torch.compile).
 _NAME_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
 
@@ -57,8 +63,9 @@ def _clean(name: str) -> str:
     return name
 
 
-def _build_meta_model(hf_dir: Path, kind: str):
-    """The model class for ``kind`` instantiated on the meta device (shapes only, no memory)."""
+def _build_meta_model(hf_dir: Path, kind: str, lora: bool = False):
+    """The model class for ``kind`` instantiated on the meta device (shapes only, no memory); with
+    ``lora`` wrapped with the checkpoint's LoRA adapters (peft names)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
     config = AutoConfig.from_pretrained(hf_dir)
@@ -67,7 +74,18 @@ def _build_meta_model(hf_dir: Path, kind: str):
         config.num_labels = 1
     with torch.device("meta"):
         model = auto_cls.from_config(config)
+        if lora:
+            model = _with_adapters(model, hf_dir)
     return model, auto_cls, config
+
+
+def _with_adapters(model, hf_dir: Path):
+    """``model`` wrapped with LoRA adapters as described by the checkpoint's adapter config."""
+    from peft import LoraConfig, get_peft_model
+
+    lora_config = LoraConfig.from_pretrained(str(hf_dir))
+    model.name_or_path = lora_config.base_model_name_or_path  # keep the trained base's path in the export
+    return get_peft_model(model, lora_config)
 
 
 def merge_shards(shards: list[dict[str, torch.Tensor]], expected: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
@@ -124,30 +142,44 @@ def merge_checkpoint(local_dir: str, target_dir: str, dtype: Optional[str] = Non
         raise ValueError(f"{hf_dir} has no config.json; the checkpoint lacks the model config needed to rebuild it")
     state = load_full_state(local, meta)
     names = state["__shards__"][0].keys() if "__shards__" in state else state.keys()
-    kind = _detect_kind(list(names))
-    model, auto_cls, config = _build_meta_model(hf_dir, kind)
+    lora = (hf_dir / ADAPTER_CONFIG).is_file() and "model" in meta.get("contents", ["model"])
+    kind = "causal_lm" if lora else _detect_kind(list(names))
+    model, auto_cls, config = _build_meta_model(hf_dir, kind, lora)
     expected = {k: v.shape for k, v in model.state_dict().items()}
     if "__shards__" in state:
         state = merge_shards(state["__shards__"], expected)
-    _write_hf(state, auto_cls, config, hf_dir, target, dtype)
-    logger.info("merged %s (%s, step %s) into %s", local, kind, meta.get("global_step"), target)
+    model = _loaded(state, auto_cls, config, hf_dir if lora else None)
+    if lora:
+        model.save_pretrained(target / LORA_SUBDIR)  # the adapter alone (PEFT folder)
+        model = model.merge_and_unload()
+    _write_hf(model, hf_dir, target, dtype)
+    logger.info("merged %s (%s%s, step %s) into %s", local, kind, ", LoRA" if lora else "", meta.get("global_step"),
+                target)
     return str(target)
 
 
-def _write_hf(state: dict[str, torch.Tensor], auto_cls, config, hf_dir: Path, target: Path, dtype: Optional[str]) -> None:
+def _loaded(state: dict[str, torch.Tensor], auto_cls, config, adapter_dir: Optional[Path]):
+    """A real model (adapters included when ``adapter_dir`` is given) holding ``state``."""
     model = auto_cls.from_config(config)
+    if adapter_dir is not None:
+        model = _with_adapters(model, adapter_dir)
     missing, unexpected = model.load_state_dict(state, strict=False)
     # Tied output embeddings are legitimately absent from some state dicts.
-    missing = [m for m in missing if not (m == "lm_head.weight" and getattr(config, "tie_word_embeddings", False))]
+    missing = [m for m in missing if not (m.endswith("lm_head.weight") and getattr(config, "tie_word_embeddings", False))]
     if missing or unexpected:
         raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return model
+
+
+def _write_hf(model, hf_dir: Path, target: Path, dtype: Optional[str]) -> None:
     if dtype is not None:
         model = model.to(getattr(torch, dtype))
         model.config.torch_dtype = dtype
     target.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(target, safe_serialization=True)
     for entry in hf_dir.iterdir():  # tokenizer files and generation config
-        if entry.is_file() and entry.name not in ("config.json", "model.safetensors") and not (target / entry.name).exists():
+        skip = ("config.json", "model.safetensors", ADAPTER_CONFIG)
+        if entry.is_file() and entry.name not in skip and not (target / entry.name).exists():
             shutil.copy2(entry, target / entry.name)
 
 

@@ -19,6 +19,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers.config import FSDPConfig, ModelConfig, OptimConfig
 from hybrid_rl.workers.fsdp_utils import apply_fsdp2, dp_world, param_offloaded
+from hybrid_rl.workers.lora import apply_lora, lora_enabled
 from hybrid_rl.workers.model_loader import load_causal_lm, load_value_model, torch_dtype
 
 # The value head is freshly initialised: the same seed on every rank gives every rank the same head.
@@ -65,7 +66,8 @@ def build_causal_lm(model_config: ModelConfig, path: str, fsdp_config: FSDPConfi
 
     ``trainable=False`` freezes it (reference policy) and skips gradient checkpointing; under FSDP2
     it is stored in its compute dtype (:func:`_frozen_dtype`), and in a one-process group it is not
-    wrapped (:func:`_frozen_unwrapped`).
+    wrapped (:func:`_frozen_unwrapped`). ``trainable=True`` with ``model_config.lora_rank > 0`` wraps it
+    with peft LoRA adapters: only they train (:mod:`hybrid_rl.workers.lora`).
     """
     dtype = model_config.dtype if trainable else _frozen_dtype(model_config, fsdp_config, device)
     model = load_causal_lm(path, dtype=dtype,
@@ -74,6 +76,8 @@ def build_causal_lm(model_config: ModelConfig, path: str, fsdp_config: FSDPConfi
     if trainable and model_config.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.requires_grad_(trainable)
+    if trainable and lora_enabled(model_config):
+        model = apply_lora(model, model_config)  # freezes the base, adapters trainable
     return _place(model, fsdp_config, device, frozen=not trainable)
 
 

@@ -33,6 +33,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from hybrid_rl.workers.fsdp_utils import dp_world, gather_full_tensor, iter_full_state
+from hybrid_rl.workers.lora import LORA_ADAPTER, is_lora_model, merged_lora_weights
 
 META_FILE = "checkpoint_meta.json"
 FORMAT_VERSION = 1
@@ -195,8 +196,10 @@ def save_checkpoint(path: str, *, model: nn.Module, optimizer: Optional[torch.op
         tmp.mkdir(parents=True)
     _barrier()
     state = _save_model(model, tmp, full, rank, world) if "model" in contents else None
-    if "hf_model" in contents and state is None:
-        state = dict(iter_full_state(model))  # collective; the HF weights are always unsharded
+    if "hf_model" in contents:
+        # collective; the HF weights are always unsharded, a LoRA actor's adapters merged into them
+        stream = iter(state.items()) if state is not None else iter_full_state(model)
+        state = dict(merged_lora_weights(stream, model)) if is_lora_model(model) else dict(stream)
     if "optimizer" in contents and optimizer is not None:
         _save_optimizer(model, optimizer, tmp, full, rank, world)
     if "extra" in contents:
@@ -205,6 +208,8 @@ def save_checkpoint(path: str, *, model: nn.Module, optimizer: Optional[torch.op
     if rank == 0:
         _write_hf_folder(tmp / "huggingface", hf_config, tokenizer,
                          state if "hf_model" in contents else None)
+        if is_lora_model(model):  # the merger rebuilds the adapters from it (rank, alpha, targets)
+            model.peft_config[LORA_ADAPTER].save_pretrained(str(tmp / "huggingface"))
         meta = {"format_version": FORMAT_VERSION, "world_size": world, "global_step": global_step,
                 "state_dict_type": state_dict_type, "contents": sorted(contents),
                 "model_saved_as": "full" if full else "sharded"}

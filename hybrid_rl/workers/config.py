@@ -58,20 +58,26 @@ class ModelConfig:
     dtype: str = "float32"
     """dtype the weights are loaded in = the master weights the optimizer updates."""
     lora_rank: int = 0
-    """veRL's LoRA switch: 0 = train every parameter (the only mode so far; > 0 is refused)."""
-    lora_alpha: int = 16
-    """veRL's LoRA scaling alpha (read only when lora_rank > 0)."""
+    """LoRA rank (veRL's switch): 0 = train every parameter; > 0 = train peft LoRA adapters of this
+    rank on the frozen base, the reference being the base with the adapter disabled (no second copy).
+    Actor only (hybrid_rl/workers/lora.py); LoRA usually wants ~10x the full fine-tuning lr."""
+    lora_alpha: float = 16
+    """LoRA scaling numerator: the adapter's update is scaled by lora_alpha / lora_rank."""
     target_modules: Any = "all-linear"
-    """veRL's LoRA target modules, a list or ``all-linear`` (read only when lora_rank > 0)."""
+    """Modules that get adapters: ``all-linear`` (every Linear except the LM head, peft's rule) or a
+    list of module names, e.g. [q_proj, k_proj, v_proj, o_proj]."""
 
     def __post_init__(self) -> None:
         _check(bool(self.path), "model.path", self.path, "must name a model",
                "set it to a local HF folder or to " + DEFAULT_MODEL_PATH)
         _check_dtype("model.dtype", self.dtype)
-        _check(self.lora_rank == 0, "model.lora_rank", self.lora_rank,
-               "LoRA training is not available in hybrid_rl yet (every parameter is trained)",
-               "set model.lora_rank=0 (or drop it)")
+        _check(isinstance(self.lora_rank, int) and self.lora_rank >= 0, "model.lora_rank", self.lora_rank,
+               "must be 0 (full fine-tuning) or a positive rank", "use 0, or e.g. 32 for LoRA")
         _check(self.lora_alpha > 0, "model.lora_alpha", self.lora_alpha, "must be > 0", "use e.g. 16")
+        targets = self.target_modules
+        _check(isinstance(targets, str) or (len(targets) > 0 and all(isinstance(t, str) for t in targets)),
+               "model.target_modules", targets, "must be all-linear or a non-empty list of module names",
+               "use all-linear or e.g. [q_proj, v_proj]")
 
 
 @dataclass(kw_only=True)
@@ -318,6 +324,12 @@ class CriticModelConfig(ModelConfig):
 
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """Sharding and mixed precision of the value model."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.lora_rank == 0, "critic.model.lora_rank", self.lora_rank,
+               "the critic trains every parameter (LoRA is for the actor: its value head is new anyway)",
+               "set critic.model.lora_rank=0 (actor_rollout_ref.model.lora_rank turns on the actor's LoRA)")
 
 
 @dataclass(kw_only=True)

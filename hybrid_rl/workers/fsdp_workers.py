@@ -30,6 +30,7 @@ from hybrid_rl.workers.builders import (build_causal_lm, build_lr_scheduler, bui
 from hybrid_rl.workers.config import ActorRolloutRefConfig, CriticConfig, derive_batch_sizes
 from hybrid_rl.workers.critic import DataParallelPPOCritic
 from hybrid_rl.workers.fsdp_utils import iter_full_state, move_optimizer_state
+from hybrid_rl.workers.lora import is_lora_model, lora_enabled, merged_lora_weights, reference_context
 from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path, torch_dtype
 
 logger = logging.getLogger(__name__)
@@ -94,8 +95,10 @@ class ActorRolloutRefWorker(Worker):
         if self._is_actor:
             self._init_actor(use_rmpad)
         if self._is_ref:
-            ref_module = build_causal_lm(cfg.model, self.model_path, cfg.ref.fsdp_config, self.device,
-                                         trainable=False)
+            # LoRA: the reference is the actor's own base weights with the adapter disabled (no copy).
+            ref_module = (self.actor_module if self._is_actor and lora_enabled(cfg.model) else
+                          build_causal_lm(cfg.model, self.model_path, cfg.ref.fsdp_config, self.device,
+                                          trainable=False))
             self.ref_policy = DataParallelPPOActor(cfg.actor, ref_module, use_remove_padding=use_rmpad,
                                                    device=self.device)
         if self._is_rollout:
@@ -144,9 +147,7 @@ class ActorRolloutRefWorker(Worker):
         try:
             if self._is_actor and self._synced_version != self._weights_version:
                 start = time.perf_counter()
-                dtype = torch_dtype(resolve_dtype(self.config.rollout.dtype, self.device.type, "rollout"))
-                self.rollout.update_weights(iter_full_state(self.actor_module, dtype=dtype,
-                                                            device=self.device))
+                self.rollout.update_weights(self._rollout_weights())
                 self._synced_version = self._weights_version
                 metrics["timing_s/weight_sync"] = time.perf_counter() - start
             start = time.perf_counter()
@@ -156,6 +157,14 @@ class ActorRolloutRefWorker(Worker):
             self.rollout.sleep()
         output.meta_info["metrics"] = {**output.meta_info.get("metrics", {}), **metrics}
         return output
+
+    def _rollout_weights(self):
+        """The actor's full weights for the engine, in the rollout dtype, one tensor at a time; a
+        LoRA actor's adapters merged into them (streamed in fp32, cast after the merge)."""
+        dtype = torch_dtype(resolve_dtype(self.config.rollout.dtype, self.device.type, "rollout"))
+        if not is_lora_model(self.actor_module):
+            return iter_full_state(self.actor_module, dtype=dtype, device=self.device)
+        return merged_lora_weights(iter_full_state(self.actor_module, device=self.device), self.actor_module, dtype)
 
     # ------------------------------------------------------------------ log-probs
     def _log_prob_meta(self, data: DataProto, micro_batch_size: Optional[int], use_dynamic_bsz: bool,
@@ -189,7 +198,8 @@ class ActorRolloutRefWorker(Worker):
         view = self._log_prob_meta(data, r.log_prob_micro_batch_size_per_gpu,
                                    r.log_prob_use_dynamic_bsz, r.log_prob_max_token_len_per_gpu)
         start = time.perf_counter()
-        log_probs, _ = self.ref_policy.compute_log_prob(view)
+        with reference_context(self.ref_policy.actor_module):
+            log_probs, _ = self.ref_policy.compute_log_prob(view)
         metrics = {"timing_s/compute_ref_log_prob_worker": time.perf_counter() - start,
                    "perf/computed_token_frac/ref": self.ref_policy.pop_computed_token_frac()}
         return DataProto.from_dict({"ref_log_prob": log_probs}, meta_info={"metrics": metrics})

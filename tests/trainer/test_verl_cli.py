@@ -45,7 +45,7 @@ def _last_value_wins(argv: list[str]) -> list[str]:
 
 ACCEPTED = ["quickstart_ppo", "gsm8k_example_doc_ppo", "algo_ppo_doc_gemma_extra", "ppo_run_deepseek7b_llm",
             "ppo_run_qwen2-7b_seq_balance", "ppo_run_gemma", "grpo_run_qwen2-7b", "grpo_run_deepseek7b_llm",
-            "grpo_run_qwen3-8b"]
+            "grpo_run_qwen3-8b", "grpo_run_qwen2_5-3b_gsm8k_grpo_lora"]
 
 
 @pytest.mark.parametrize("name", ACCEPTED)
@@ -68,15 +68,16 @@ def test_global_micro_batch_and_rollout_keys_are_honoured():
     assert seq.critic.model.fsdp_config.param_offload is False
 
 
-def test_lora_list_is_refused_in_one_line():
-    with pytest.raises(ValueError, match=r"model.lora_rank=64 is invalid: LoRA training is not available"):
-        to_ppo_config(get_config(verl_argv("grpo_run_qwen2_5-3b_gsm8k_grpo_lora")))
+def test_lora_list_turns_on_the_lora_actor():
+    model = to_ppo_config(get_config(verl_argv("grpo_run_qwen2_5-3b_gsm8k_grpo_lora"))).actor_rollout_ref.model
+    assert (model.lora_rank, model.lora_alpha, model.target_modules) == (64, 32, "all-linear")
 
 
 @pytest.mark.parametrize("override, match", [
     ("trainer.use_legacy_worker_impl=disable", "new engine workers"),
     ("actor_rollout_ref.rollout.multi_turn.enable=true", "multi-turn"),
-    ("actor_rollout_ref.rollout.layered_summon=true", "layered_summon"),
+    ("critic.model.lora_rank=8", "critic trains every parameter"),
+    ("actor_rollout_ref.model.lora_rank=-1", "lora_rank"),
     ("actor_rollout_ref.rollout.load_format=pt", "load_format"),
 ])
 def test_keys_we_cannot_honour_fail_in_one_line(override, match):

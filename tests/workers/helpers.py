@@ -50,3 +50,14 @@ def hf_response_log_probs(model, batch: DataProto, temperature: float) -> torch.
     r = b["responses"].shape[1]
     logp = torch.log_softmax(logits[:, -r - 1:-1].float() / temperature, dim=-1)
     return logp.gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1)
+
+
+def ppo_batch(model, **kw) -> DataProto:
+    """``make_batch(**kw)`` with ``old_log_probs`` and ``ref_log_prob`` near ``model``'s own (T = 0.7):
+    the old policy slightly off the current one so ratios and clipping are exercised."""
+    data = make_batch(**kw)
+    lp = hf_response_log_probs(model, data, 0.7)
+    g = torch.Generator().manual_seed(1)
+    data.batch["old_log_probs"] = lp + 0.3 * torch.randn(lp.shape, generator=g)
+    data.batch["ref_log_prob"] = lp + 0.1 * torch.randn(lp.shape, generator=g)
+    return data

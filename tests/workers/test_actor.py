@@ -11,7 +11,7 @@ import torch
 from hybrid_rl.workers.actor import DataParallelPPOActor
 from hybrid_rl.workers.builders import build_optimizer
 from hybrid_rl.workers.model_loader import load_causal_lm
-from tests.workers.helpers import actor_config, hf_response_log_probs, make_batch
+from tests.workers.helpers import actor_config, hf_response_log_probs, make_batch, ppo_batch
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +49,7 @@ def test_compute_log_prob_requires_meta(base_model):
         actor.compute_log_prob(make_batch())
 
 
-def _prepared_batch(model, **kw):
-    data = make_batch(**kw)
-    lp = hf_response_log_probs(model, data, 0.7)
-    g = torch.Generator().manual_seed(1)
-    # old policy slightly off the current one so ratios and clipping are exercised
-    data.batch["old_log_probs"] = lp + 0.3 * torch.randn(lp.shape, generator=g)
-    data.batch["ref_log_prob"] = lp + 0.1 * torch.randn(lp.shape, generator=g)
-    return data
+_prepared_batch = ppo_batch
 
 
 def _run_update(model, data, adam=False, remove_padding=False, **cfg):

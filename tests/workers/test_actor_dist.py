@@ -14,7 +14,7 @@ from hybrid_rl.workers.config import FSDPConfig, MixedPrecisionConfig, ModelConf
 from hybrid_rl.workers.fsdp_utils import full_state_dict
 from hybrid_rl.workers.model_loader import load_causal_lm
 from tests.workers.dist_helpers import run_ranks
-from tests.workers.helpers import actor_config, hf_response_log_probs, make_batch
+from tests.workers.helpers import actor_config, hf_response_log_probs, ppo_batch
 
 FP32 = FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype="float32"))
 BF16 = FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype="bfloat16"))  # bf16 numerics on every CPU kind
@@ -22,11 +22,7 @@ COMMON = dict(use_kl_loss=True, kl_loss_coef=0.5, entropy_coeff=0.01, ppo_micro_
 
 
 def _prepared_batch(model):
-    data = make_batch()
-    lp = hf_response_log_probs(model, data, 0.7)
-    g = torch.Generator().manual_seed(1)
-    data.batch["old_log_probs"] = lp + 0.3 * torch.randn(lp.shape, generator=g)
-    data.batch["ref_log_prob"] = lp + 0.1 * torch.randn(lp.shape, generator=g)
+    data = ppo_batch(model)
     data.meta_info.update(micro_batch_size=3, use_dynamic_bsz=False)
     return data
 

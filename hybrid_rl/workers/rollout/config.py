@@ -91,7 +91,8 @@ class RolloutConfig:
     the actor's weights are synced into the engine before its first generation, so samples always
     come from the actor; hybrid_rl's engines load the model folder to build the model."""
     layered_summon: bool = False
-    """veRL's layer-by-layer LoRA weight gather; only meaningful with LoRA (must stay false)."""
+    """veRL's layer-by-layer gather of LoRA weights for the engine sync. Accepted either way: the
+    sync here always streams one tensor at a time from the shards (peak = one layer's weights)."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Multi-turn rollout settings (veRL names)."""
     n: int = 1
@@ -173,9 +174,6 @@ class RolloutConfig:
                "use sync (or veRL's async)")
         _check(self.load_format in LOAD_FORMATS, "rollout.load_format", self.load_format,
                f"must be one of {LOAD_FORMATS}", "use dummy (the actor's weights are synced before generating)")
-        _check(not self.layered_summon, "rollout.layered_summon", self.layered_summon,
-               "it gathers LoRA weights layer by layer, and hybrid_rl has no LoRA actor yet",
-               "set rollout.layered_summon=false")
         max_tokens = self.log_prob_max_token_len_per_gpu
         _check(max_tokens is None or max_tokens >= 1, "rollout.log_prob_max_token_len_per_gpu", max_tokens,
                "must be a positive integer or null", "use null (the actor's budget) or e.g. 16384")

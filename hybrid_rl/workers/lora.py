@@ -1,0 +1,118 @@
+"""LoRA actor through ``peft``: wrapping, the reference for free, merged weights for the rollout.
+
+With ``actor_rollout_ref.model.lora_rank > 0`` (veRL's switch) the actor is the HF model wrapped by
+``peft.get_peft_model`` (``LoraConfig(r, lora_alpha, target_modules, bias="none")``, CAUSAL_LM, no
+dropout): the base weights are frozen, only the adapters train and have optimizer state. Because a
+fresh adapter is zero (peft initialises ``lora_B`` to 0), the actor starts as the base model, and the
+reference policy is the same module with the adapter disabled (``PeftModel.disable_adapter``): no
+second copy of the model, as veRL does.
+
+The rollout engines hold plain HF models. After an update they receive the merged weights
+``W + scaling * B @ A`` of every LoRA layer (peft's ``merge`` formula, with peft's own ``scaling``,
+i.e. ``lora_alpha / r``) under the HF names, streamed one tensor at a time from the FSDP2 shards.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any, ContextManager, Iterable, Iterator, Optional
+
+import torch
+from torch import nn
+
+from hybrid_rl.workers.config import ModelConfig
+
+__all__ = ["lora_enabled", "apply_lora", "reference_context", "merged_lora_weights", "is_lora_model"]
+
+_PEFT_PREFIX = "base_model.model."
+LORA_INIT_SEED = 0
+"""Seed of the adapters' random initialisation (identical on every rank)."""
+LORA_ADAPTER = "default"
+"""peft's name of the one adapter."""
+
+
+def lora_enabled(model_config: ModelConfig) -> bool:
+    """veRL's switch: LoRA is on when ``lora_rank > 0``."""
+    return model_config.lora_rank > 0
+
+
+def is_lora_model(module: nn.Module) -> bool:
+    """True for a peft-wrapped model (also once FSDP2 has wrapped it)."""
+    from peft import PeftModel
+
+    return isinstance(module, PeftModel)
+
+
+def _target_modules(value: Any) -> Any:
+    """``all-linear`` stays a string; a list (also an OmegaConf ListConfig) becomes a plain list."""
+    return value if isinstance(value, str) else [str(v) for v in value]
+
+
+def apply_lora(model: nn.Module, model_config: ModelConfig, key: str = "actor_rollout_ref.model") -> nn.Module:
+    """``model`` wrapped with fresh LoRA adapters (base frozen); a target module the model does not
+    have is a one-line ``ValueError`` naming ``<key>.target_modules``."""
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    targets = _target_modules(model_config.target_modules)
+    config = LoraConfig(task_type=TaskType.CAUSAL_LM, r=model_config.lora_rank, lora_alpha=model_config.lora_alpha,
+                        target_modules=targets, lora_dropout=0.0, bias="none")
+    try:
+        # lora_A is drawn at random (lora_B is 0): the same seed on every rank gives every rank the
+        # same adapters before FSDP2 shards them, and leaves the caller's RNG untouched.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(LORA_INIT_SEED)
+            return get_peft_model(model, config)
+    except ValueError as error:  # peft: "Target modules {...} not found in the base model..."
+        raise ValueError(f"{key}.target_modules={targets!r} is invalid: {str(error).splitlines()[0]} Fix: use "
+                         "all-linear or names of the model's Linear layers, e.g. [q_proj, k_proj, v_proj, "
+                         "o_proj].") from None
+
+
+def reference_context(module: nn.Module) -> ContextManager:
+    """Context in which ``module`` computes the reference policy: the adapter disabled for a LoRA
+    actor (the frozen base weights), nothing for a separate reference model."""
+    return module.disable_adapter() if is_lora_model(module) else nullcontext()
+
+
+def _lora_scalings(module: nn.Module) -> dict[str, float]:
+    """``{state-dict prefix of a LoRA layer: peft's scaling}`` (the prefix ends with a dot)."""
+    from peft.tuners.lora import LoraLayer
+
+    return {f"{name}.": float(m.scaling[LORA_ADAPTER]) for name, m in module.named_modules()
+            if isinstance(m, LoraLayer) and LORA_ADAPTER in m.scaling}
+
+
+def _hf_name(name: str) -> str:
+    """peft state-dict name -> the HF model's name."""
+    return name.removeprefix(_PEFT_PREFIX).replace(".base_layer.", ".")
+
+
+def merged_lora_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], module: nn.Module,
+                        dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF-named full weights of a LoRA model with every adapter merged, from the stream of its full
+    state (``iter_full_state``; fp32 in, so the merge is exact before the cast to ``dtype``).
+
+    Holds at most one layer's base weight and its two adapter factors at a time.
+    """
+    scalings = _lora_scalings(module)
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    with torch.no_grad():
+        for name, tensor in named_tensors:
+            prefix = next((p for p in scalings if name.startswith(p)), None)
+            if prefix is None:
+                yield _hf_name(name), tensor if dtype is None else tensor.to(dtype)
+                continue
+            part = name[len(prefix):]
+            if part == "base_layer.bias":
+                yield _hf_name(name), tensor if dtype is None else tensor.to(dtype)
+                continue
+            parts = pending.setdefault(prefix, {})
+            parts[part] = tensor
+            if len(parts) == 3:
+                del pending[prefix]
+                base, a, b = (parts["base_layer.weight"], parts[f"lora_A.{LORA_ADAPTER}.weight"],
+                              parts[f"lora_B.{LORA_ADAPTER}.weight"])
+                merged = base.float() + scalings[prefix] * (b.float() @ a.float())  # [out, in]
+                yield _hf_name(prefix + "weight"), merged.to(dtype or base.dtype)
+    if pending:
+        raise ValueError(f"incomplete LoRA layers in the weight stream: {sorted(pending)}")
