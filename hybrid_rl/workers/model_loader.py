@@ -207,7 +207,28 @@ def load_value_model(path: str, *, dtype: str = "float32", trust_remote_code: bo
     config = load_hf_config(path, trust_remote_code=trust_remote_code)
     for name, value in overrides.items():
         setattr(config, name, value)  # classifier_dropout may be new for this config class
-    model = AutoModelForTokenClassification.from_pretrained(
-        path, config=config, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code)
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report lists the new head as MISSING: expected, not news
+    try:
+        model, info = AutoModelForTokenClassification.from_pretrained(
+            path, config=config, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code,
+            output_loading_info=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    head = {name for name, _ in model.named_parameters() if name.startswith(_head_prefix(model))}
+    missing = [k for k in info["missing_keys"] if k not in head]
+    if missing:
+        logger.warning("value model from %s: %d backbone weights are not in the checkpoint and were initialised "
+                       "at random (e.g. %s)", path, len(missing), missing[:3])
     model.eval()
     return model
+
+
+def _head_prefix(model) -> str:
+    """Name prefix of a token-classification model's new head (``score.`` for Llama/Qwen)."""
+    for name in ("score", "classifier"):
+        if hasattr(model, name):
+            return name + "."
+    return "score."
