@@ -2,6 +2,7 @@
 
     python benchmarks/bench_step.py                          # 6 steps of the fixed config below
     python benchmarks/bench_step.py --steps 6 --json /tmp/step.json actor_rollout_ref.actor.use_dynamic_bsz=true
+    python benchmarks/bench_step.py --lora-rank 32           # the same work with a LoRA actor
 
 Fixed config (the work a user would give TRL's GRPOTrainer): embedded SmolLM2-135M-Instruct,
 8 prompts x 4 responses, <= 32 response tokens, synthetic arithmetic, KL loss to the reference
@@ -115,6 +116,14 @@ def step_figures(m: dict, sizes: tuple[int, int], rows: int, peaks: dict[str, Op
     return out
 
 
+def lora_overrides(rank: int) -> list[str]:
+    """The LoRA preset of ``--lora-rank`` (the recipes/arithmetic_grpo_lora settings at that rank)."""
+    if rank <= 0:
+        return []
+    return [f"actor_rollout_ref.model.lora_rank={rank}", f"actor_rollout_ref.model.lora_alpha={2 * rank}",
+            "actor_rollout_ref.model.target_modules=all-linear", "actor_rollout_ref.actor.optim.lr=1e-4"]
+
+
 def run(args: argparse.Namespace) -> dict:
     import torch
 
@@ -125,8 +134,8 @@ def run(args: argparse.Namespace) -> dict:
     from hybrid_rl.trainer.validate import make_run_plan
 
     run_dir = tempfile.mkdtemp(prefix="bench_step_")
-    overrides = DEFAULT_OVERRIDES + [f"trainer.total_training_steps={args.steps}",
-                                     f"trainer.default_local_dir={run_dir}"] + args.overrides
+    overrides = (DEFAULT_OVERRIDES + [f"trainer.total_training_steps={args.steps}", f"trainer.default_local_dir={run_dir}"]
+                 + lora_overrides(args.lora_rank) + args.overrides)
     cfg = get_config(overrides)
     steps: list[dict] = []
 
@@ -163,6 +172,11 @@ def median_figures(result: dict) -> dict:
     return {k: statistics.median(s[k] for s in kept) for k in kept[0]}
 
 
+def _pct(share: float) -> str:
+    """A share as a percentage; ``n/a`` where no peak was measurable (an emulated dtype)."""
+    return "n/a" if share != share else f"{share:.0%}"
+
+
 def print_table(result: dict) -> None:
     cols = ["step_s", "gen_s", "old_log_prob_s", "ref_s", "adv_s", "update_actor_s", "update_weights_s",
             "overhead_s", "dispatch_s"]
@@ -180,9 +194,9 @@ def print_table(result: dict) -> None:
           f"{med['train_tok_s']:.0f} tok/s, padding in trained micro-batches {med['padding_frac']:.1%}")
     for label in ("old_log_prob", "ref", "update_actor"):
         if f"{label}_gflops" in med:
-            print(f"  {label:>13}: {med[f'{label}_gflops']:6.0f} GFLOP/s = {med[f'{label}_mfu']:.0%} of the "
-                  f"{result['compute_dtype']} peak (bf16 {med[f'{label}_mfu_bfloat16']:.0%}, fp32 "
-                  f"{med[f'{label}_mfu_float32']:.0%}); computed/valid tokens "
+            print(f"  {label:>13}: {med[f'{label}_gflops']:6.0f} GFLOP/s = {_pct(med[f'{label}_mfu'])} of the "
+                  f"{result['compute_dtype']} peak (bf16 {_pct(med[f'{label}_mfu_bfloat16'])}, fp32 "
+                  f"{_pct(med[f'{label}_mfu_float32'])}); computed/valid tokens "
                   f"{med[f'{label}_computed_token_frac']:.2f}")
     print(f"  driver/Ray overhead {med['overhead_s']:.2f} s ({med['overhead_frac']:.1%} of the step), "
           f"of which dispatch + serialization {med['dispatch_s']:.2f} s ({med['dispatch_frac']:.1%})")
@@ -196,6 +210,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=1, help="first steps left out of the medians")
     parser.add_argument("--json", default=None, help="also write all figures to this JSON file")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="LoRA actor of this rank on all linear layers (alpha 2x rank, lr 1e-4); 0 = full")
     parser.add_argument("overrides", nargs="*", help="Hydra key=value overrides")
     args = parser.parse_args()
     result = run(args)
