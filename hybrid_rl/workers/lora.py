@@ -14,7 +14,7 @@ i.e. ``lora_alpha / r``) under the HF names, streamed one tensor at a time from 
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Any, ContextManager, Iterable, Iterator, Optional
 
 import torch
@@ -69,9 +69,28 @@ def apply_lora(model: nn.Module, model_config: ModelConfig, key: str = "actor_ro
 
 
 def reference_context(module: nn.Module) -> ContextManager:
-    """Context in which ``module`` computes the reference policy: the adapter disabled for a LoRA
-    actor (the frozen base weights), nothing for a separate reference model."""
-    return module.disable_adapter() if is_lora_model(module) else nullcontext()
+    """Context in which ``module`` computes the reference policy: the adapters off for a LoRA actor
+    (the frozen base weights), nothing for a separate reference model."""
+    return _adapters_off(module) if is_lora_model(module) else nullcontext()
+
+
+@contextmanager
+def _adapters_off(module: nn.Module) -> Iterator[None]:
+    """Every LoRA layer computes its base layer only, as in peft's ``disable_adapter()``, but the
+    adapters' ``requires_grad`` is left alone: peft's context flips it, and FSDP2 reads it when it
+    initialises lazily at the first forward; a first forward inside peft's context leaves FSDP2
+    without a gradient-reduce dtype ("assign a gradient with dtype BFloat16 to ... Float")."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in module.modules() if isinstance(m, BaseTunerLayer)]
+    previous = [layer._disable_adapters for layer in layers]
+    for layer in layers:
+        layer._disable_adapters = True  # the flag peft's own enable_adapters() sets
+    try:
+        yield
+    finally:
+        for layer, flag in zip(layers, previous):
+            layer._disable_adapters = flag
 
 
 def _lora_scalings(module: nn.Module) -> dict[str, float]:

@@ -117,3 +117,22 @@ def test_two_rank_lora_update_equals_one_rank(tiny_model_dir, tmp_path):
     assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
     base = load_causal_lm(tiny_model_dir).state_dict()
     assert max((one["merged"][k] - base[k]).abs().max().item() for k in base) > 1e-4  # it trained
+
+
+def _bf16_ref_then_update_job(rank, world, model_dir, data, ref_first, out_path):
+    bf16 = FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype="bfloat16"))
+    model = build_causal_lm(_lora_config(model_dir), model_dir, bf16, CPU, trainable=True)
+    actor = DataParallelPPOActor(actor_config(**COMMON), model, build_optimizer(model, OptimConfig(lr=1e-3)),
+                                 use_remove_padding=True)
+    if ref_first:  # the worker's step order: the reference pass is the FSDP2 module's first forward
+        with reference_context(model):
+            actor.compute_log_prob(data)
+    torch.save(actor.update_policy(data)["actor/grad_norm"][0], out_path)
+
+
+def test_reference_pass_first_under_fsdp2_bf16_leaves_the_update_intact(tiny_model_dir, tmp_path):
+    data = _prepared_batch(load_causal_lm(tiny_model_dir))
+    for ref_first in (False, True):
+        run_ranks(_bf16_ref_then_update_job, 1, tiny_model_dir, data, ref_first, str(tmp_path / f"{ref_first}.pt"))
+    norms = [torch.load(tmp_path / f"{flag}.pt") for flag in (False, True)]
+    assert norms[0] == norms[1] and norms[0] > 0
