@@ -159,8 +159,9 @@ def merge_checkpoint(local_dir: str, target_dir: str, dtype: Optional[str] = Non
 
 
 def _loaded(state: dict[str, torch.Tensor], auto_cls, config, adapter_dir: Optional[Path]):
-    """A real model (adapters included when ``adapter_dir`` is given) holding ``state``."""
-    model = auto_cls.from_config(config)
+    """A real model (adapters included when ``adapter_dir`` is given) holding ``state``. A LoRA model
+    is built in fp32 (its base may be stored in bf16), so the merge is exact before ``--dtype``."""
+    model = auto_cls.from_config(config, dtype=torch.float32) if adapter_dir is not None else auto_cls.from_config(config)
     if adapter_dir is not None:
         model = _with_adapters(model, adapter_dir)
     missing, unexpected = model.load_state_dict(state, strict=False)

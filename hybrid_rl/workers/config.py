@@ -71,11 +71,12 @@ class ModelConfig:
         _check(bool(self.path), "model.path", self.path, "must name a model",
                "set it to a local HF folder or to " + DEFAULT_MODEL_PATH)
         _check_dtype("model.dtype", self.dtype)
-        _check(isinstance(self.lora_rank, int) and self.lora_rank >= 0, "model.lora_rank", self.lora_rank,
+        _check(type(self.lora_rank) is int and self.lora_rank >= 0, "model.lora_rank", self.lora_rank,
                "must be 0 (full fine-tuning) or a positive rank", "use 0, or e.g. 32 for LoRA")
         _check(self.lora_alpha > 0, "model.lora_alpha", self.lora_alpha, "must be > 0", "use e.g. 16")
         targets = self.target_modules
-        _check(isinstance(targets, str) or (len(targets) > 0 and all(isinstance(t, str) for t in targets)),
+        _check(isinstance(targets, str) or (hasattr(targets, "__len__") and len(targets) > 0
+                                            and all(isinstance(t, str) for t in targets)),
                "model.target_modules", targets, "must be all-linear or a non-empty list of module names",
                "use all-linear or e.g. [q_proj, v_proj]")
 

@@ -160,7 +160,7 @@ class ActorRolloutRefWorker(Worker):
 
     def _rollout_weights(self):
         """The actor's full weights for the engine, in the rollout dtype, one tensor at a time; a
-        LoRA actor's adapters merged into them (streamed in fp32, cast after the merge)."""
+        LoRA actor's adapters merged into them (the merge in fp32, cast after it)."""
         dtype = torch_dtype(resolve_dtype(self.config.rollout.dtype, self.device.type, "rollout"))
         if not is_lora_model(self.actor_module):
             return iter_full_state(self.actor_module, dtype=dtype, device=self.device)

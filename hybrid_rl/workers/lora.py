@@ -56,16 +56,38 @@ def apply_lora(model: nn.Module, model_config: ModelConfig, key: str = "actor_ro
     targets = _target_modules(model_config.target_modules)
     config = LoraConfig(task_type=TaskType.CAUSAL_LM, r=model_config.lora_rank, lora_alpha=model_config.lora_alpha,
                         target_modules=targets, lora_dropout=0.0, bias="none")
+    fix = "Fix: use all-linear or names of the model's Linear layers, e.g. [q_proj, k_proj, v_proj, o_proj]."
     try:
         # lora_A is drawn at random (lora_B is 0): the same seed on every rank gives every rank the
         # same adapters before FSDP2 shards them, and leaves the caller's RNG untouched.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(LORA_INIT_SEED)
-            return get_peft_model(model, config)
+            peft_model = get_peft_model(model, config)
     except ValueError as error:  # peft: "Target modules {...} not found in the base model..."
-        raise ValueError(f"{key}.target_modules={targets!r} is invalid: {str(error).splitlines()[0]} Fix: use "
-                         "all-linear or names of the model's Linear layers, e.g. [q_proj, k_proj, v_proj, "
-                         "o_proj].") from None
+        raise ValueError(f"{key}.target_modules={targets!r} is invalid: {str(error).splitlines()[0]} {fix}") from None
+    unsupported = _unmergeable_layers(peft_model)
+    if unsupported:
+        raise ValueError(f"{key}.target_modules={targets!r} is invalid: {unsupported[0]} cannot be merged into the "
+                         f"rollout's weights here (only untied nn.Linear layers can). {fix}")
+    return peft_model
+
+
+def _unmergeable_layers(peft_model: nn.Module) -> list[str]:
+    """LoRA layers that :func:`merged_lora_weights` does not merge: other than a plain ``nn.Linear``
+    (embeddings, GPT-2's transposed Conv1D), DoRA or adapter biases, or a tied output layer."""
+    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.lora import LoraLayer
+
+    config = peft_model.peft_config[LORA_ADAPTER]
+    tied = bool(getattr(peft_model.config, "tie_word_embeddings", False))
+    bad = []
+    for name, module in peft_model.named_modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        plain = isinstance(module, LoraLinear) and not getattr(module, "fan_in_fan_out", False)
+        if not plain or config.use_dora or getattr(config, "lora_bias", False) or (tied and name.endswith("lm_head")):
+            bad.append(name.removeprefix(_PEFT_PREFIX))
+    return bad
 
 
 def reference_context(module: nn.Module) -> ContextManager:
@@ -109,7 +131,7 @@ def _hf_name(name: str) -> str:
 def merged_lora_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], module: nn.Module,
                         dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
     """HF-named full weights of a LoRA model with every adapter merged, from the stream of its full
-    state (``iter_full_state``; fp32 in, so the merge is exact before the cast to ``dtype``).
+    state (``iter_full_state``). The merge is computed in fp32 and cast to ``dtype`` (default fp32).
 
     Holds at most one layer's base weight and its two adapter factors at a time.
     """
@@ -132,6 +154,6 @@ def merged_lora_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], modul
                 base, a, b = (parts["base_layer.weight"], parts[f"lora_A.{LORA_ADAPTER}.weight"],
                               parts[f"lora_B.{LORA_ADAPTER}.weight"])
                 merged = base.float() + scalings[prefix] * (b.float() @ a.float())  # [out, in]
-                yield _hf_name(prefix + "weight"), merged.to(dtype or base.dtype)
+                yield _hf_name(prefix + "weight"), merged.to(dtype or torch.float32)
     if pending:
         raise ValueError(f"incomplete LoRA layers in the weight stream: {sorted(pending)}")

@@ -18,16 +18,26 @@ LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alp
 NO_VAL = ("trainer.val_before_train=false", "trainer.val_at_end=false")
 
 
+def _length_reward(tmp_path) -> tuple[str, str]:
+    """A reward a random tiny model gets signal from (the arithmetic rule scores it 0 everywhere,
+    which leaves GRPO's advantages and so every gradient at 0)."""
+    path = tmp_path / "length_reward.py"
+    path.write_text("def length_bonus(data_source, solution_str, ground_truth, extra_info=None):\n"
+                    "    return len(solution_str) / 100.0\n")
+    return f"custom_reward_function.path={path}", "custom_reward_function.name=length_bonus"
+
+
 def test_grpo_lora_two_workers_trains_only_adapters_and_exports(tmp_path, tiny_model_dir):
-    _assert_ok(_run_cli(tmp_path, tiny_model_dir, *LORA, "trainer.val_before_train=false"))
+    _assert_ok(_run_cli(tmp_path, tiny_model_dir, *LORA, *_length_reward(tmp_path), "trainer.val_before_train=false"))
     run = tmp_path / "run"
     rows = _rows(run)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["actor/kl_loss"] == r["actor/kl_loss"] for r in rows)  # finite: the ref log-probs exist
     assert rows[0]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # step 1: policy == reference (B = 0)
+    assert rows[-1]["actor/kl_loss"] > 1e-6  # later the adapted policy has moved away from the base
     first, last = _weights(run / "global_step_1"), _weights(run / "global_step_3")
     changed = {k.split(":", 1)[1] for k in first if not torch.equal(first[k], last[k])}
-    assert changed and all(".lora_A." in k or ".lora_B." in k for k in changed)
+    assert any(".lora_B." in k for k in changed) and all(".lora_A." in k or ".lora_B." in k for k in changed)
     log = (run / "logs" / "worker_0.log").read_text()
     assert "precision on" not in log and "rank 0/2 joined" in log  # the worker writes its own log file
     _exports_reproduce_the_last_validation(tmp_path, tiny_model_dir)
@@ -61,7 +71,8 @@ def _exports_reproduce_the_last_validation(tmp_path, base_dir):
 @pytest.mark.vllm
 def test_grpo_lora_with_the_vllm_rollout(tmp_path, tiny_model_dir):
     pytest.importorskip("vllm")
-    overrides = [o for o in _overrides(tmp_path, tiny_model_dir, *LORA, *NO_VAL, "trainer.total_training_steps=2",
+    overrides = [o for o in _overrides(tmp_path, tiny_model_dir, *LORA, *NO_VAL, *_length_reward(tmp_path),
+                                       "trainer.total_training_steps=2",
                                        "trainer.n_gpus_per_node=1")
                  if o not in ("actor_rollout_ref.rollout.name=hf", "trainer.n_gpus_per_node=2",
                               "trainer.total_training_steps=3")]
@@ -77,10 +88,11 @@ def test_lora_run_killed_mid_update_resumes_to_the_same_weights(tmp_path, tiny_m
     straight, faulty = tmp_path / "straight", tmp_path / "faulty"
     for root in (straight, faulty):
         root.mkdir()
-    _assert_ok(_run_cli(straight, tiny_model_dir, *LORA, *NO_VAL))
+    reward = _length_reward(tmp_path)
+    _assert_ok(_run_cli(straight, tiny_model_dir, *LORA, *NO_VAL, *reward))
     env = {"HYBRID_RL_FAULT": "kill:update_actor:2:1", "HYBRID_RL_FAULT_STATE": str(faulty / "faults")}
-    _assert_ok(_run_cli(faulty, tiny_model_dir, *LORA, *NO_VAL, "trainer.max_restarts=1", env=env))
+    _assert_ok(_run_cli(faulty, tiny_model_dir, *LORA, *NO_VAL, *reward, "trainer.max_restarts=1", env=env))
     a, b = _weights(straight / "run" / "global_step_3"), _weights(faulty / "run" / "global_step_3")
-    assert a.keys() == b.keys() and any(".lora_B." in k for k in a)
+    assert a.keys() == b.keys() and any(".lora_B." in k and a[k].abs().max() > 0 for k in a)
     for key in a:
         assert torch.equal(a[key], b[key]), key

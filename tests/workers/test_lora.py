@@ -12,7 +12,7 @@ import torch
 from hybrid_rl.workers.actor import DataParallelPPOActor
 from hybrid_rl.workers.builders import build_causal_lm, build_optimizer
 from hybrid_rl.workers.config import FSDPConfig, MixedPrecisionConfig, ModelConfig, OptimConfig
-from hybrid_rl.workers.fsdp_utils import full_state_dict, iter_full_state
+from hybrid_rl.workers.fsdp_utils import iter_full_state
 from hybrid_rl.workers.lora import apply_lora, is_lora_model, merged_lora_weights, reference_context
 from hybrid_rl.workers.model_loader import load_causal_lm
 from tests.workers.dist_helpers import run_ranks
@@ -102,8 +102,7 @@ def _lora_update_job(rank, world, model_dir, data, out_path):
     metrics = actor.update_policy(data.chunk(world)[rank])
     merged = dict(merged_lora_weights(iter_full_state(model), model))  # collective
     if rank == 0:
-        torch.save({"state": full_state_dict(model) if world == 1 else None, "merged": merged,
-                    "grad_norm": metrics["actor/grad_norm"][0]}, out_path)
+        torch.save({"merged": merged, "grad_norm": metrics["actor/grad_norm"][0]}, out_path)
 
 
 def test_two_rank_lora_update_equals_one_rank(tiny_model_dir, tmp_path):
@@ -136,3 +135,34 @@ def test_reference_pass_first_under_fsdp2_bf16_leaves_the_update_intact(tiny_mod
         run_ranks(_bf16_ref_then_update_job, 1, tiny_model_dir, data, ref_first, str(tmp_path / f"{ref_first}.pt"))
     norms = [torch.load(tmp_path / f"{flag}.pt") for flag in (False, True)]
     assert norms[0] == norms[1] and norms[0] > 0
+
+
+def test_a_target_the_merge_cannot_take_is_one_line(tiny_model_dir):
+    with pytest.raises(ValueError, match=r"target_modules=\['embed_tokens'\] is invalid: model.embed_tokens cannot "
+                                         r"be merged"):
+        build_causal_lm(_lora_config(tiny_model_dir, targets=["embed_tokens"]), tiny_model_dir, FP32, CPU,
+                        trainable=True)
+
+
+def _bf16_reference_job(rank, world, model_dir, data, out_path):
+    bf16 = FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype="bfloat16"))
+    lora = build_causal_lm(_lora_config(model_dir), model_dir, bf16, CPU, trainable=True)
+    ref = build_causal_lm(ModelConfig(path=model_dir), model_dir, bf16, CPU, trainable=False)
+    config = actor_config(**COMMON)
+    shard = data.chunk(world)[rank]
+    with reference_context(lora):
+        from_lora, _ = DataParallelPPOActor(config, lora, use_remove_padding=True).compute_log_prob(shard)
+    separate, _ = DataParallelPPOActor(config, ref, use_remove_padding=True).compute_log_prob(shard)
+    base_dtypes = sorted({str(p.dtype) for p in lora.parameters() if not p.requires_grad})
+    torch.save({"equal": torch.equal(from_lora, separate), "base_dtypes": base_dtypes}, f"{out_path}.{rank}")
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_reference_equals_the_separate_reference_under_fsdp2_bf16(tiny_model_dir, tmp_path, world):
+    """In the production dtype: the LoRA base is stored in bf16 like the separate frozen reference,
+    and its log-probs with the adapters off are bit-identical to that reference's, on 1 and 2 ranks."""
+    data = _prepared_batch(load_causal_lm(tiny_model_dir))
+    run_ranks(_bf16_reference_job, world, tiny_model_dir, data, str(tmp_path / "res"))
+    for rank in range(world):
+        res = torch.load(tmp_path / f"res.{rank}")
+        assert res["equal"] and res["base_dtypes"] == ["torch.bfloat16"], res
