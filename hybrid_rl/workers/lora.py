@@ -4,8 +4,9 @@ With ``actor_rollout_ref.model.lora_rank > 0`` (veRL's switch) the actor is the 
 ``peft.get_peft_model`` (``LoraConfig(r, lora_alpha, target_modules, bias="none")``, CAUSAL_LM, no
 dropout): the base weights are frozen, only the adapters train and have optimizer state. Because a
 fresh adapter is zero (peft initialises ``lora_B`` to 0), the actor starts as the base model, and the
-reference policy is the same module with the adapter disabled (``PeftModel.disable_adapter``): no
-second copy of the model, as veRL does.
+reference policy is the same module with the adapters off (peft's disable flag, set as its own
+``disable_adapter()`` does but without touching ``requires_grad``; see :func:`_adapters_off`): no second
+copy of the model, as veRL does.
 
 The rollout engines hold plain HF models. After an update they receive the merged weights
 ``W + scaling * B @ A`` of every LoRA layer (peft's ``merge`` formula, with peft's own ``scaling``,
