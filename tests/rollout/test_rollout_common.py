@@ -196,6 +196,27 @@ def test_vllm_cpu_refusing_the_head_size_falls_back_to_hf_in_one_line(tmp_path, 
 
 @pytest.mark.vllm
 @pytest.mark.skipif(vllm_unavailable_reason("cpu") is not None, reason="vllm-cpu is not usable here")
+def test_engine_refusing_the_model_at_start_up_falls_back_to_hf(tiny_model_dir, caplog, monkeypatch):
+    """An ISA-specific refusal only the engine sees (vLLM-CPU's C++ kernel on AVX2) is one line too."""
+    import vllm
+
+    import hybrid_rl.workers.rollout as rollout_pkg
+    from hybrid_rl.workers.model_loader import load_tokenizer
+
+    def refuse(**_kwargs):
+        raise RuntimeError("Traceback ...\nUnsupported CPU attention configuration: head_dim=64 isa=2\nmore")
+
+    monkeypatch.setattr(vllm, "LLM", refuse)
+    monkeypatch.setattr(rollout_pkg, "_fallback_logged", False)
+    cfg = RolloutConfig(name="vllm", dtype="float32", response_length=2, prompt_length=8)
+    with caplog.at_level("WARNING"):
+        assert build_rollout(cfg, tiny_model_dir, load_tokenizer(tiny_model_dir), "cpu").name == "hf"
+    (notice,) = [r.getMessage() for r in caplog.records if "falling back to the hf rollout" in r.getMessage()]
+    assert "Unsupported CPU attention configuration: head_dim=64 isa=2" in notice and "\n" not in notice
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(vllm_unavailable_reason("cpu") is not None, reason="vllm-cpu is not usable here")
 def test_vllm_engine_kwargs_block_size_and_logprobs_mode(tiny_model_dir):
     from hybrid_rl.workers.model_loader import load_tokenizer
     from hybrid_rl.workers.rollout.vllm_rollout import _engine_kwargs

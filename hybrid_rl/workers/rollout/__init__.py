@@ -63,9 +63,12 @@ def build_rollout(config: RolloutConfig, model_path: str, tokenizer: Any, device
         reason = (vllm_unavailable_reason(device)
                   or vllm_model_unsupported_reason(model_path, device, trust_remote_code))
         if reason is None:
-            from hybrid_rl.workers.rollout.vllm_rollout import VLLMRollout
+            from hybrid_rl.workers.rollout.vllm_rollout import EngineRefusedModel, VLLMRollout
 
-            return VLLMRollout(config, model_path, tokenizer, device=device, trust_remote_code=trust_remote_code)
+            try:
+                return VLLMRollout(config, model_path, tokenizer, device=device, trust_remote_code=trust_remote_code)
+            except EngineRefusedModel as refusal:  # e.g. an ISA-specific kernel the pre-check cannot see
+                reason = str(refusal)
         if not _fallback_logged:
             logger.warning("rollout.name=vllm: %s; falling back to the hf rollout (transformers generate).",
                            reason)

