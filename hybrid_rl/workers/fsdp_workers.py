@@ -150,6 +150,8 @@ class ActorRolloutRefWorker(Worker):
                 self.rollout.update_weights(self._rollout_weights())
                 self._synced_version = self._weights_version
                 metrics["timing_s/weight_sync"] = time.perf_counter() - start
+                if is_lora_model(self.actor_module):  # how the adapters reached the engine (docs/lora.md)
+                    metrics["rollout/lora_sync_merged"] = 1.0
             start = time.perf_counter()
             output = self.rollout.generate_sequences(prompts)
             metrics["timing_s/generate_sequences_worker"] = time.perf_counter() - start

@@ -82,6 +82,7 @@ def test_grpo_lora_with_the_vllm_rollout(tmp_path, tiny_model_dir):
     _assert_ok(result)
     rows = _rows(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2] and rows[-1]["timing_s/weight_sync"] > 0
+    assert rows[-1]["rollout/lora_sync_merged"] == 1.0
 
 
 def test_lora_run_killed_mid_update_resumes_to_the_same_weights(tmp_path, tiny_model_dir):
