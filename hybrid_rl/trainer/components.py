@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.validate import RunPlan, as_file_list
@@ -190,6 +191,20 @@ def model_param_split(cfg: PPOConfig) -> tuple[int, int]:
     return count_model_params(cfg) - head, head
 
 
+@contextmanager
+def worker_threads(plan: RunPlan) -> Iterator[None]:
+    """The driver measures (probe, matmul peak) with the thread count one CPU worker computes with."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if plan.device == "cpu":
+        torch.set_num_threads(plan.threads_per_worker)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def compute_dtype_fields(cfg: PPOConfig, plan: RunPlan) -> dict[str, str]:
     """The compute-dtype keys of the models this run builds, with their configured values."""
     arr = cfg.actor_rollout_ref
@@ -209,21 +224,14 @@ def report_precision(cfg: PPOConfig, plan: RunPlan) -> str:
     """Log the run's compute dtypes and why in one line (and warn about an explicit bf16 on a CPU
     that emulates it); returns the actor's resolved compute dtype. Resolving runs the CPU probe
     once here, on the driver, so the workers read its cached result."""
-    import torch
-
     from hybrid_rl.utils.precision import describe_choices, resolve_dtype, slow_bf16_warning
 
     def role_of(key: str) -> str:
         return "rollout" if key.endswith("rollout.dtype") else "train"
 
     fields = compute_dtype_fields(cfg, plan)
-    threads = torch.get_num_threads()
-    if plan.device == "cpu":  # probe with the threads one worker computes with
-        torch.set_num_threads(plan.threads_per_worker)
-    try:
+    with worker_threads(plan):  # probe with the threads one worker computes with
         logger.info(describe_choices(fields, plan.device, role_of))
-    finally:
-        torch.set_num_threads(threads)
     warning = slow_bf16_warning(fields, plan.device)
     if warning:
         logger.warning(warning)

@@ -462,19 +462,13 @@ class RayPPOTrainer:
         The peak is measured in the dtype the update computes in; None when it cannot be measured
         quickly (no MFU rather than a wrong one)."""
         if self._flops is None:
-            threads = torch.get_num_threads()
-            if self.plan.device == "cpu":
-                torch.set_num_threads(self.plan.threads_per_worker)
-            try:
-                # fork_rng: the measurement must not advance the driver RNG (resumed runs replay it).
-                with torch.random.fork_rng(devices=[]):
-                    self._flops = (components.model_param_split(self.config),
-                                   components.measure_peak_flops(self.plan.device, dtype=self.actor_compute_dtype))
-                if self._flops[1] is None:
-                    logger.info("perf/mfu/actor not reported: a %s matmul peak cannot be measured quickly on "
-                                "this %s", self.actor_compute_dtype, self.plan.device)
-            finally:
-                torch.set_num_threads(threads)
+            # fork_rng: the measurement must not advance the driver RNG (resumed runs replay it).
+            with components.worker_threads(self.plan), torch.random.fork_rng(devices=[]):
+                self._flops = (components.model_param_split(self.config),
+                               components.measure_peak_flops(self.plan.device, dtype=self.actor_compute_dtype))
+            if self._flops[1] is None:
+                logger.info("perf/mfu/actor not reported: a %s matmul peak cannot be measured quickly on "
+                            "this %s", self.actor_compute_dtype, self.plan.device)
         (body, head), peak = self._flops
         if peak is None:
             return None

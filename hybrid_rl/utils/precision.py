@@ -41,6 +41,8 @@ _CANONICAL = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "
               "float16": "float16", "fp16": "float16", AUTO: AUTO}
 COMPUTE_DTYPES = tuple(_CANONICAL)
 """Names a compute-dtype field accepts (veRL's spellings and ``auto``)."""
+CONCRETE_DTYPES = tuple(name for name in COMPUTE_DTYPES if name != AUTO)
+"""Names of a fixed dtype (master weights, gradient reduction, a resolved compute dtype)."""
 
 BF16_MIN_SPEEDUP = 1.5
 """On CPU, ``auto`` picks bf16 only when the probe's bf16 matmul is at least this much faster than

