@@ -117,11 +117,13 @@ def build_worker_groups(
     critic_cls: Optional[type] = None,
     call_timeout_s: Optional[float] = None,
     log_dir: Optional[str] = None,
+    rollout_rows_per_call: Optional[int] = None,
 ) -> WorkerGroups:
     """Start ``world_size`` colocated processes, each hosting actor + rollout (+ ref) (+ critic).
 
-    ``total_training_steps`` sizes the LR schedules; it is passed to the workers, never written
-    into their configs. Each worker writes its full log to ``log_dir/worker_<rank>.log``.
+    ``total_training_steps`` sizes the LR schedules and ``rollout_rows_per_call`` (the most rows one
+    generate call brings a worker) the CPU engine's KV cache; both are passed to the workers, never
+    written into their configs. Each worker writes its full log to ``log_dir/worker_<rank>.log``.
     """
     from hybrid_rl.single_controller import (
         RayClassWithInitArgs,
@@ -133,7 +135,8 @@ def build_worker_groups(
     from hybrid_rl.workers import ActorRolloutRefWorker, CriticWorker
 
     # CPU workers get the driver's probe result, so every rank resolves dtype auto the same way.
-    env_vars = {**cpu_worker_env(os.environ), **profile_env()} if plan.device == "cpu" else {}
+    env_vars = ({**cpu_worker_env(os.environ, cfg.trainer.cpu_allocator), **profile_env()}
+                if plan.device == "cpu" else {})
     env_vars.update(library_env(cfg.trainer.log_level), **({LOG_DIR_ENV: log_dir} if log_dir else {}))
     init_ray(address=cfg.ray_init.address, num_cpus=cfg.ray_init.num_cpus, runtime_env={"env_vars": env_vars},
              quiet=effective_level(cfg.trainer.log_level) != "debug")
@@ -149,6 +152,7 @@ def build_worker_groups(
             config=cfg.actor_rollout_ref,
             role=role,
             total_training_steps=total_training_steps,
+            rollout_rows_per_call=rollout_rows_per_call,
         )
     }
     if plan.use_critic:

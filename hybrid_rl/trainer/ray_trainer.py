@@ -154,7 +154,20 @@ class RayPPOTrainer:
         self.workers = components.build_worker_groups(
             self.config, self.plan, self.total_training_steps, actor_cls=actor_cls, critic_cls=critic_cls,
             call_timeout_s=self.config.trainer.worker_call_timeout_s, log_dir=os.path.join(self.run_dir, "logs"),
+            rollout_rows_per_call=self._rollout_rows_per_call(),
         )
+
+    def _rollout_rows_per_call(self) -> int:
+        """The most rows one generate call brings a worker: a training batch (x n) or a validation
+        batch (x val_kwargs.n), split over the workers."""
+        cfg = self.config
+        rollout = cfg.actor_rollout_ref.rollout
+        rows = cfg.data.train_batch_size * rollout.n
+        t = cfg.trainer
+        if self.val_dataset is not None and (t.test_freq > 0 or t.val_before_train or t.val_at_end):
+            val_batch = cfg.data.val_batch_size or len(self.val_dataset)
+            rows = max(rows, min(val_batch, len(self.val_dataset)) * rollout.val_kwargs.n)
+        return -(-rows // self.plan.world_size)
 
     def shutdown(self) -> None:
         """Stop the workers and release their devices."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
+from hybrid_rl.utils.cpu_env import CPU_ALLOCATORS
 
 # Estimators whose baseline comes from the other responses to the same prompt: with n=1 every
 # group has one member and the advantage is identically zero (nothing is learned).
@@ -303,6 +304,9 @@ def _check_trainer(cfg: PPOConfig) -> list[str]:
     if t.use_legacy_worker_impl not in ("auto", "enable"):
         errors.append(f"trainer.use_legacy_worker_impl={t.use_legacy_worker_impl!r} asks for veRL's new engine "
                       "workers, which hybrid_rl does not have; set it to auto (or enable).")
+    if t.cpu_allocator not in CPU_ALLOCATORS:
+        errors.append(f"trainer.cpu_allocator={t.cpu_allocator!r} must be one of {CPU_ALLOCATORS}; use auto "
+                      "(jemalloc where Ray ships it, else glibc).")
     if t.log_level.lower() not in LOG_LEVELS:
         errors.append(f"trainer.log_level={t.log_level!r} must be one of {LOG_LEVELS}; use info (quiet console) "
                       "or debug (everything).")

@@ -18,6 +18,7 @@ from torch import nn
 
 from hybrid_rl.algorithms import agg_loss, get_policy_loss_fn, global_batch_denominators, kl_penalty
 from hybrid_rl.protocol import DataProto
+from hybrid_rl.utils.memory import grad_bytes
 from hybrid_rl.workers.batching import all_reduce_sum, restore_order, split_micro_batches
 from hybrid_rl.workers.config import ActorConfig
 from hybrid_rl.workers.forward import padding_fraction, response_log_probs
@@ -73,6 +74,7 @@ class DataParallelPPOActor:
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.rank, self.dp_size = dp_world()
         self.num_skipped_steps = 0  # optimizer steps skipped so far (non-finite gradient norm)
+        self.last_grad_bytes = 0  # gradient bytes held at the last optimizer step (memory breakdown)
 
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
@@ -187,6 +189,7 @@ class DataParallelPPOActor:
         if cfg.use_kl_loss:
             metrics["actor/kl_loss"].append(float(totals[2]))
             metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
+        self.last_grad_bytes = grad_bytes(self.actor_module)  # held until the step clears them
         grad_norm, skipped = optimizer_step(self.actor_module, self.actor_optimizer, cfg.grad_clip, "actor")
         self.num_skipped_steps += int(skipped)
         metrics["actor/grad_norm"].append(grad_norm)

@@ -22,6 +22,7 @@ import torch
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.single_controller import Dispatch, Worker, register
 from hybrid_rl.utils import faults
+from hybrid_rl.utils.memory import current_rss, grad_bytes, module_bytes, optimizer_bytes, phase_peak
 from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers import checkpoint as ckpt
 from hybrid_rl.workers.actor import DataParallelPPOActor
@@ -65,10 +66,12 @@ class ActorRolloutRefWorker(Worker):
         config: the ``actor_rollout_ref`` section.
         role: which parts this process hosts: actor, rollout, ref, actor_rollout, actor_rollout_ref.
         total_training_steps: steps of the run, for the LR schedule (from the trainer).
+        rollout_rows_per_call: the most rows one ``generate_sequences`` call brings this worker
+            (from the trainer; sizes the CPU engine's KV cache when ``cpu_kvcache_space_gib`` is null).
     """
 
     def __init__(self, config: ActorRolloutRefConfig, role: str,
-                 total_training_steps: Optional[int] = None):
+                 total_training_steps: Optional[int] = None, rollout_rows_per_call: Optional[int] = None):
         super().__init__()
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker role={role!r} is invalid: must be one of {ROLES}.")
@@ -76,6 +79,7 @@ class ActorRolloutRefWorker(Worker):
             raise TypeError(f"config must be an ActorRolloutRefConfig, got {type(config).__name__}")
         self.config, self.role = config, role
         self.total_training_steps = total_training_steps
+        self.rollout_rows_per_call = rollout_rows_per_call
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = "rollout" in role
         self._is_ref = role in ("ref", "actor_rollout_ref")
@@ -87,6 +91,7 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self) -> None:
         """Join the process group; build the actor, reference and rollout this role hosts."""
         self.init_process_group()
+        self._baseline_rss = current_rss()  # Python, torch, transformers, Ray's worker runtime
         cfg = self.config
         self.model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or self.model_path,
@@ -105,7 +110,8 @@ class ActorRolloutRefWorker(Worker):
             from hybrid_rl.workers.rollout import build_rollout
 
             self.rollout = build_rollout(cfg.rollout, self.model_path, self.tokenizer, str(self.device),
-                                         trust_remote_code=cfg.model.trust_remote_code)
+                                         trust_remote_code=cfg.model.trust_remote_code,
+                                         rows_per_call=self.rollout_rows_per_call)
             self.rollout.sleep()
 
     def _init_actor(self, use_rmpad: bool) -> None:
@@ -143,6 +149,12 @@ class ActorRolloutRefWorker(Worker):
         self._require("rollout", "generate_sequences")
         faults.inject("generate_sequences", prompts.meta_info.get("global_steps"))  # no-op unless HYBRID_RL_FAULT (tests)
         metrics: dict[str, Any] = {}
+        with phase_peak(metrics, "perf/peak_rss_gib/gen"):
+            output = self._generate(prompts, metrics)
+        output.meta_info["metrics"] = {**output.meta_info.get("metrics", {}), **metrics}
+        return output
+
+    def _generate(self, prompts: DataProto, metrics: dict[str, Any]) -> DataProto:
         self.rollout.wake_up()
         try:
             if self._is_actor and self._synced_version != self._weights_version:
@@ -157,7 +169,6 @@ class ActorRolloutRefWorker(Worker):
             metrics["timing_s/generate_sequences_worker"] = time.perf_counter() - start
         finally:
             self.rollout.sleep()
-        output.meta_info["metrics"] = {**output.meta_info.get("metrics", {}), **metrics}
         return output
 
     def _rollout_weights(self):
@@ -185,10 +196,12 @@ class ActorRolloutRefWorker(Worker):
         dynamic = a.use_dynamic_bsz if r.log_prob_use_dynamic_bsz is None else r.log_prob_use_dynamic_bsz
         view = self._log_prob_meta(data, self.batch_sizes.log_prob_micro_batch_size_per_gpu, dynamic,
                                    r.log_prob_max_token_len_per_gpu or a.ppo_max_token_len_per_gpu)
+        metrics: dict[str, Any] = {}
         start = time.perf_counter()
-        log_probs, entropys = self.actor.compute_log_prob(view, calculate_entropy=True)
-        metrics = {"timing_s/compute_log_prob_worker": time.perf_counter() - start,
-                   "perf/computed_token_frac/old_log_prob": self.actor.pop_computed_token_frac()}
+        with phase_peak(metrics, "perf/peak_rss_gib/old_log_prob"):
+            log_probs, entropys = self.actor.compute_log_prob(view, calculate_entropy=True)
+        metrics.update({"timing_s/compute_log_prob_worker": time.perf_counter() - start,
+                        "perf/computed_token_frac/old_log_prob": self.actor.pop_computed_token_frac()})
         return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropys},
                                    meta_info={"metrics": metrics})
 
@@ -199,11 +212,12 @@ class ActorRolloutRefWorker(Worker):
         r = self.config.ref
         view = self._log_prob_meta(data, r.log_prob_micro_batch_size_per_gpu,
                                    r.log_prob_use_dynamic_bsz, r.log_prob_max_token_len_per_gpu)
+        metrics: dict[str, Any] = {}
         start = time.perf_counter()
-        with reference_context(self.ref_policy.actor_module):
+        with phase_peak(metrics, "perf/peak_rss_gib/ref"), reference_context(self.ref_policy.actor_module):
             log_probs, _ = self.ref_policy.compute_log_prob(view)
-        metrics = {"timing_s/compute_ref_log_prob_worker": time.perf_counter() - start,
-                   "perf/computed_token_frac/ref": self.ref_policy.pop_computed_token_frac()}
+        metrics.update({"timing_s/compute_ref_log_prob_worker": time.perf_counter() - start,
+                        "perf/computed_token_frac/ref": self.ref_policy.pop_computed_token_frac()})
         return DataProto.from_dict({"ref_log_prob": log_probs}, meta_info={"metrics": metrics})
 
     # ------------------------------------------------------------------ training
@@ -215,14 +229,35 @@ class ActorRolloutRefWorker(Worker):
         view = DataProto(batch=data.batch, non_tensor_batch=data.non_tensor_batch,
                          meta_info=dict(data.meta_info, temperature=self.config.rollout.temperature))
         start = time.perf_counter()
-        with self.optimizer_offload:
+        peak: dict[str, float] = {}
+        with phase_peak(peak, "perf/peak_rss_gib/update_actor"), self.optimizer_offload:
             metrics = self.actor.update_policy(view)
+        metrics.update(peak)
         metrics["perf/computed_token_frac/update_actor"] = self.actor.pop_computed_token_frac()
         self._weights_version += 1
         metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
         self.actor_lr_scheduler.step()
         metrics["timing_s/update_actor_worker"] = time.perf_counter() - start
         return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def memory_breakdown(self) -> dict[str, int]:
+        """Bytes this process holds now, per owner, counted from the live tensors (each storage
+        once): actor parameters / gradients / optimizer state, the reference's own copy (0 when
+        it shares the actor's base, as with LoRA), the rollout engine's weights and KV cache;
+        ``process/rss`` and ``process/baseline_rss`` (RSS before any model was built)."""
+        seen: set = set()
+        owners = {"process/rss": current_rss(), "process/baseline_rss": self._baseline_rss}
+        if self._is_actor:
+            owners.update({"actor/params": module_bytes(self.actor_module, seen),
+                           # gradients live only inside an update: the bytes held at its last step
+                           "actor/grads": max(grad_bytes(self.actor_module, seen), self.actor.last_grad_bytes),
+                           "actor/optimizer": optimizer_bytes(self.actor_optimizer, seen)})
+        if self._is_ref:
+            owners["ref/params"] = module_bytes(self.ref_policy.actor_module, seen)
+        if self._is_rollout:
+            owners.update(self.rollout.memory_owners(seen))
+        return owners
 
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -297,14 +332,19 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
         """``values`` [B, R] (zero outside the response mask)."""
-        return DataProto.from_dict({"values": self.critic.compute_values(data)})
+        metrics: dict[str, Any] = {}
+        with phase_peak(metrics, "perf/peak_rss_gib/values"):
+            values = self.critic.compute_values(data)
+        return DataProto.from_dict({"values": values}, meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         """Clipped value-loss update; returns ``meta_info["metrics"]``."""
         start = time.perf_counter()
-        with self.optimizer_offload:
+        peak: dict[str, float] = {}
+        with phase_peak(peak, "perf/peak_rss_gib/update_critic"), self.optimizer_offload:
             metrics = self.critic.update_critic(data)
+        metrics.update(peak)
         metrics["critic/lr"] = self.critic_lr_scheduler.get_last_lr()[0]
         self.critic_lr_scheduler.step()
         metrics["timing_s/update_critic_worker"] = time.perf_counter() - start

@@ -11,8 +11,6 @@ import torch
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.workers.rollout import RolloutConfig, build_rollout, vllm_unavailable_reason
 
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-
 R = 8  # response_length
 _VLLM_SKIP = vllm_unavailable_reason("cpu")
 ENGINES = ["hf", pytest.param("vllm", marks=[pytest.mark.vllm,
@@ -71,6 +69,14 @@ def test_output_shapes_masks_and_positions(engine):
         assert valid == R or resp[valid - 1] == 2
     assert out.non_tensor_batch["uid"].tolist() == ["0", "1"]
     assert out.meta_info["global_steps"] == 1
+
+
+def test_memory_owners_count_the_engine_weights_and_kv_cache(engine, state_dict):
+    owners = engine.memory_owners(set())
+    weights = sum(t.numel() for t in state_dict.values()) * 4  # the fp32 copy
+    assert weights <= owners["rollout/weights"] <= weights + 1024  # + hf's rotary buffer (256 B)
+    if engine.name == "vllm":
+        assert owners["rollout/kv_cache"] == 2**30  # cpu_kvcache_space_gib=1
 
 
 def test_greedy_is_deterministic_and_stops_at_eos(engine):

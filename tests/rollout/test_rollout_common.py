@@ -1,5 +1,6 @@
 """Engine-independent rollout pieces: config validation, params, output assembly, RNG, weight checks."""
 
+import os
 import random
 
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from hybrid_rl.protocol import DataProto
+from hybrid_rl.workers.model_loader import load_hf_config
 from hybrid_rl.workers.rollout import RolloutConfig, SamplingConfig, build_rollout
 from hybrid_rl.workers.rollout import vllm_unavailable_reason
 from hybrid_rl.workers.rollout.base import (GenerationParams, PrivateRng, StrictWeightStream,
@@ -231,9 +233,36 @@ def test_vllm_engine_kwargs_block_size_and_logprobs_mode(tiny_model_dir):
     assert "logprobs_mode" not in _engine_kwargs(RolloutConfig(), "model", True, 0, False)
     with_log_probs = _engine_kwargs(RolloutConfig(calculate_log_probs=True), "model", True, 0, False)
     assert with_log_probs["logprobs_mode"] == "processed_logprobs"
+    # the CPU KV cache: room for the rows of a call, from the model's layers, KV heads and head size
+    cfg = RolloutConfig(dtype="float32", prompt_length=40, response_length=8)
+    sized = _engine_kwargs(cfg, tiny_model_dir, True, 0, False, rows_per_call=4)["kv_cache_memory_bytes"]
+    hf = load_hf_config(tiny_model_dir)
+    assert sized == 4 * 3 * 32 * 2 * hf.num_hidden_layers * hf.num_key_value_heads * hf.head_dim * 4
     cfg = RolloutConfig(name="vllm", dtype="float32", response_length=2, prompt_length=8, block_size=48)
     with pytest.raises(ValueError, match="rollout.block_size=48 is invalid on CPU"):
         build_rollout(cfg, tiny_model_dir, load_tokenizer(tiny_model_dir), "cpu")
+
+
+def test_cpu_kv_cache_is_sized_from_the_rows_a_call_brings(tiny_model_dir, monkeypatch):
+    from types import SimpleNamespace
+
+    from hybrid_rl.workers.rollout.vllm_rollout import _set_engine_env, cpu_kv_cache_bytes, kv_bytes_per_token
+
+    llama = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+    assert kv_bytes_per_token(llama, torch.bfloat16) == 2 * 30 * 3 * 64 * 2  # SmolLM2-135M: 22.5 KiB
+    mha = SimpleNamespace(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=None, hidden_size=32,
+                          head_dim=16)
+    assert kv_bytes_per_token(mha, torch.float32) == 2 * 2 * 4 * 16 * 4
+    per_token = lambda: 100  # noqa: E731
+    cfg = RolloutConfig(prompt_length=40, response_length=8, max_num_seqs=16)  # 48 tokens: 2 blocks + 1
+    assert cpu_kv_cache_bytes(cfg, 10, per_token) == 10 * 3 * 32 * 100
+    assert cpu_kv_cache_bytes(cfg, 500, per_token) == 16 * 3 * 32 * 100  # at most max_num_seqs rows at once
+    assert cpu_kv_cache_bytes(cfg, None, per_token) == 2**30  # rows unknown: 1 GiB
+    assert cpu_kv_cache_bytes(RolloutConfig(cpu_kvcache_space_gib=0.25), 10, per_token) == 2**28  # as set
+    # vLLM would let the legacy variable override kv_cache_memory_bytes: the config decides
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    _set_engine_env(cfg, on_cpu=True)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ
 
 
 def test_hf_without_log_probs_samples_the_same_tokens(tiny_model_dir):

@@ -103,8 +103,9 @@ def test_actor_rollout_ref_and_critic_round(views, tiny_model_dir, tmp_path_fact
     out = _with_advantages(out)
     metrics = wg.update_actor(out).meta_info["metrics"]
     for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss",
-                "actor/grad_norm", "actor/lr"):
+                "actor/grad_norm", "actor/lr", "perf/peak_rss_gib/update_actor"):
         assert key in metrics, key
+    _check_memory_breakdown(wg, base)
 
     # The next generation samples from the updated weights: the rollout's log-probs of its own
     # samples equal the updated actor's, and differ from the initial model's.
@@ -126,3 +127,20 @@ def test_actor_rollout_ref_and_critic_round(views, tiny_model_dir, tmp_path_fact
     wg.load_checkpoint(path)
     restored = wg.compute_log_prob(out2).batch["old_log_probs"]
     torch.testing.assert_close(restored[mask2], new_lp[mask2], atol=0, rtol=0)
+
+
+def _check_memory_breakdown(wg, base):
+    """Each rank's owners, counted from its live tensors: an FSDP2 shard of the fp32 actor and of
+    the fp32 reference, AdamW's two fp32 moments (+ a 4-byte step) per sharded parameter, the
+    gradients held at the optimizer step, and the hf rollout's whole fp32 copy."""
+    from hybrid_rl.utils.memory import module_bytes
+
+    full = sum(p.numel() for p in base.parameters()) * 4
+    for owners in wg.memory_breakdown():  # one dict per rank (2 ranks)
+        shard = owners["actor/grads"]
+        assert 0.4 * full < shard < 0.6 * full
+        assert owners["actor/optimizer"] == 2 * shard + 4 * len(list(base.parameters()))
+        assert shard <= owners["actor/params"] < shard + 0.05 * full  # + unsharded buffers (rotary)
+        assert 0.4 * full < owners["ref/params"] < 0.65 * full
+        assert owners["rollout/weights"] == module_bytes(base)
+        assert owners["process/rss"] > owners["process/baseline_rss"] > 0

@@ -55,8 +55,9 @@ def vllm_model_unsupported_reason(model_path: str, device: str, trust_remote_cod
 
 
 def build_rollout(config: RolloutConfig, model_path: str, tokenizer: Any, device: str,
-                  trust_remote_code: bool = False) -> BaseRollout:
-    """The rollout engine named by ``config.name`` (see the module docstring for the fallback)."""
+                  trust_remote_code: bool = False, rows_per_call: Optional[int] = None) -> BaseRollout:
+    """The rollout engine named by ``config.name`` (see the module docstring for the fallback).
+    ``rows_per_call``: the most rows one generate call will bring (sizes vLLM-CPU's KV cache)."""
     global _fallback_logged
     name = config.name
     if name == "vllm":
@@ -66,7 +67,8 @@ def build_rollout(config: RolloutConfig, model_path: str, tokenizer: Any, device
             from hybrid_rl.workers.rollout.vllm_rollout import EngineRefusedModel, VLLMRollout
 
             try:
-                return VLLMRollout(config, model_path, tokenizer, device=device, trust_remote_code=trust_remote_code)
+                return VLLMRollout(config, model_path, tokenizer, device=device, trust_remote_code=trust_remote_code,
+                                   rows_per_call=rows_per_call)
             except EngineRefusedModel as refusal:  # e.g. an ISA-specific kernel the pre-check cannot see
                 reason = str(refusal)
         if not _fallback_logged:

@@ -54,6 +54,12 @@ class BaseRollout(ABC):
     def shutdown(self) -> None:
         """Free the engine for good (the process and its process group stay usable)."""
 
+    def memory_owners(self, seen: set) -> dict[str, int]:
+        """Bytes this engine holds now, per owner (``rollout/weights``, ``rollout/kv_cache``),
+        counted from its live tensors (:mod:`hybrid_rl.utils.memory`); storages already in
+        ``seen`` are not counted again."""
+        return {}
+
 
 @dataclass(frozen=True)
 class GenerationParams:

@@ -153,10 +153,14 @@ class RolloutConfig:
     """Most sequences generated at once (vLLM scheduler limit; the HF micro-batch size)."""
     max_num_batched_tokens: int = 8192
     """vLLM: most tokens processed in one engine step (raised to the context length if lower)."""
-    cpu_kvcache_space_gib: int = 2
-    """CPU vLLM: KV-cache size in GiB (sets ``VLLM_CPU_KVCACHE_SPACE``). The engine holds it for
-    the whole run, next to the actor and reference: 2 GiB fits 64 x 1k-token sequences of
-    SmolLM2-135M in bf16; 1 is enough for tests."""
+    cpu_kvcache_space_gib: Optional[float] = None
+    """CPU vLLM: KV-cache size in GiB. vLLM-CPU allocates and touches all of it at start and holds it
+    for the whole run, beside the actor and reference. null = sized from the work: the most rows one
+    generate call sends this worker (training: train_batch_size x n / workers; validation: its batch
+    x val_kwargs.n / workers; the trainer passes it), capped at max_num_seqs, x the context length in
+    whole blocks x the model's KV bytes per token (SmolLM2-135M in bf16: 22.5 KiB per token, so 64
+    rows x 160 tokens take 0.22 GiB); 1 GiB where the rows are not known (an engine built outside the
+    trainer). A smaller cache than the work needs only queues rows: slower, never wrong."""
     seed: int = 0
     """Seed of the engine's private random stream (the trainer's RNG is never touched)."""
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
@@ -178,10 +182,14 @@ class RolloutConfig:
         _check(max_tokens is None or max_tokens >= 1, "rollout.log_prob_max_token_len_per_gpu", max_tokens,
                "must be a positive integer or null", "use null (the actor's budget) or e.g. 16384")
         for key in ("response_length", "prompt_length", "max_num_seqs", "max_num_batched_tokens",
-                    "tensor_model_parallel_size", "cpu_kvcache_space_gib"):
+                    "tensor_model_parallel_size"):
             value = getattr(self, key)
             _check(isinstance(value, int) and value >= 1, f"rollout.{key}", value,
                    "must be a positive integer", f"set rollout.{key} to a positive integer")
+        kv = self.cpu_kvcache_space_gib
+        _check(kv is None or (isinstance(kv, (int, float)) and not isinstance(kv, bool) and kv > 0),
+               "rollout.cpu_kvcache_space_gib", kv, "must be a positive number of GiB or null",
+               "use null (sized from the batch) or e.g. 0.5")
         _check(self.dtype in ROLLOUT_DTYPES, "rollout.dtype", self.dtype, f"must be one of {ROLLOUT_DTYPES}",
                "use auto (bf16 where the device computes it natively), bfloat16 or float32 (exact log-probs)")
         _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization",

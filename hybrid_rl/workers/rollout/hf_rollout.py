@@ -17,6 +17,7 @@ from transformers import (GenerationConfig, LogitsProcessor, LogitsProcessorList
                           TopKLogitsWarper, TopPLogitsWarper)
 
 from hybrid_rl.protocol import DataProto
+from hybrid_rl.utils.memory import module_bytes
 from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers.model_loader import load_causal_lm
 from hybrid_rl.workers.rollout.base import (ROW_SEED_STRIDE, BaseRollout, GenerationParams, PrivateRng,
@@ -147,6 +148,10 @@ class HFRollout(BaseRollout):
         """Move the inference copy back to the device before ``update_weights`` and generation."""
         if self.device.type == "cuda":
             self.model.to(self.device)
+
+    def memory_owners(self, seen: set) -> dict[str, int]:
+        """The inference copy of the weights (transformers' KV cache lives only inside a call)."""
+        return {"rollout/weights": module_bytes(self.model, seen) if self.model is not None else 0}
 
     def shutdown(self) -> None:
         """Drop the inference copy of the model."""

@@ -25,13 +25,14 @@ from __future__ import annotations
 import logging
 import os
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.utils.log_setup import effective_level
+from hybrid_rl.utils.memory import module_bytes, tensor_bytes
 from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers.model_loader import load_hf_config
 from hybrid_rl.workers.rollout.base import (ROW_SEED_STRIDE, BaseRollout, GenerationParams, PrivateRng,
@@ -103,13 +104,48 @@ def _refusal_as_error() -> Iterator[None]:
         raise EngineRefusedModel(f"vLLM refused the model on this CPU ({line.strip()[:160]})") from None
 
 
+def _flatten(items: Any) -> Iterator[torch.Tensor]:
+    """The tensors of a (nested) list, e.g. the model runner's per-layer KV caches."""
+    if isinstance(items, torch.Tensor):
+        yield items
+    elif isinstance(items, (list, tuple)):
+        for item in items:
+            yield from _flatten(item)
+
+
 CPU_BLOCK_SIZE = 32
 """Default KV block size on CPU: the smallest the CPU attention kernel accepts (vLLM picks 128,
 too coarse for prefix caching of ~100-token prompts)."""
 
+DEFAULT_CPU_KV_GIB = 1.0
+"""CPU KV cache when neither the config nor the caller says how many rows a call brings."""
+
+
+def kv_bytes_per_token(hf_config: Any, dtype: torch.dtype) -> int:
+    """Keys + values of one token across all layers: 2 x layers x KV heads x head dim x dtype size."""
+    text = getattr(hf_config, "text_config", None) or hf_config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return 2 * text.num_hidden_layers * kv_heads * head_dim * dtype.itemsize
+
+
+def cpu_kv_cache_bytes(config: RolloutConfig, rows_per_call: Optional[int],
+                       bytes_per_token: Callable[[], int]) -> int:
+    """The CPU engine's KV cache: ``cpu_kvcache_space_gib`` when set; else room for the rows one
+    call brings (at most ``max_num_seqs``), each the context length in whole blocks plus one."""
+    if config.cpu_kvcache_space_gib is not None:
+        return int(config.cpu_kvcache_space_gib * 2**30)
+    if rows_per_call is None:
+        return int(DEFAULT_CPU_KV_GIB * 2**30)
+    block = config.block_size or CPU_BLOCK_SIZE
+    tokens_per_row = (-(-config.max_model_len // block) + 1) * block
+    rows = max(1, min(rows_per_call, config.max_num_seqs))
+    return rows * tokens_per_row * bytes_per_token()
+
 
 def _engine_kwargs(config: RolloutConfig, model_path: str, on_cpu: bool, seed: int,
-                   trust_remote_code: bool) -> dict[str, Any]:
+                   trust_remote_code: bool, rows_per_call: Optional[int] = None) -> dict[str, Any]:
     """``vllm.LLM`` arguments for this config and device."""
     enforce_eager = on_cpu if config.enforce_eager is None else config.enforce_eager
     kwargs: dict[str, Any] = dict(
@@ -127,7 +163,10 @@ def _engine_kwargs(config: RolloutConfig, model_path: str, on_cpu: bool, seed: i
         kwargs["logprobs_mode"] = "processed_logprobs"
     if config.block_size is not None or on_cpu:
         kwargs["block_size"] = CPU_BLOCK_SIZE if config.block_size is None else config.block_size
-    if not on_cpu:
+    if on_cpu:
+        kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(config, rows_per_call, lambda: kv_bytes_per_token(
+            load_hf_config(model_path, trust_remote_code=trust_remote_code), getattr(torch, kwargs["dtype"])))
+    else:
         kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization,
                       enable_sleep_mode=config.free_cache_engine)
     if dist.is_initialized():
@@ -138,8 +177,9 @@ def _engine_kwargs(config: RolloutConfig, model_path: str, on_cpu: bool, seed: i
 def _set_engine_env(config: RolloutConfig, on_cpu: bool) -> None:
     """Environment the in-process engine reads at start-up."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process
-    if on_cpu:
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.cpu_kvcache_space_gib)
+    if on_cpu and os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None) is not None:
+        # vLLM would let it override kv_cache_memory_bytes; rollout.cpu_kvcache_space_gib decides
+        logger.info("VLLM_CPU_KVCACHE_SPACE is ignored: the KV cache size comes from rollout.cpu_kvcache_space_gib")
     if dist.is_initialized():  # external_launcher reads the rank from the environment
         os.environ["RANK"] = str(dist.get_rank())
         os.environ.setdefault("LOCAL_RANK", str(torch.cuda.current_device() if not on_cpu else 0))
@@ -151,7 +191,7 @@ class VLLMRollout(BaseRollout):
     name = "vllm"
 
     def __init__(self, config: RolloutConfig, model_path: str, tokenizer: Any, device: str = "cpu",
-                 trust_remote_code: bool = False):
+                 trust_remote_code: bool = False, rows_per_call: Optional[int] = None):
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -174,12 +214,13 @@ class VLLMRollout(BaseRollout):
         self._weights_valid = True
         self._asleep = False
         _set_engine_env(config, self.on_cpu)
-        kwargs = _engine_kwargs(config, model_path, self.on_cpu, self._seed, trust_remote_code)
+        kwargs = _engine_kwargs(config, model_path, self.on_cpu, self._seed, trust_remote_code, rows_per_call)
         with self._rng.active(), _threads(self._num_threads), _refusal_as_error():
             self.llm = LLM(**kwargs)
         torch.set_num_threads = _SET_NUM_THREADS  # undo vLLM's process-wide no-op
-        logger.info("vLLM rollout engine ready (%s, dtype=%s, enforce_eager=%s, threads=%d)",
-                    "cpu" if self.on_cpu else "gpu", kwargs["dtype"], kwargs["enforce_eager"], self._num_threads)
+        logger.info("vLLM rollout engine ready (%s, dtype=%s, enforce_eager=%s, threads=%d%s)",
+                    "cpu" if self.on_cpu else "gpu", kwargs["dtype"], kwargs["enforce_eager"], self._num_threads,
+                    f", KV cache {kwargs['kv_cache_memory_bytes'] / 2**30:.2f} GiB" if self.on_cpu else "")
         self._dtype = getattr(torch, kwargs["dtype"])
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -241,6 +282,22 @@ class VLLMRollout(BaseRollout):
                                "update_weights succeeds with the full state dict.") from exc
         self._weights_valid = True
         self.llm.reset_prefix_cache()
+
+    def memory_owners(self, seen: set) -> dict[str, int]:
+        """The engine's weights and KV cache, counted inside the in-process engine. vLLM-CPU
+        prepacks linear weights into oneDNN buffers that are not torch tensors (the parameters
+        become empty), so there the weights are the HF weights' element count x the dtype size."""
+        def count(worker: Any) -> dict[str, int]:
+            runner = getattr(worker, "worker", worker).model_runner
+            caches = list(_flatten(getattr(runner, "kv_caches", [])))
+            return {"rollout/weights": module_bytes(runner.model, seen),
+                    "rollout/kv_cache": tensor_bytes(caches, seen)}
+
+        owners = self.llm.collective_rpc(count)[0]
+        if self.on_cpu:
+            numel = sum(shape.numel() for shape in self._required.values())
+            owners["rollout/weights"] = max(owners["rollout/weights"], numel * self._dtype.itemsize)
+        return owners
 
     def sleep(self) -> None:
         """GPU with free_cache_engine: release the KV cache and offload (level 1) or drop (level 2)

@@ -1,0 +1,49 @@
+"""Memory accounting: exact storage bytes per owner, and the per-phase peak RSS."""
+
+import pytest
+import torch
+
+from hybrid_rl.utils.memory import (GIB, current_rss, grad_bytes, module_bytes, optimizer_bytes, peak_rss,
+                                    phase_peak, reset_peak_rss, tensor_bytes)
+
+
+def test_tensor_bytes_counts_each_storage_once():
+    a = torch.zeros(10, 4)  # 160 bytes
+    view = a[2:5]  # same storage
+    b = torch.zeros(3, dtype=torch.bfloat16)  # 6 bytes
+    assert tensor_bytes([a, view, None, b]) == 160 + 6
+    seen: set = set()
+    assert tensor_bytes([a], seen) == 160
+    assert tensor_bytes([view, b], seen) == 6  # a's storage already counted by the first owner
+    assert tensor_bytes([torch.empty(0)]) == 0
+    assert tensor_bytes([a], device="cuda") == 0  # only storages on the named device
+
+
+def test_module_grad_and_optimizer_bytes():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(7, 4), torch.nn.Linear(4, 7, bias=False))
+    model[1].weight = model[0].weight  # tied, as SmolLM2's embedding and LM head
+    assert module_bytes(model) == 7 * 4 * 4
+    assert grad_bytes(model) == 0
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.tensor([1, 2])).sum().backward()
+    assert grad_bytes(model) == 7 * 4 * 4
+    opt.step()
+    # exp_avg + exp_avg_sq (fp32, the parameter's shape) + a scalar fp32 step tensor
+    assert optimizer_bytes(opt) == 2 * 7 * 4 * 4 + 4
+
+
+def test_phase_peak_sees_a_transient_allocation_and_resets():
+    if not reset_peak_rss():
+        pytest.skip("this OS does not let a process reset its RSS high-water mark")
+    metrics: dict = {}
+    before = current_rss()
+    with phase_peak(metrics, "big"):
+        block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+        del block
+    assert metrics["big"] * GIB >= before + 60 * 2**20
+    with phase_peak(metrics, "small"):
+        pass
+    # 64 MiB is above glibc's largest mmap threshold (32 MiB): freed at once, so the reset peak drops
+    assert metrics["small"] * GIB < metrics["big"] * GIB - 32 * 2**20
+    assert peak_rss() >= current_rss() - 2**20
