@@ -70,12 +70,6 @@ def phase_peak(metrics: dict, key: str) -> Iterator[None]:
         yield
     finally:
         metrics[key] = peak_rss() / GIB
-        import os
-        if os.environ.get("HYBRID_RL_MALLOC_TRIM") == "1":
-            import ctypes, time
-            t = time.perf_counter()
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-            metrics[key.replace("peak_rss_gib", "trim_s")] = time.perf_counter() - t
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
