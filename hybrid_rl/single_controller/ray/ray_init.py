@@ -27,6 +27,10 @@ FORWARDED_ENV_VARS = (
 )
 """Driver environment variables copied into every worker (when set on the driver)."""
 
+LOCAL_SYSTEM_CONFIG = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
+"""Ray settings of a local instance: no idle Python workers started ahead of need (Ray prestarts one
+per CPU, ~80-120 MiB each, that the colocated workers never use: each rank is one actor)."""
+
 DEFAULT_WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "NCCL_DEBUG": "WARN"}
 """Worker environment defaults (overridden by the driver's values, then by the user's runtime_env)."""
 
@@ -63,7 +67,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, runtime_en
     level = logging.WARNING if quiet else logging.INFO
     if address in (None, "local"):
         ray.init(address="local" if address else None, num_cpus=num_cpus, runtime_env=runtime_env,
-                 include_dashboard=include_dashboard, logging_level=level)
+                 include_dashboard=include_dashboard, logging_level=level, _system_config=LOCAL_SYSTEM_CONFIG)
         logger.info("started a local Ray instance: %s", ray.cluster_resources())
         return
     if num_cpus is not None:
