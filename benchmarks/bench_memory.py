@@ -169,7 +169,7 @@ def print_report(result: dict) -> None:
     for label, values in rows:
         print(f"| {label} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
     tree = result["tree_peaks"]
-    names = [n for n in (*PHASES, "validate", "driver", "run") if n in tree]
+    names = [n for n in (*PHASES, "driver", "run") if n in tree]
     print("\n| process tree at its peak, GiB | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
     for role in ("driver", "ray", "worker", "total"):

@@ -156,8 +156,8 @@ class RolloutConfig:
     cpu_kvcache_space_gib: Optional[float] = None
     """CPU vLLM: KV-cache size in GiB. vLLM-CPU allocates and touches all of it at start and holds it
     for the whole run, beside the actor and reference. null = sized from the work: the most rows one
-    generate call sends this worker (training: train_batch_size x n / workers; validation: its batch
-    x val_kwargs.n / workers; the trainer passes it), capped at max_num_seqs, x the context length in
+    generate call sends this worker (training: train_batch_size x n / workers; validation: up to 64
+    rows x val_kwargs.n / workers, more queue; the trainer passes it), capped at max_num_seqs, x the context length in
     whole blocks x the model's KV bytes per token (SmolLM2-135M in bf16: 22.5 KiB per token, so 64
     rows x 160 tokens take 0.22 GiB); 1 GiB where the rows are not known (an engine built outside the
     trainer). A smaller cache than the work needs only queues rows: slower, never wrong."""
