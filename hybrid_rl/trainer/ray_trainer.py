@@ -255,7 +255,16 @@ class RayPPOTrainer:
             return getattr(self, name)(batch, metrics)
         except WorkerGroupError as error:
             # Which worker and call the group error names; which training step only the driver knows.
-            raise type(error)(f"training step {self.global_steps}, `{name}`: {error}") from error
+            hint = self._memory_hint() if " died during " in str(error) else ""
+            raise type(error)(f"training step {self.global_steps}, `{name}`: {error}{hint}") from error
+
+    def _memory_hint(self) -> str:
+        """What to lower when a worker died without a traceback, as the kernel's OOM killer leaves it."""
+        a = self.config.actor_rollout_ref
+        return (f"\nIf it ran out of memory (killed without a traceback), see docs/memory.md: lower "
+                f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu (now {a.actor.ppo_max_token_len_per_gpu}) or "
+                f"the batch, set actor_rollout_ref.model.enable_gradient_checkpointing=true, or train LoRA "
+                f"adapters (actor_rollout_ref.model.lora_rank=32); each run logs perf/peak_rss_gib/<step>.")
 
     def on_step_end(self, metrics: dict[str, float]) -> None:
         """Hook called after each logged step and the built-in health checks (early stopping, ...);

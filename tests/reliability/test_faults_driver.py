@@ -102,10 +102,12 @@ def test_worker_failure_restarts_and_matches_uninterrupted(tmp_path, tiny_model_
 
 def test_worker_failure_past_max_restarts_raises_with_step_and_call(tmp_path, tiny_model_dir):
     FakeTrainer.started = FakeTrainer.stopped = 0
-    with pytest.raises(WorkerGroupError, match=r"training step 3, `update_actor`: worker actor_rollout rank 1/2"):
+    with pytest.raises(WorkerGroupError, match=r"training step 3, `update_actor`: worker actor_rollout rank 1/2") as err:
         _final_w(tmp_path, tiny_model_dir, "trainer.max_restarts=1",
                  actor=lambda: FlakyActor("update_actor", _Always({3})))
     assert FakeTrainer.started == 2 and FakeTrainer.stopped == 2
+    # a worker that died (the OOM killer leaves no traceback) gets the memory levers with their values
+    assert "see docs/memory.md" in str(err.value) and "ppo_max_token_len_per_gpu (now" in str(err.value)
 
 
 class _Always(set):
