@@ -10,6 +10,11 @@ Each engine is built through the real rollout class (``build_rollout``) and time
   hybrid_rl.trainer.main_ppo``): 16 arithmetic prompts x n=8 (~100-token prompts sharing a one-shot
   prefix, 16 new tokens, temperature 0.8, real EOS) and the 200-prompt greedy validation.
 
+Each synthetic batch row also gets the machine's decode ceiling for the model at that row count
+(``benchmarks/decode_ceiling.py``: weight + KV bytes per step against the measured read bandwidth,
+and the step's matmuls timed at that row count; measured in the same run, before the engines start)
+and the rollout's tokens/s as a fraction of it.
+
 Reported per row: generated tokens / wall second (median of ``--repeats`` calls, each from an empty
 prefix cache as after a weight sync; one untimed warm-up call per engine), process CPU milliseconds per generated token (less sensitive to other load than
 wall time), engine start-up and the load average. Results depend strongly on other load on the
@@ -42,6 +47,7 @@ from hybrid_rl.protocol import DataProto  # noqa: E402
 from hybrid_rl.utils.precision import resolve_dtype  # noqa: E402
 from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path  # noqa: E402
 from hybrid_rl.workers.rollout import RolloutConfig, build_rollout  # noqa: E402
+from decode_ceiling import decode_ceiling, memory_bandwidth  # noqa: E402
 
 QUESTIONS = [
     "Write a short story about a robot who learns to paint.",
@@ -151,12 +157,37 @@ def bench_engine(engine: str, args, model_dir: str, tokenizer) -> list[dict]:
     return rows
 
 
-def print_table(rows: list[dict]) -> None:
-    print("\n| engine | workload | rows | tokens | tok/s | CPU ms/token | start-up s | load |")
-    print("|---|---|---|---|---|---|---|---|")
+def ceilings(args, model_dir: str) -> dict[int, dict]:
+    """The decode ceiling at each synthetic batch size (context: a ~40-token prompt + half the new tokens)."""
+    from hybrid_rl.workers.model_loader import load_hf_config
+
+    hf_config = load_hf_config(model_dir)
+    dtype = getattr(torch, resolve_dtype(args.dtype, "cpu", "rollout"))
+    bandwidth = memory_bandwidth()
+    out = {}
+    for size in args.batch_sizes:
+        out[size] = decode_ceiling(hf_config, size, 40 + args.new_tokens // 2, dtype, bandwidth)
+        c = out[size]
+        print(f"ceiling at {size:3d} rows: {c['ceiling_tok_s']:7.0f} tok/s ({c['bound']}-bound: weights + KV "
+              f"{c['memory_ms']:.1f} ms at {c['bandwidth_gb_s']:.1f} GB/s, matmuls {c['matmul_ms']:.1f} ms at "
+              f"{c['matmul_tflop_s']:.2f} TFLOP/s)", flush=True)
+    return out
+
+
+def add_ceilings(rows: list[dict], ceiling: dict[int, dict]) -> None:
     for r in rows:
+        c = ceiling.get(r["rows"]) if r["workload"].startswith("batch ") else None
+        r["ceiling_tok_s"] = round(c["ceiling_tok_s"]) if c else None
+        r["of_ceiling"] = round(r["tok_per_s"] / c["ceiling_tok_s"], 3) if c else None
+
+
+def print_table(rows: list[dict]) -> None:
+    print("\n| engine | workload | rows | tokens | tok/s | ceiling tok/s | of ceiling | CPU ms/token | start-up s | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        frac = f"{r['of_ceiling']:.0%}" if r.get("of_ceiling") is not None else "-"
         print(f"| {r['engine']} | {r['workload']} | {r['rows']} | {r['tokens']} | {r['tok_per_s']} | "
-              f"{r['cpu_ms_per_tok']} | {r['startup_s']} | {r['load']} |")
+              f"{r.get('ceiling_tok_s') or '-'} | {frac} | {r['cpu_ms_per_tok']} | {r['startup_s']} | {r['load']} |")
 
 
 def main() -> None:
@@ -182,7 +213,9 @@ def main() -> None:
           f"{len(os.sched_getaffinity(0))}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
           f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}, "
           f"uptime: {os.popen('uptime').read().strip()}", flush=True)
+    ceiling = ceilings(args, model_dir)
     rows = [row for engine in args.engines for row in bench_engine(engine, args, model_dir, tokenizer)]
+    add_ceilings(rows, ceiling)
     print_table(rows)
     print(f"uptime: {os.popen('uptime').read().strip()}")
     if args.out:

@@ -8,16 +8,15 @@ the OpenMP default (300k spins) gave 677 quiet but 133 beside one busy process; 
 Memory allocator (``trainer.cpu_allocator``). glibc's default serves large blocks (activations,
 logits, gradients) with fresh ``mmap`` pages and returns them to the kernel on free, so every
 training step faults its whole activation footprint back in: ~400k minor page faults per update at
-``benchmarks/bench_step.py``'s shape, ~1 s of a 4-5 s update (docs/performance.md). Two ways out:
-- ``jemalloc`` (the default where found: the copy Ray ships in ``ray/core/libjemalloc.so``, loaded
-  with ``LD_PRELOAD``): its size classes reuse freed blocks with little fragmentation and it
-  returns pages unused for 10 s. ``oversize_threshold:0`` keeps blocks above 8 MiB in the normal
-  arenas instead of a dedicated one purged at once (which re-faults them every step, like glibc).
-  Measured side by side at bench_step.py's shape (docs/performance.md): peak RSS of the tree 5.6-5.7
-  GiB against 6.9-7.1, median step +2.6%.
-- ``glibc`` tuned to keep freed memory for reuse, as the CUDA caching allocator does: no
-  ``mmap``-served blocks and no trimming of the heap. As fast, but the heap fragments and the
-  process keeps its peak footprint (+1.3 GiB at that shape).
+``benchmarks/bench_step.py``'s shape, ~1 s of a 4-5 s update (docs/performance.md). Two choices:
+- ``glibc`` (the default) tuned to keep freed memory for reuse, as the CUDA caching allocator does:
+  no ``mmap``-served blocks and no trimming of the heap. Fastest; the heap fragments and the process
+  keeps its peak footprint.
+- ``jemalloc`` (the copy Ray ships in ``ray/core/libjemalloc.so``, loaded with ``LD_PRELOAD``): its
+  size classes fragment less and it returns pages unused for 10 s, so the peak is 1.3-1.8 GiB lower
+  (docs/memory.md). Memory returned between steps is faulted back in at the next one: +2.6% at
+  bench_step.py's 6 s steps, +35% in the default run's 20 s steps' update. ``oversize_threshold:0``
+  keeps blocks above 8 MiB in the normal arenas instead of a dedicated one purged at once.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ CPU_MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40
 
 _ALLOCATOR_KEYS = ("LD_PRELOAD", "GLIBC_TUNABLES")
 
-CPU_ALLOCATORS = ("auto", "jemalloc", "glibc")
+CPU_ALLOCATORS = ("glibc", "jemalloc")
 """Values of ``trainer.cpu_allocator``."""
 
 JEMALLOC_CONF = "oversize_threshold:0"
@@ -65,23 +64,22 @@ def cpu_openmp_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def cpu_malloc_env(environ: Mapping[str, str], allocator: str = "glibc") -> dict[str, str]:
-    """The allocator of CPU workers: ``jemalloc`` (``auto`` too, where Ray's copy is found) with
+    """The allocator of CPU workers: ``jemalloc`` (Ray's copy, where found) with
     :data:`JEMALLOC_CONF`, else glibc with :data:`CPU_MALLOC_ENV`; unless the user configures the
     allocator: any ``MALLOC_*`` variable, ``GLIBC_TUNABLES`` or ``LD_PRELOAD`` (e.g. tcmalloc or
     their own jemalloc) is passed on instead."""
     if allocator not in CPU_ALLOCATORS:
         raise ValueError(f"trainer.cpu_allocator={allocator!r} is invalid: must be one of {CPU_ALLOCATORS}. "
-                         "Fix: use auto (jemalloc where Ray ships it, else glibc).")
+                         "Fix: use glibc (fastest) or jemalloc (less memory).")
     chosen = {k: v for k, v in environ.items() if k.startswith("MALLOC_") or k in _ALLOCATOR_KEYS}
     if chosen:
         return chosen
-    if allocator != "glibc":
+    if allocator == "jemalloc":
         path = bundled_jemalloc()
         if path:
             return {"LD_PRELOAD": path, "MALLOC_CONF": JEMALLOC_CONF}
-        if allocator == "jemalloc":
-            logger.warning("trainer.cpu_allocator=jemalloc: Ray's bundled libjemalloc.so was not found; "
-                           "the workers use glibc (set LD_PRELOAD to a jemalloc library to use it).")
+        logger.warning("trainer.cpu_allocator=jemalloc: Ray's bundled libjemalloc.so was not found; "
+                       "the workers use glibc (set LD_PRELOAD to a jemalloc library to use it).")
     return dict(CPU_MALLOC_ENV)
 
 

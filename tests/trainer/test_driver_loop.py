@@ -127,7 +127,7 @@ def test_cpu_workers_keep_freed_memory_unless_the_user_configures_the_allocator(
     assert both == {"OMP_WAIT_POLICY": "PASSIVE", **CPU_MALLOC_ENV}
 
 
-def test_cpu_workers_get_rays_jemalloc_by_default(monkeypatch, caplog):
+def test_cpu_workers_get_rays_jemalloc_when_asked(monkeypatch, caplog):
     import os
 
     from hybrid_rl.utils import cpu_env
@@ -137,13 +137,12 @@ def test_cpu_workers_get_rays_jemalloc_by_default(monkeypatch, caplog):
         pytest.skip("this Ray wheel ships no libjemalloc.so (non-Linux)")
     assert os.path.isfile(path) and path.endswith(os.path.join("ray", "core", "libjemalloc.so"))
     jemalloc = {"LD_PRELOAD": path, "MALLOC_CONF": cpu_env.JEMALLOC_CONF}
-    assert cpu_env.cpu_malloc_env({}, "auto") == cpu_env.cpu_malloc_env({}, "jemalloc") == jemalloc
-    assert cpu_env.cpu_malloc_env({}, "glibc") == cpu_env.CPU_MALLOC_ENV
-    assert cpu_env.cpu_malloc_env({"MALLOC_CONF": "narenas:1"}, "auto") == {"MALLOC_CONF": "narenas:1"}  # the user's
+    assert cpu_env.cpu_malloc_env({}, "jemalloc") == jemalloc
+    assert cpu_env.cpu_malloc_env({}, "glibc") == cpu_env.cpu_malloc_env({}) == cpu_env.CPU_MALLOC_ENV
+    assert cpu_env.cpu_malloc_env({"MALLOC_CONF": "narenas:1"}, "jemalloc") == {"MALLOC_CONF": "narenas:1"}  # the user's
     with pytest.raises(ValueError, match="trainer.cpu_allocator='tcmalloc' is invalid"):
         cpu_env.cpu_malloc_env({}, "tcmalloc")
     monkeypatch.setattr(cpu_env, "bundled_jemalloc", lambda: None)  # e.g. macOS
-    assert cpu_env.cpu_malloc_env({}, "auto") == cpu_env.CPU_MALLOC_ENV
     with caplog.at_level("WARNING"):
         assert cpu_env.cpu_malloc_env({}, "jemalloc") == cpu_env.CPU_MALLOC_ENV
     assert "libjemalloc.so was not found" in caplog.text
