@@ -3,8 +3,8 @@
 Peak RSS of a phase comes from the kernel's high-water mark (``VmHWM`` in ``/proc/self/status``),
 reset at the start of the phase by writing ``5`` to ``/proc/self/clear_refs`` (Linux >= 4.0): the
 exact peak, with no sampling thread and no cost. Where that reset is not allowed (another OS, a
-locked-down container) the peak is the process's lifetime maximum (``ru_maxrss``) and is reported
-as such (``resettable`` False).
+locked-down container) the peak is the process's lifetime maximum (``ru_maxrss``):
+:func:`reset_peak_rss` returns False there.
 
 Bytes per owner are the distinct tensor storages an owner holds (actor parameters, gradients,
 optimizer state, the reference, the rollout engine's weights and KV cache): counted from the live
