@@ -28,14 +28,13 @@ import os
 import sys
 import tempfile
 import threading
-import time
 from collections import defaultdict
 from typing import Optional
 
 import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_step import DEFAULT_OVERRIDES, lora_overrides  # noqa: E402
+from bench_step import DEFAULT_OVERRIDES, fit_monitored, lora_overrides  # noqa: E402
 
 GIB = 2**30
 # driver step -> worker metric of the same call
@@ -123,17 +122,11 @@ def run(args: argparse.Namespace) -> dict:
 
     trainer = build_trainer(get_config(overrides), Recording)
     monitor = PhaseMonitor(lambda: state["phase"])
-    monitor.start()
-    start = time.perf_counter()
-    try:
-        trainer.fit()
-    finally:
-        trainer.shutdown()
-        monitor.stop()
+    wall_s = fit_monitored(trainer, monitor)
     import torch
 
     return {"overrides": overrides, "preset": args.preset, "steps": steps, "tree_peaks": monitor.peaks,
-            "wall_s": time.perf_counter() - start, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "wall_s": wall_s, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "compute_dtype": trainer.actor_compute_dtype, "warmup": args.warmup}
 
 

@@ -124,6 +124,19 @@ def lora_overrides(rank: int) -> list[str]:
             "actor_rollout_ref.model.target_modules=all-linear", "actor_rollout_ref.actor.optim.lr=1e-4"]
 
 
+def fit_monitored(trainer, monitor: threading.Thread) -> float:
+    """``trainer.fit()`` with ``monitor`` polling throughout; the trainer is shut down after. Returns
+    the wall seconds of the fit."""
+    monitor.start()
+    start = time.perf_counter()
+    try:
+        trainer.fit()
+    finally:
+        trainer.shutdown()
+        monitor.stop()
+    return time.perf_counter() - start
+
+
 def run(args: argparse.Namespace) -> dict:
     import torch
 
@@ -151,18 +164,12 @@ def run(args: argparse.Namespace) -> dict:
     sizes = model_param_split(trainer.config)
     rows = trainer.config.data.train_batch_size * trainer.config.actor_rollout_ref.rollout.n
     monitor = RssMonitor()
-    monitor.start()
-    start = time.perf_counter()
-    try:
-        trainer.fit()
-    finally:
-        trainer.shutdown()
-        monitor.stop()
+    wall_s = fit_monitored(trainer, monitor)
     epochs = trainer.config.actor_rollout_ref.actor.ppo_epochs
     figures = [step_figures(m, sizes, rows, peaks, epochs, dtype) for m in steps]
     return {"overrides": overrides, "peak_flops": peaks, "compute_dtype": dtype,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads_per_worker": plan.threads_per_worker,
-            "steps": figures, "wall_s": time.perf_counter() - start,
+            "steps": figures, "wall_s": wall_s,
             "peak_rss_gib": monitor.peak_total / 2**30, "peak_rss_one_process_gib": monitor.peak_single / 2**30,
             "load_avg": os.getloadavg(), "warmup": args.warmup}
 
