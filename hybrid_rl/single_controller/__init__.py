@@ -7,7 +7,7 @@ methods onto itself (``wg.update_actor(batch)`` splits, runs on every rank, and 
 """
 
 from hybrid_rl.single_controller.decorator import Dispatch, Execute, register
-from hybrid_rl.single_controller.errors import WorkerGroupError, WorkerGroupTimeoutError, WorkerInfo
+from hybrid_rl.single_controller.errors import WorkerDiedError, WorkerGroupError, WorkerGroupTimeoutError, WorkerInfo
 from hybrid_rl.single_controller.future import WorkerGroupFuture
 from hybrid_rl.single_controller.ray import (
     RayClassWithInitArgs,
@@ -25,6 +25,7 @@ __all__ = [
     "RayResourcePool",
     "RayWorkerGroup",
     "Worker",
+    "WorkerDiedError",
     "WorkerGroupError",
     "WorkerGroupFuture",
     "WorkerGroupTimeoutError",

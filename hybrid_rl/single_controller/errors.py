@@ -26,6 +26,10 @@ class WorkerGroupError(RuntimeError):
     """A worker of a group died (or could not be started): the message names it and quotes its log."""
 
 
+class WorkerDiedError(WorkerGroupError):
+    """A worker's process died during a call (killed, e.g. by the kernel's OOM killer, or crashed)."""
+
+
 class WorkerGroupTimeoutError(WorkerGroupError, TimeoutError):
     """A worker-group call did not finish within ``call_timeout_s``: the message names the silent workers."""
 

@@ -15,6 +15,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from hybrid_rl.single_controller.errors import (
+    WorkerDiedError,
     WorkerGroupError,
     WorkerGroupTimeoutError,
     WorkerInfo,
@@ -100,7 +101,7 @@ def _raise_if_a_peer_died(pending: list[ray.ObjectRef], index: dict, workers: li
         try:
             ray.get(ref)
         except RayActorError as e:
-            raise WorkerGroupError(_died_message(workers[index[ref]], method, e)) from e
+            raise WorkerDiedError(_died_message(workers[index[ref]], method, e)) from e
         except Exception:  # noqa: BLE001 - another rank's own error: the first one is reported
             continue
 
@@ -109,7 +110,7 @@ def _get_one(ref: ray.ObjectRef, worker: WorkerInfo, method: str) -> Any:
     try:
         return ray.get(ref)
     except RayActorError as e:
-        raise WorkerGroupError(_died_message(worker, method, e)) from e
+        raise WorkerDiedError(_died_message(worker, method, e)) from e
     except RayTaskError as e:
         # The method itself raised: ray re-raises it as (a subclass of) the original exception type,
         # with the remote traceback in the message. An upstream worker that died while this one was

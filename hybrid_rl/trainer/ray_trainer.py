@@ -26,7 +26,7 @@ from codetiming import Timer
 
 from hybrid_rl.algorithms import get_kl_controller, masked_mean
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.single_controller import WorkerGroupError
+from hybrid_rl.single_controller import WorkerDiedError, WorkerGroupError
 from hybrid_rl.trainer import components, metrics as metric_fns, ppo_ops
 from hybrid_rl.trainer.checkpoint_manager import (CheckpointManager, capture_rng_state, estimate_checkpoint_bytes,
                                                    restore_rng_state)
@@ -255,7 +255,7 @@ class RayPPOTrainer:
             return getattr(self, name)(batch, metrics)
         except WorkerGroupError as error:
             # Which worker and call the group error names; which training step only the driver knows.
-            hint = self._memory_hint() if " died during " in str(error) else ""
+            hint = self._memory_hint() if isinstance(error, WorkerDiedError) else ""
             raise type(error)(f"training step {self.global_steps}, `{name}`: {error}{hint}") from error
 
     def _memory_hint(self) -> str:

@@ -15,7 +15,7 @@ from test_driver_loop import _overrides, _rows
 from trainer_fakes import FakeActorRollout, FakePool
 
 from hybrid_rl.reward import NaiveRewardManager
-from hybrid_rl.single_controller import WorkerGroupError
+from hybrid_rl.single_controller import WorkerDiedError, WorkerGroupError
 from hybrid_rl.trainer.checkpoint_manager import CheckpointSaveError
 from hybrid_rl.trainer.config_loader import get_config
 from hybrid_rl.trainer.components import WorkerGroups, count_model_params
@@ -34,7 +34,7 @@ class FlakyActor(FakeActorRollout):
     def _maybe_fail(self, name, step):
         if name == self.method and step in self.fail_at:
             self.fail_at.discard(step)
-            raise self.error or WorkerGroupError(f"worker actor_rollout rank 1/2 (pid 1) died during `{name}`")
+            raise self.error or WorkerDiedError(f"worker actor_rollout rank 1/2 (pid 1) died during `{name}`")
 
     def update_actor(self, data):
         self._maybe_fail("update_actor", data.meta_info["global_steps"])
