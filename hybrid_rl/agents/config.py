@@ -1,0 +1,73 @@
+"""Typed settings of the multi-turn rollout (veRL ``actor_rollout_ref.rollout.multi_turn.*``).
+
+Names and semantics follow veRL's ``MultiTurnConfig`` (``verl/workers/config/rollout.py``) and its
+``ToolAgentLoop``; hybrid_rl's departures are noted per field and in docs/agents.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from hybrid_rl.agents.parser import TOOL_CALL_FORMATS
+
+__all__ = ["MultiTurnConfig", "TRUNCATE_SIDES"]
+
+TRUNCATE_SIDES = ("left", "middle", "right")
+_PREFIX = "actor_rollout_ref.rollout.multi_turn"
+
+
+def _check(ok: bool, key: str, value: Any, rule: str, fix: str) -> None:
+    if not ok:
+        raise ValueError(f"{_PREFIX}.{key}={value!r} is invalid: {rule}. Fix: {fix}.")
+
+
+@dataclass(kw_only=True)
+class MultiTurnConfig:
+    """Multi-turn rollout with tools and interactions (``rollout.multi_turn.*``)."""
+
+    enable: bool = False
+    """Run rows as multi-turn trajectories: the model's turns, tool results and interaction replies
+    alternate until the model answers without a tool call or a limit is hit. Rows whose ``agent_name``
+    is ``single_turn_agent`` still get one turn."""
+    max_assistant_turns: Optional[int] = None
+    """Most model turns per trajectory; null = bounded only by response_length."""
+    max_user_turns: Optional[int] = None
+    """Most observation turns (tool-result rounds and interaction replies, as veRL counts them);
+    null = no limit."""
+    tool_config_path: Optional[str] = None
+    """YAML listing the tools (veRL layout; docs/agents.md). null = no tools."""
+    interaction_config_path: Optional[str] = None
+    """YAML listing the interactions (simulated users); a row picks one with
+    ``extra_info.interaction_kwargs.name``. null = none."""
+    max_tool_response_length: int = 256
+    """Longest tool result kept, in characters (as veRL); longer ones are cut per
+    tool_response_truncate_side with a ``(truncated)`` marker."""
+    tool_response_truncate_side: str = "middle"
+    """left (keep the start), right (keep the end) or middle (keep both ends), veRL's semantics."""
+    max_parallel_calls: int = 1
+    """Most tool calls run per model turn. veRL drops the extra calls silently; here each gets an
+    error observation saying so (the model sees why, and it is counted)."""
+    format: str = "hermes"
+    """Tool-call syntax the model writes: ``hermes`` = ``<tool_call>{"name", "arguments"}</tool_call>``."""
+    tool_timeout_s: float = 10.0
+    """Time bound of one tool or interaction call (create, execute, ...); a call that runs over
+    becomes an error observation and counts in ``agent/tool_timeouts``. <= 0 disables it."""
+
+    def __post_init__(self) -> None:
+        for key in ("max_assistant_turns", "max_user_turns"):
+            value = getattr(self, key)
+            _check(value is None or (isinstance(value, int) and value >= 1), key, value,
+                   "must be a positive integer or null", "use null (no limit) or e.g. 4")
+        _check(isinstance(self.max_tool_response_length, int) and self.max_tool_response_length >= 1,
+               "max_tool_response_length", self.max_tool_response_length, "must be a positive number of characters",
+               "use e.g. 256")
+        _check(self.tool_response_truncate_side in TRUNCATE_SIDES, "tool_response_truncate_side",
+               self.tool_response_truncate_side, f"must be one of {TRUNCATE_SIDES}", "use middle")
+        _check(isinstance(self.max_parallel_calls, int) and self.max_parallel_calls >= 1, "max_parallel_calls",
+               self.max_parallel_calls, "must be a positive integer", "use 1 or more")
+        _check(self.format in TOOL_CALL_FORMATS, "format", self.format, f"must be one of {sorted(TOOL_CALL_FORMATS)}",
+               "use hermes")
+        _check(self.enable or (self.tool_config_path is None and self.interaction_config_path is None),
+               "enable", self.enable, "tool_config_path / interaction_config_path are set but multi-turn is off",
+               f"set {_PREFIX}.enable=true to use them")

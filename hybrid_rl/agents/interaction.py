@@ -1,0 +1,78 @@
+"""Interactions: a simulated user or environment that answers the model when it stops without a tool call.
+
+The interface is veRL's ``BaseInteraction`` (``verl/interactions/base.py``): the row's
+``extra_info.interaction_kwargs`` (with ``name`` choosing the interaction) go to ``start_interaction``;
+after each model turn that calls no tool, ``generate_response(instance_id, messages)`` returns
+``(should_terminate, response_text, turn_score, metadata)``; the text becomes the next user turn
+(masked from the loss), the score is appended to the row's ``turn_scores``. hybrid_rl also calls
+``finalize_interaction`` when the trajectory ends (veRL's agent loop does not).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Callable, Optional
+
+__all__ = ["BaseInteraction", "get_interaction_cls", "register_interaction", "registered_interactions"]
+
+
+class BaseInteraction:
+    """Subclass and override ``generate_response`` (and the others as needed).
+
+    Args:
+        config: the ``config`` mapping of the interaction's YAML entry, plus ``name``.
+    """
+
+    def __init__(self, config: Optional[dict] = None):
+        self.config = dict(config or {})
+        self.name: str = self.config.get("name", "interaction_agent")
+
+    async def start_interaction(self, instance_id: Optional[str] = None, **kwargs: Any) -> str:
+        """Start one conversation; returns its id."""
+        return instance_id or str(uuid.uuid4())
+
+    async def generate_response(self, instance_id: str, messages: list[dict[str, Any]],
+                                **kwargs: Any) -> tuple[bool, str, float, dict]:
+        """(should_terminate, response text, turn score, metadata) after the model's latest turn."""
+        return False, "Your current result seems acceptable.", 0.8, {}
+
+    async def calculate_score(self, instance_id: str, **kwargs: Any) -> float:
+        """Score of the whole conversation (not used by the rollout; for custom scorers)."""
+        return 0.0
+
+    async def finalize_interaction(self, instance_id: str, **kwargs: Any) -> None:
+        """Free the conversation's state."""
+
+
+_INTERACTIONS: dict[str, type] = {}
+
+
+def register_interaction(name: str) -> Callable[[type], type]:
+    """Class decorator: make an interaction available as ``class_name: <name>`` in the interaction YAML."""
+
+    def decorator(cls: type) -> type:
+        if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
+            raise ValueError(f"@register_interaction({name!r}) decorates {cls!r}, which is not a BaseInteraction "
+                             "subclass. Fix: subclass hybrid_rl.agents.BaseInteraction.")
+        old = _INTERACTIONS.get(name)
+        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"interaction {name!r} is already registered as {old.__module__}.{old.__qualname__}. "
+                             "Fix: pick another name.")
+        _INTERACTIONS[name] = cls
+        return cls
+
+    return decorator
+
+
+def registered_interactions() -> list[str]:
+    """Names registered with :func:`register_interaction`."""
+    return sorted(_INTERACTIONS)
+
+
+def get_interaction_cls(class_name: str, where: str) -> type:
+    """A registered interaction name or a dotted import path, resolved to the class."""
+    if class_name in _INTERACTIONS:
+        return _INTERACTIONS[class_name]
+    from hybrid_rl.agents.tool import _import_class
+
+    return _import_class(class_name, BaseInteraction, where, "interaction", registered_interactions())

@@ -1,0 +1,110 @@
+"""Bounded concurrent tool calls, and the tool / interaction YAML loaders."""
+
+import asyncio
+import time
+
+import pytest
+
+from hybrid_rl.agents import MultiTurnConfig, load_interactions, load_tools
+from hybrid_rl.agents.executor import AsyncRunner
+
+
+async def _value(x, delay=0.0):
+    await asyncio.sleep(delay)
+    return x
+
+
+async def _raise():
+    raise RuntimeError("boom")
+
+
+async def _block_loop():
+    time.sleep(3)  # synchronous: cannot be cancelled
+    return "late"
+
+
+def test_runner_runs_concurrently_and_keeps_order():
+    runner = AsyncRunner()
+    start = time.perf_counter()
+    out = runner.run([_value(1, 0.3), _value(2, 0.3), _value(3, 0.3)], timeout_s=5)
+    assert out == [("ok", 1), ("ok", 2), ("ok", 3)]
+    assert time.perf_counter() - start < 0.8  # concurrent, not 0.9 s in a row
+
+
+def test_runner_turns_errors_and_hangs_into_results():
+    runner = AsyncRunner()
+    out = runner.run([_raise(), _value("slow", 10), _value("ok")], timeout_s=0.2)
+    assert out[0] == ("error", "RuntimeError: boom")
+    assert out[1][0] == "timeout" and out[2] == ("ok", "ok")
+    assert runner.run([_value(5)], timeout_s=1) == [("ok", 5)]  # the loop is still healthy
+
+
+def test_runner_abandons_a_blocked_loop():
+    runner = AsyncRunner()
+    start = time.perf_counter()
+    out = runner.run([_block_loop(), _value(1)], timeout_s=0.2)
+    assert time.perf_counter() - start < 2.5
+    assert out[0][0] == "timeout" and runner.num_abandoned_loops == 1
+    assert runner.run([_value(7)], timeout_s=1) == [("ok", 7)]  # a fresh loop
+
+
+TOOLS_YAML = """
+tools:
+  - class_name: calculator
+    config: {type: native}
+  - class_name: hybrid_rl.agents.calculator.CalculatorTool
+    config: {type: native}
+    tool_schema:
+      type: function
+      function:
+        name: calc2
+        description: same tool, second name
+        parameters: {type: object, properties: {expression: {type: string}}, required: [expression]}
+"""
+
+
+def test_load_tools_by_name_and_dotted_path(tmp_path):
+    path = tmp_path / "tools.yaml"
+    path.write_text(TOOLS_YAML)
+    tools = load_tools(str(path))
+    assert sorted(tools) == ["calc2", "calculator"]
+    assert tools["calc2"].tool_schema["function"]["description"] == "same tool, second name"
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("tools: [", "not valid YAML at line"),
+    ("tools: {a: 1}", "'tools:' list"),
+    ("tools:\n  - config: {}", "has no class_name"),
+    ("tools:\n  - class_name: nosuch_tool", "unknown tool class 'nosuch_tool'"),
+    ("tools:\n  - class_name: calculator\n    config: {type: mcp}", "type='mcp' is not supported"),
+    ("tools:\n  - class_name: calculator\n  - class_name: calculator", "second tool named 'calculator'"),
+    ("tools:\n  - class_name: calculator\n    tool_schema: {type: function, function: {}}", "no function.name"),
+])
+def test_bad_tool_yaml_is_one_clear_line(tmp_path, text, fragment):
+    path = tmp_path / "tools.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="tool_config_path") as info:
+        load_tools(str(path))
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_missing_tool_file():
+    with pytest.raises(ValueError, match="tool_config_path='/nope.yaml': no such file"):
+        load_tools("/nope.yaml")
+
+
+def test_load_interactions_derives_names(tmp_path):
+    path = tmp_path / "inter.yaml"
+    path.write_text("interaction:\n  - class_name: hybrid_rl.agents.interaction.BaseInteraction\n"
+                    "  - name: judge\n    class_name: hybrid_rl.agents.interaction.BaseInteraction\n    config: {k: 1}\n")
+    inter = load_interactions(str(path))
+    assert sorted(inter) == ["base", "judge"] and inter["judge"].config == {"k": 1, "name": "judge"}
+
+
+def test_multi_turn_config_checks():
+    with pytest.raises(ValueError, match="multi_turn.max_assistant_turns=0"):
+        MultiTurnConfig(enable=True, max_assistant_turns=0)
+    with pytest.raises(ValueError, match="tool_response_truncate_side='top'"):
+        MultiTurnConfig(tool_response_truncate_side="top")
+    with pytest.raises(ValueError, match="set actor_rollout_ref.rollout.multi_turn.enable=true"):
+        MultiTurnConfig(tool_config_path="t.yaml")

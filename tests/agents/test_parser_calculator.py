@@ -1,0 +1,104 @@
+"""Tool-call parsing (hermes), the calculator's arithmetic, and the tool/interaction registries."""
+
+import asyncio
+
+import pytest
+
+from hybrid_rl.agents import BaseTool, CalculatorTool, parse_hermes, register_tool
+from hybrid_rl.agents.calculator import evaluate
+from hybrid_rl.agents.parser import get_tool_parser
+from hybrid_rl.agents.tool import check_tool_schema, get_tool_cls
+
+
+def test_hermes_parses_calls_in_order():
+    text = ('first <tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call> then '
+            '<tool_call>\n{"name": "search", "arguments": "{\\"q\\": \\"x\\"}"}\n</tool_call>')
+    calls = parse_hermes(text)
+    assert [(c.name, c.arguments, c.error) for c in calls] == [
+        ("calculator", {"expression": "2*3"}, None), ("search", {"q": "x"}, None)]
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ('{"name": "calculator", "arguments": {"expression": "2*3"}', "not valid JSON"),
+    ('["calculator"]', '"name" string'),
+    ('{"name": "calculator", "arguments": [1, 2]}', '"arguments" must be a JSON object'),
+])
+def test_hermes_malformed_call_is_an_error_not_dropped(body, fragment):
+    (call,) = parse_hermes(f"<tool_call>{body}</tool_call>")
+    assert call.error is not None and fragment in call.error
+
+
+def test_no_call_and_unclosed_block():
+    assert parse_hermes("the answer is 42") == []
+    assert parse_hermes('<tool_call>{"name": "calculator"}') == []
+
+
+def test_unknown_format_names_the_key():
+    with pytest.raises(ValueError, match="rollout.multi_turn.format='json'.*hermes"):
+        get_tool_parser("json")
+
+
+@pytest.mark.parametrize("expression, value", [
+    ("317 * 46", "14582"), ("(2+3)*4 - 1", "19"), ("7 / 2", "3.5"), ("7 // 2", "3"), ("-3 ** 2", "-9"),
+    ("2 ^ 10", "1024"), ("1,234 + 1", "1235"), ("10 % 4", "2"), ("6 / 3", "2"),
+])
+def test_calculator_is_exact(expression, value):
+    assert evaluate(expression) == value
+
+
+@pytest.mark.parametrize("expression, fragment", [
+    ("", "empty"), ("__import__('os')", "unsupported"), ("1/0", "division by zero"), ("9**9**9", "exponents"),
+    ("2 +", "does not parse"), ("x" * 300, "longer than"), ("10**60 * 10**60 * 10**60 * 10**60", "too large"),
+])
+def test_calculator_refuses_what_is_not_arithmetic(expression, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        evaluate(expression)
+
+
+def test_calculator_instance_tracks_correct_use():
+    tool = CalculatorTool()
+    assert tool.name == "calculator"
+
+    async def session():
+        iid, _ = await tool.create(ground_truth=14582)
+        wrong = await tool.execute(iid, {"expression": "317 * 45"})
+        bad = await tool.execute(iid, {"expression": "317 x"})
+        before = await tool.calc_reward(iid)
+        right = await tool.execute(iid, {"expression": "317*46"})
+        after = await tool.calc_reward(iid)
+        await tool.release(iid)
+        return wrong, bad, before, right, after
+
+    wrong, bad, before, right, after = asyncio.run(session())
+    assert wrong == ("14265", 0.0, {"error": 0.0, "correct": 0.0})
+    assert bad[0].startswith("Error:") and bad[2] == {"error": 1.0}
+    assert (before, right[2]["correct"], after) == (0.0, 1.0, 1.0)
+
+
+def test_register_tool_rejects_duplicates_and_non_tools():
+    @register_tool("test_echo_tool")
+    class Echo(BaseTool):
+        pass
+
+    assert get_tool_cls("test_echo_tool", "here") is Echo
+    with pytest.raises(ValueError, match="already registered"):
+        @register_tool("test_echo_tool")
+        class Other(BaseTool):
+            pass
+    with pytest.raises(ValueError, match="not a BaseTool subclass"):
+        register_tool("nope")(int)
+    with pytest.raises(ValueError, match="unknown tool class 'nosuch'"):
+        get_tool_cls("nosuch", "here")
+    with pytest.raises(ValueError, match="cannot import tool class"):
+        get_tool_cls("no_such_pkg.Tool", "here")
+
+
+def test_schema_check_names_the_problem():
+    with pytest.raises(ValueError, match="type 'function'"):
+        check_tool_schema({"function": {"name": "x"}}, "t")
+    with pytest.raises(ValueError, match="no function.name"):
+        check_tool_schema({"type": "function", "function": {}}, "t")
+    with pytest.raises(ValueError, match="parameters of tool 'x'"):
+        check_tool_schema({"type": "function", "function": {"name": "x", "parameters": {"type": "array"}}}, "t")
+    with pytest.raises(ValueError, match="no default schema"):
+        BaseTool()
