@@ -51,7 +51,8 @@ BATCH_SCHEMA: tuple[BatchKey, ...] = (
     BatchKey("prompts", _T, "int64", "[B, P]", "rollout", "the left-padded prompt ids the responses continue"),
     BatchKey("responses", _T, "int64", "[B, R]", "rollout", "generated ids, pad after EOS"),
     BatchKey("response_mask", _T, "int64/float", "[B, R]", "rollout",
-             "1 for generated tokens up to and including EOS, 0 after"),
+             "1 for generated tokens up to and including EOS, 0 after; multi-turn: also 0 on tool and "
+             "interaction observations (attention_mask stays 1 there)"),
     BatchKey("rollout_log_probs", _T, "float32", "[B, R]", "rollout (optional)",
              "log-probs of the sampled tokens under the rollout engine"),
     BatchKey("old_log_probs", _T, "float32", "[B, R]", "actor compute_log_prob",
@@ -75,6 +76,17 @@ BATCH_SCHEMA: tuple[BatchKey, ...] = (
     BatchKey("extra_info", _N, "object", "[B]", "dataset collate", "free-form per-row dict from the dataset"),
     BatchKey("raw_prompt", _N, "object", "[B]", "dataset collate", "chat messages of the prompt"),
     BatchKey("index", _N, "object", "[B]", "dataset collate", "row index within the dataset"),
+    BatchKey("agent_name", _N, "object", "[B]", "dataset collate (optional column)",
+             "multi-turn: single_turn_agent = one model turn; anything else runs the tool loop"),
+    BatchKey("num_turns", _N, "object", "[B]", "rollout (multi-turn)",
+             "int: user + assistant + observation turns (veRL's count, the prompt turn included)"),
+    BatchKey("tool_rewards", _N, "object", "[B]", "rollout (multi-turn)",
+             "list[float]: step rewards of the row's tool calls, then each tool instance's calc_reward"),
+    BatchKey("turn_scores", _N, "object", "[B]", "rollout (multi-turn)",
+             "list[float]: scores the row's interaction gave its turns"),
+    BatchKey("agent_metrics", _N, "object", "[B]", "rollout (multi-turn)",
+             "dict[str, float]: per-row turns, tool calls/errors/timeouts, token counts, tool/<name>/<metric>, "
+             "ended_by/<reason>"),
     # ---- meta_info
     BatchKey("eos_token_id", _M, "int | list[int]", "-", "driver / rollout config", "stop token id(s)"),
     BatchKey("pad_token_id", _M, "int", "-", "driver / rollout config", "padding token id"),

@@ -30,10 +30,11 @@ class ObservationEncoder:
 
     Args:
         tokenizer: a HF tokenizer with a ``chat_template``.
-        end_of_turn: the text that ends an assistant turn as sampled (the EOS token's text), e.g. ``<|im_end|>``.
+        end_of_turn: the texts that may end an assistant turn as sampled (the EOS tokens' texts, e.g.
+            ``<|im_end|>``); the one the template puts right after an assistant's content is used.
     """
 
-    def __init__(self, tokenizer: Any, end_of_turn: str):
+    def __init__(self, tokenizer: Any, end_of_turn: str | list[str]):
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(f"{_KEY}=true needs a tokenizer with a chat template (tool results are rendered "
                              "through it), and this tokenizer has none. Fix: use an instruct/chat model, or a "
@@ -46,8 +47,8 @@ class ObservationEncoder:
             raise ValueError(f"{_KEY}=true: the tokenizer's chat template drops the assistant's content, so "
                              "turns cannot be continued. Fix: use a chat template that renders assistant turns.")
         cut += len(_SENTINEL)
-        if end_of_turn and rendered.startswith(end_of_turn, cut):
-            cut += len(end_of_turn)
+        candidates = [end_of_turn] if isinstance(end_of_turn, str) else list(end_of_turn)
+        cut += next((len(text) for text in candidates if text and rendered.startswith(text, cut)), 0)
         self._prefix = rendered[:cut]
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:

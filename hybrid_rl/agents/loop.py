@@ -146,7 +146,7 @@ class AgentLoop:
         self.tools = tools
         self.interactions = interactions
         self.eos_token_ids = set(int(t) for t in eos_token_ids)
-        self.encoder = ObservationEncoder(tokenizer, tokenizer.decode([int(eos_token_ids[0])]))
+        self.encoder = ObservationEncoder(tokenizer, [tokenizer.decode([int(t)]) for t in eos_token_ids])
         self.parse = get_tool_parser(config.format)
         self.runner = AsyncRunner()
 
@@ -258,9 +258,9 @@ class AgentLoop:
     def _start_interactions(self, trajs: list[Trajectory], rows: list[RowContext]) -> None:
         jobs = []
         for i, row in enumerate(rows):
-            name = row.interaction_kwargs.get("name") if row.interaction_kwargs else None
-            if not self.interactions or row.agent_name == SINGLE_TURN_AGENT:
-                continue
+            if not self.interactions or not row.interaction_kwargs or row.agent_name == SINGLE_TURN_AGENT:
+                continue  # rows without interaction_kwargs run without an interaction
+            name = row.interaction_kwargs.get("name")
             if name not in self.interactions:
                 raise ValueError(f"row {i}: extra_info.interaction_kwargs.name={name!r} is not a configured "
                                  f"interaction ({', '.join(sorted(self.interactions))}). Fix: set it to one of "

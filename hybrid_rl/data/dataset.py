@@ -116,6 +116,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         if max_samples is not None and max_samples < len(rows):
             keep = np.sort(np.random.default_rng(seed).choice(len(rows), size=max_samples, replace=False))
             rows, origins = [rows[i] for i in keep], [origins[i] for i in keep]
+        # veRL's optional agent_name column (multi-turn): every item carries it when any row has it
+        self._has_agent_name = any(r["agent_name"] is not None for r in rows)
         token_ids = self._tokenize(rows)
         self._rows, token_ids = self._fit_length(rows, origins, token_ids)
         lengths = np.array([len(t) for t in token_ids], dtype=np.int64)
@@ -206,6 +208,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         }
         if self.return_raw_chat:
             out["raw_prompt"] = copy.deepcopy(row["prompt"])
+        if self._has_agent_name:
+            out["agent_name"] = row["agent_name"]
         return out
 
     def collate_fn(self, items: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -129,12 +129,16 @@ def validate_row(row: dict[str, Any], *, path: str, row_idx: int, prompt_key: st
         ability = "unknown"
     if not isinstance(ability, str):
         raise bad("ability", f"must be a string, got {type(ability).__name__}")
+    agent_name = row.get("agent_name")
+    if agent_name is not None and not isinstance(agent_name, str):
+        raise bad("agent_name", f"must be a string (e.g. tool_agent, single_turn_agent), got {agent_name!r}")
     return {
         "data_source": data_source,
         "prompt": row[prompt_key],
         "ability": ability,
         "reward_model": reward_model,
         "extra_info": extra_info,
+        "agent_name": agent_name,
     }
 
 

@@ -5,6 +5,13 @@ and ``reward_model["ground_truth"]``, score under the guard (:mod:`hybrid_rl.rew
 the score at the row's last valid response token (zeros elsewhere; a row without any valid token keeps
 all zeros).
 
+Multi-turn rows (``response_mask`` 0 on tool/interaction observations): the text scored is the whole
+trajectory (model turns and observations, as veRL), and the score goes to the last *model* token
+(``response_mask`` 1), because GAE carries nothing across masked positions: a score on a trailing
+observation token would be lost. The rollout's ``tool_rewards``, ``turn_scores`` and ``num_turns``
+columns reach the scorer in ``extra_info`` (as veRL's reward loop passes them), and with
+``tool_reward_weight`` w the row's score becomes ``score + w * (sum(tool_rewards) + sum(turn_scores))``.
+
 * ``naive`` calls ``compute_score(data_source=, solution_str=, ground_truth=, extra_info=, **reward_kwargs)``
   once per row; ``timeout_s`` bounds each call.
 * ``batch`` calls ``compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=,
@@ -72,21 +79,48 @@ class _Rows(NamedTuple):
     data_sources: list[Any]
     extra_infos: list[Any]
     last_index: torch.Tensor  # [B] int64: last valid response position, -1 if the response is empty
+    score_index: torch.Tensor  # [B] int64: where the score goes (the last model token), -1 if none
 
 
-def _last_valid_index(data: DataProto) -> torch.Tensor:
-    """[B] position of the last valid response token (-1 when none), from the response-part mask."""
-    responses = data.batch["responses"]  # [B, R]
-    num_resp = responses.shape[1]
-    if "attention_mask" in data.batch.keys():
-        mask = data.batch["attention_mask"][:, -num_resp:]  # as veRL: the response part of prompt||response
-    elif "response_mask" in data.batch.keys():
-        mask = data.batch["response_mask"]
-    else:
-        raise ValueError("the reward manager needs 'attention_mask' [B, P+R] or 'response_mask' [B, R] in "
-                         f"DataProto.batch to find the valid response tokens; got {sorted(data.batch.keys())}")
-    positions = torch.arange(num_resp, device=mask.device).expand_as(mask)  # [B, R]
+def _last_index(mask: torch.Tensor) -> torch.Tensor:
+    """[B] position of the last nonzero of ``mask`` [B, R] (-1 when none)."""
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)  # [B, R]
     return torch.where(mask.bool(), positions, -1).amax(dim=1).cpu()  # [B]
+
+
+def _valid_indices(data: DataProto) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B] last valid response token, [B] last model token) from the masks; -1 when none."""
+    num_resp = data.batch["responses"].shape[1]
+    keys = data.batch.keys()
+    if "attention_mask" not in keys and "response_mask" not in keys:
+        raise ValueError("the reward manager needs 'attention_mask' [B, P+R] or 'response_mask' [B, R] in "
+                         f"DataProto.batch to find the valid response tokens; got {sorted(keys)}")
+    # as veRL: the response part of prompt||response (observations included)
+    valid = _last_index(data.batch["attention_mask"][:, -num_resp:] if "attention_mask" in keys
+                        else data.batch["response_mask"])
+    scored = _last_index(data.batch["response_mask"]) if "response_mask" in keys else valid
+    return valid, scored
+
+
+_TRAJECTORY_COLUMNS = ("tool_rewards", "turn_scores", "num_turns")
+
+
+def _with_trajectory_info(data: DataProto, extra_infos: list[Any]) -> list[Any]:
+    """Each row's extra_info plus the multi-turn rollout's columns (when the batch has them)."""
+    columns = [k for k in _TRAJECTORY_COLUMNS if k in data.non_tensor_batch]
+    if not columns:
+        return extra_infos
+    return [{**(info if isinstance(info, dict) else {}), **{k: data.non_tensor_batch[k][i] for k in columns}}
+            for i, info in enumerate(extra_infos)]
+
+
+def _trajectory_rewards(data: DataProto) -> torch.Tensor:
+    """[B] sum of each row's ``tool_rewards`` and ``turn_scores`` (0 without those columns)."""
+    total = torch.zeros(len(data), dtype=torch.float32)
+    for key in ("tool_rewards", "turn_scores"):
+        for i, values in enumerate(data.non_tensor_batch.get(key, [])):
+            total[i] += float(sum(values or []))
+    return total
 
 
 def _ground_truth(reward_model: Any, row: int) -> Any:
@@ -128,6 +162,7 @@ class _RewardManagerBase(abc.ABC):
         reward_fn_key: ``non_tensor_batch`` key holding each row's data source.
         timeout_s: time bound of one scorer call (per row for ``naive``, whole batch for ``batch``);
             <= 0 disables it.
+        tool_reward_weight: weight of a multi-turn row's tool rewards and turn scores added to its score.
         isolation: ``"process"`` (default on POSIX) or ``"thread"``, see :mod:`hybrid_rl.reward._isolation`.
         **reward_kwargs: extra keyword arguments passed to every ``compute_score`` call.
     """
@@ -136,7 +171,7 @@ class _RewardManagerBase(abc.ABC):
 
     def __init__(self, tokenizer, num_examine: int, compute_score: Callable[..., Any] | None = None,
                  reward_fn_key: str = "data_source", timeout_s: float = 10.0, isolation: str | None = None,
-                 **reward_kwargs: Any) -> None:
+                 tool_reward_weight: float = 0.0, **reward_kwargs: Any) -> None:
         self.tokenizer = tokenizer
         self.num_examine = int(num_examine)
         self.uses_default_scorer = compute_score is None
@@ -144,6 +179,7 @@ class _RewardManagerBase(abc.ABC):
         self.reward_fn_key = reward_fn_key
         self.timeout_s = float(timeout_s)
         self.isolation = isolation
+        self.tool_reward_weight = float(tool_reward_weight)
         self.reward_kwargs = reward_kwargs
         self.last_metrics: dict[str, float] = {}
         self._logged_failure_kinds: set[str] = set()
@@ -158,8 +194,10 @@ class _RewardManagerBase(abc.ABC):
         responses = data.batch["responses"]
         reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)  # [B, R]
         scores = torch.tensor([o.score for o in outcomes], dtype=torch.float32)  # [B]
-        has_token = rows.last_index >= 0  # [B]
-        reward_tensor[has_token.nonzero(as_tuple=True)[0], rows.last_index[has_token]] = scores[has_token]
+        if self.tool_reward_weight and len(scores):
+            scores = scores + self.tool_reward_weight * _trajectory_rewards(data)
+        has_token = rows.score_index >= 0  # [B]
+        reward_tensor[has_token.nonzero(as_tuple=True)[0], rows.score_index[has_token]] = scores[has_token]
         self._log_failures(rows, outcomes)
         self._log_examples(data, rows, outcomes)
         self.last_metrics = self._metrics(outcomes)
@@ -171,19 +209,19 @@ class _RewardManagerBase(abc.ABC):
         """One outcome per row, in row order."""
 
     def _rows(self, data: DataProto) -> _Rows:
-        last_index = _last_valid_index(data)  # [B]
+        last_index, score_index = _valid_indices(data)  # [B], [B]
         responses = data.batch["responses"].cpu()
         token_lists = [responses[i, : int(last) + 1].tolist() for i, last in enumerate(last_index)]
         solution_strs = self.tokenizer.batch_decode(token_lists, skip_special_tokens=True)
         reward_models = _require_non_tensor(data, "reward_model", "a dict per row with 'ground_truth'")
         data_sources = list(_require_non_tensor(data, self.reward_fn_key, "set by reward_fn_key"))
         extra = data.non_tensor_batch.get("extra_info")
-        extra_infos = list(extra) if extra is not None else [None] * len(data)
+        extra_infos = _with_trajectory_info(data, list(extra) if extra is not None else [None] * len(data))
         ground_truths = [_ground_truth(rm, i) for i, rm in enumerate(reward_models)]
         if self.uses_default_scorer:
             # Unknown source = a config error: fail loudly, not as N zero rewards.
             check_data_sources(data_sources, warmup=True)
-        return _Rows(solution_strs, ground_truths, data_sources, extra_infos, last_index)
+        return _Rows(solution_strs, ground_truths, data_sources, extra_infos, last_index, score_index)
 
     @staticmethod
     def _result(reward_tensor, extra_info, metrics, return_dict):

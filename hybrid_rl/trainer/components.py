@@ -90,6 +90,7 @@ def build_reward_manager(cfg: PPOConfig, tokenizer, num_examine: int):
         compute_score=compute_score,
         reward_fn_key=cfg.data.reward_fn_key,
         timeout_s=cfg.reward_model.timeout,
+        tool_reward_weight=cfg.reward_model.tool_reward_weight,
     )
 
 

@@ -134,6 +134,10 @@ class RewardModelConfig:
     """Seconds one scoring call may take before it is abandoned and scored 0."""
     num_examine: int = 1
     """Decoded samples per data_source written to the log at each training step."""
+    tool_reward_weight: float = 0.0
+    """Multi-turn rollouts: a row's score becomes score + tool_reward_weight x (sum of its tool
+    rewards and interaction turn scores). 0 = the final reward only (hybrid_rl's own key; veRL leaves
+    the combination to a custom scorer, which also receives them in extra_info)."""
 
 
 @dataclass

@@ -212,3 +212,45 @@ def test_num_examine_logs_per_data_source(tokenizer, caplog):
     assert len(examples) == 2
     assert examples[0].startswith("[arithmetic] prompt: Q?") and "[response] #### 1" in examples[0]
     assert examples[1].startswith("[openai/gsm8k]") and "[score] 1.0 (ok)" in examples[1]
+
+
+def _multi_turn(tokenizer, tool_rewards, turn_scores):
+    """Row 0: 'call<EOS>' | observation '= 7' (mask 0) | '#### 7<EOS>'; row 1 ends on an observation."""
+    data = make_batch(tokenizer, ["call", "call"], [7, 7], resp_len=24, extra_infos=[{"k": 1}, None])
+    enc = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    rows = [enc("call") + [EOS] + enc("= 7") + enc("#### 7") + [EOS], enc("call") + [EOS] + enc("#### 7")]
+    masks = [[1] * 5 + [0] * 3 + [1] * 7, [1] * 5 + [0] * 6]
+    for i, (ids, mask) in enumerate(zip(rows, masks)):
+        data.batch["responses"][i, : len(ids)] = torch.tensor(ids)
+        data.batch["response_mask"][i] = torch.tensor(mask + [0] * (24 - len(mask)))
+        data.batch["attention_mask"][i, -24:] = torch.tensor([1] * len(ids) + [0] * (24 - len(ids)))
+    data.non_tensor_batch["tool_rewards"] = np.array([tool_rewards, []], dtype=object)
+    data.non_tensor_batch["turn_scores"] = np.array([turn_scores, [0.5]], dtype=object)
+    data.non_tensor_batch["num_turns"] = np.array([4, 3], dtype=object)
+    return data
+
+
+def test_multi_turn_score_on_last_model_token_and_trajectory_info(tokenizer):
+    seen = []
+
+    def score(data_source, solution_str, ground_truth, extra_info=None):
+        seen.append((solution_str, extra_info))
+        return 1.0 if solution_str.endswith("#### 7") else 0.0
+
+    data = _multi_turn(tokenizer, [0.0, 1.0], [])
+    scores = NaiveRewardManager(tokenizer, num_examine=0, compute_score=score, isolation="thread")(data)
+    # row 0: the whole trajectory is scored, the score sits on its last model token (index 14)
+    assert seen[0][0] == "call= 7#### 7" and scores[0].nonzero().flatten().tolist() == [14]
+    # row 1 ends on observation tokens: the score goes to its last model token (index 4), not index 10
+    assert scores[1].nonzero().flatten().tolist() == [4] and seen[1][0] == "call#### 7"
+    assert seen[0][1] == {"k": 1, "tool_rewards": [0.0, 1.0], "turn_scores": [], "num_turns": 4}
+    assert seen[1][1]["num_turns"] == 3
+
+
+def test_tool_reward_weight_adds_tool_rewards_and_turn_scores(tokenizer):
+    data = _multi_turn(tokenizer, [0.25, 1.0], [0.5])
+    plain = NaiveRewardManager(tokenizer, num_examine=0, isolation="thread")(data)
+    weighted = NaiveRewardManager(tokenizer, num_examine=0, isolation="thread", tool_reward_weight=0.5)(data)
+    assert plain.sum(-1).tolist() == [1.0, 1.0]
+    assert weighted.sum(-1).tolist() == [1.0 + 0.5 * 1.75, 1.0 + 0.5 * 0.5]
+    assert weighted[1, 4] == 1.25  # on row 1's last model token

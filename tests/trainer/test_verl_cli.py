@@ -75,7 +75,7 @@ def test_lora_list_turns_on_the_lora_actor():
 
 @pytest.mark.parametrize("override, match", [
     ("trainer.use_legacy_worker_impl=disable", "new engine workers"),
-    ("actor_rollout_ref.rollout.multi_turn.enable=true", "multi-turn"),
+    ("actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml", "multi_turn.enable=true to use them"),
     ("critic.model.lora_rank=8", "critic trains every parameter"),
     ("actor_rollout_ref.model.lora_rank=-1", "lora_rank"),
     ("actor_rollout_ref.rollout.load_format=pt", "load_format"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from hybrid_rl.agents.config import MultiTurnConfig
 from hybrid_rl.utils.precision import COMPUTE_DTYPES
 
 ROLLOUT_NAMES = ("vllm", "hf")
@@ -61,21 +62,6 @@ class SamplingConfig:
 
 
 @dataclass(kw_only=True)
-class MultiTurnConfig:
-    """veRL's multi-turn (tool-calling) rollout switch (``rollout.multi_turn.*``)."""
-
-    enable: bool = False
-    """Multi-turn rollout with tools. Not available in hybrid_rl yet: must stay false."""
-    format: str = "hermes"
-    """Tool-call format of the chat template (veRL reads it only when enable is true)."""
-
-    def __post_init__(self) -> None:
-        _check(not self.enable, "rollout.multi_turn.enable", self.enable,
-               "multi-turn rollouts with tools are not available in hybrid_rl yet",
-               "set rollout.multi_turn.enable=false (single-turn rollout)")
-
-
-@dataclass(kw_only=True)
 class RolloutConfig:
     """The generation engine of the colocated actor/rollout worker (veRL ``rollout.*``)."""
 
@@ -94,7 +80,7 @@ class RolloutConfig:
     """veRL's layer-by-layer gather of LoRA weights for the engine sync. Accepted either way: the
     sync here always streams one tensor at a time from the shards (peak = one layer's weights)."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
-    """Multi-turn rollout settings (veRL names)."""
+    """Multi-turn rollout with tools and interactions (veRL names; hybrid_rl/agents/config.py)."""
     n: int = 1
     """Responses per prompt. The driver repeats each prompt row n times before generation; the
     engine produces one response per row."""

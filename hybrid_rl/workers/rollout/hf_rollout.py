@@ -9,6 +9,7 @@ definition as vLLM's ``processed_logprobs``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Iterable, Optional
 
@@ -24,7 +25,9 @@ from hybrid_rl.workers.rollout.base import (ROW_SEED_STRIDE, BaseRollout, Genera
                                             StrictWeightStream, data_parallel_rank, expected_weight_shapes,
                                             resolve_generation_params)
 from hybrid_rl.workers.rollout.config import RolloutConfig
-from hybrid_rl.workers.rollout.sequences import build_rollout_output, check_prompt_batch
+from hybrid_rl.workers.rollout.multi_turn import MultiTurnGenerator
+from hybrid_rl.workers.rollout.sequences import (build_rollout_output, check_prompt_batch, eos_cut_length,
+                                                 prompt_token_lists)
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +69,17 @@ def _warpers(params: GenerationParams) -> list[LogitsProcessor]:
     return warpers
 
 
+def _left_pad(rows: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids and attention_mask [b, T] of token lists, left-padded to the longest."""
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        input_ids[i, width - len(r):] = torch.as_tensor(r, dtype=torch.long)
+        attention_mask[i, width - len(r):] = 1
+    return input_ids, attention_mask
+
+
 class HFRollout(BaseRollout):
     """Batched transformers ``generate``, micro-batched by ``max_num_seqs`` rows."""
 
@@ -89,10 +103,15 @@ class HFRollout(BaseRollout):
         # Distinct streams per data-parallel rank: ranks holding copies of one prompt must not
         # draw identical samples.
         self._rng = PrivateRng(config.seed + self._dp_rank, cuda=self.device.type == "cuda")
+        self._multi_turn = (MultiTurnGenerator(config, tokenizer, getattr(tokenizer, "eos_token_id", None))
+                            if config.multi_turn.enable else None)
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         check_prompt_batch(prompts, self.config.prompt_length)
         params = resolve_generation_params(self.config, prompts.meta_info, self.tokenizer)
+        if self._multi_turn is not None:
+            token_lists = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])
+            return self._multi_turn.generate(prompts, token_lists, params, self._generate_turn)
         input_ids = prompts.batch["input_ids"]  # [B, P]
         attention_mask = prompts.batch["attention_mask"]  # [B, P]
         responses: list[list[int]] = []
@@ -107,6 +126,24 @@ class HFRollout(BaseRollout):
                 log_probs.extend(lps.tolist())
         return build_rollout_output(prompts, responses, params,
                                     log_probs if self.config.calculate_log_probs else None)
+
+    def _generate_turn(self, token_lists: list[list[int]], max_tokens: list[int],
+                       params: GenerationParams) -> list[tuple[list[int], list[float]]]:
+        """One model turn per row (multi-turn): rows left-padded into micro-batches of ``max_num_seqs``,
+        each row's new tokens cut after its first EOS and at ``max_tokens[i]``."""
+        call_seed = None if params.seed is None else params.seed + ROW_SEED_STRIDE * self._dp_rank
+        out: list[tuple[list[int], list[float]]] = []
+        step = self.config.max_num_seqs
+        with self._rng.active(call_seed), torch.no_grad():
+            for start in range(0, len(token_lists), step):
+                rows, limits = token_lists[start:start + step], max_tokens[start:start + step]
+                input_ids, attention_mask = _left_pad(rows, params.pad_token_id)
+                tokens, lps = self._generate_micro_batch(
+                    input_ids, attention_mask, dataclasses.replace(params, response_length=max(limits)))
+                for row_tokens, row_lps, limit in zip(tokens.tolist(), lps.tolist(), limits):
+                    keep = eos_cut_length(row_tokens[:limit], params.eos_token_ids)
+                    out.append((row_tokens[:keep], row_lps[:keep] if self.config.calculate_log_probs else []))
+        return out
 
     def _generate_micro_batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                               params: GenerationParams) -> tuple[torch.Tensor, torch.Tensor]:

@@ -39,6 +39,7 @@ from hybrid_rl.workers.rollout.base import (ROW_SEED_STRIDE, BaseRollout, Genera
                                             StrictWeightStream, data_parallel_rank, expected_weight_shapes,
                                             resolve_generation_params)
 from hybrid_rl.workers.rollout.config import RolloutConfig
+from hybrid_rl.workers.rollout.multi_turn import MultiTurnGenerator
 from hybrid_rl.workers.rollout.sequences import build_rollout_output, check_prompt_batch, prompt_token_lists
 
 logger = logging.getLogger(__name__)
@@ -222,6 +223,8 @@ class VLLMRollout(BaseRollout):
                     "cpu" if self.on_cpu else "gpu", kwargs["dtype"], kwargs["enforce_eager"], self._num_threads,
                     f", KV cache {kwargs['kv_cache_memory_bytes'] / 2**30:.2f} GiB" if self.on_cpu else "")
         self._dtype = getattr(torch, kwargs["dtype"])
+        self._multi_turn = (MultiTurnGenerator(config, tokenizer, getattr(tokenizer, "eos_token_id", None))
+                            if config.multi_turn.enable else None)
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         check_prompt_batch(prompts, self.config.prompt_length)
@@ -233,13 +236,22 @@ class VLLMRollout(BaseRollout):
         params = resolve_generation_params(self.config, prompts.meta_info, self.tokenizer)
         token_lists = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])
         token_lists, own_rows = _gather_tensor_parallel(token_lists, self.config.tensor_model_parallel_size)
+        if self._multi_turn is not None:  # tensor_model_parallel_size is 1 here (MultiTurnGenerator checks)
+            return self._multi_turn.generate(prompts, token_lists, params, self._generate_turn)
         responses, log_probs = self._generate(token_lists, params)
         responses, log_probs = responses[own_rows], log_probs[own_rows]
         return build_rollout_output(prompts, responses, params,
                                     log_probs if self.config.calculate_log_probs else None)
 
-    def _generate(self, token_lists: list[list[int]], params: GenerationParams) -> tuple[list, list]:
-        """One response token list (and its log-probs) per prompt token list."""
+    def _generate_turn(self, token_lists: list[list[int]], max_tokens: list[int],
+                       params: GenerationParams) -> list[tuple[list[int], list[float]]]:
+        """One model turn per row (multi-turn), each at most ``max_tokens[i]`` new tokens."""
+        return list(zip(*self._generate(token_lists, params, max_tokens)))
+
+    def _generate(self, token_lists: list[list[int]], params: GenerationParams,
+                  max_tokens: Optional[list[int]] = None) -> tuple[list, list]:
+        """One response token list (and its log-probs) per prompt token list; ``max_tokens``: per-row
+        limits (default ``response_length``)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -248,7 +260,8 @@ class VLLMRollout(BaseRollout):
             n=1, temperature=params.temperature, top_p=params.top_p, top_k=max(params.top_k, 0),
             # ignore_eos: only meta_info's EOS ids stop a row (as in the hf engine), not also the
             # model's generation_config EOS that vLLM adds by default.
-            max_tokens=params.response_length, ignore_eos=True, stop_token_ids=list(params.eos_token_ids),
+            max_tokens=params.response_length if max_tokens is None else max_tokens[i], ignore_eos=True,
+            stop_token_ids=list(params.eos_token_ids),
             logprobs=0 if self.config.calculate_log_probs else None, detokenize=False,
             # vLLM-CPU rejects per-request seeds when sampling ('CPU Generator does not use offset'):
             # on CPU the call runs on a fresh stream seeded by base_seed instead (same reproducibility).

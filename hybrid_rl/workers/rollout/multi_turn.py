@@ -1,0 +1,154 @@
+"""Multi-turn generation for both engines: the agent loop around an engine's batched turn call.
+
+An engine provides ``generate_turn(token_lists, max_tokens, params)`` (one continuation per row, in
+one engine call); :class:`MultiTurnGenerator` runs :class:`hybrid_rl.agents.AgentLoop` with it and
+turns the trajectories into the rollout batch. Layout (docs/agents.md):
+
+* ``responses`` [B, R]: model turns and observations in order, right-padded;
+* ``response_mask`` [B, R]: 1 on sampled tokens, 0 on observations and padding;
+* ``attention_mask`` [B, L]: 1 on every real token (observations included), so the actor's forward
+  sees the whole conversation while the loss, KL, entropy and GAE only count model tokens;
+* non-tensor columns ``num_turns``, ``tool_rewards``, ``turn_scores`` and ``agent_metrics`` per row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from hybrid_rl.agents import AgentLoop, RowContext, Trajectory, load_interactions, load_tools
+from hybrid_rl.agents.loop import END_REASONS
+from hybrid_rl.protocol import DataProto
+from hybrid_rl.workers.rollout.base import GenerationParams
+from hybrid_rl.workers.rollout.config import RolloutConfig
+
+__all__ = ["MultiTurnGenerator", "TURN_SEED_STRIDE", "build_trajectory_output", "row_contexts"]
+
+TURN_SEED_STRIDE = 7_919
+"""Turn t of a call seeded s samples with seed s + t * stride (turns never share a random stream;
+distinct from the per-rank stride, 1_000_003, for up to 126 turns)."""
+
+TurnFn = Callable[[list[list[int]], list[int], GenerationParams], list[tuple[list[int], list[float]]]]
+
+
+def _object_column(values: list[Any]) -> np.ndarray:
+    column = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        column[i] = value
+    return column
+
+
+def row_contexts(non_tensor_batch: dict[str, np.ndarray], num_rows: int) -> list[RowContext]:
+    """Per-row tool/interaction kwargs, messages and agent name from the batch's non-tensor columns."""
+    extra = non_tensor_batch.get("extra_info", [None] * num_rows)
+    messages = non_tensor_batch.get("raw_prompt", [None] * num_rows)
+    agents = non_tensor_batch.get("agent_name", [None] * num_rows)
+    rows = []
+    for i in range(num_rows):
+        info = extra[i] if isinstance(extra[i], dict) else {}
+        rows.append(RowContext(tools_kwargs=dict(info.get("tools_kwargs") or {}),
+                               interaction_kwargs=dict(info.get("interaction_kwargs") or {}),
+                               messages=list(messages[i]) if isinstance(messages[i], (list, tuple, np.ndarray)) else [],
+                               agent_name=agents[i]))
+    return rows
+
+
+def build_trajectory_output(prompts: DataProto, trajs: list[Trajectory], params: GenerationParams,
+                            with_log_probs: bool) -> DataProto:
+    """The rollout batch of multi-turn trajectories (layout in the module docstring)."""
+    prompt_ids = prompts.batch["input_ids"]  # [B, P]
+    prompt_mask = prompts.batch["attention_mask"]  # [B, P]
+    prompt_pos = prompts.batch["position_ids"]  # [B, P]
+    num_rows, resp_len = prompt_ids.shape[0], params.response_length
+    responses = torch.full((num_rows, resp_len), params.pad_token_id, dtype=prompt_ids.dtype)  # [B, R]
+    response_mask = torch.zeros((num_rows, resp_len), dtype=prompt_mask.dtype)  # [B, R]
+    valid = torch.zeros((num_rows, resp_len), dtype=prompt_mask.dtype)  # [B, R]
+    log_probs = torch.zeros((num_rows, resp_len), dtype=torch.float32)  # [B, R]
+    for i, t in enumerate(trajs):
+        n = len(t.response_ids)
+        assert n <= resp_len, f"trajectory {i} has {n} response tokens > response_length {resp_len}"
+        responses[i, :n] = torch.as_tensor(t.response_ids, dtype=prompt_ids.dtype)
+        response_mask[i, :n] = torch.as_tensor(t.response_mask, dtype=prompt_mask.dtype)
+        valid[i, :n] = 1
+        log_probs[i, :n] = torch.as_tensor(t.log_probs, dtype=torch.float32)
+    delta = torch.arange(1, resp_len + 1, dtype=prompt_pos.dtype)  # [R]
+    tensors = {
+        "prompts": prompt_ids, "responses": responses, "response_mask": response_mask,
+        "input_ids": torch.cat([prompt_ids, responses], dim=1),  # [B, L]
+        "attention_mask": torch.cat([prompt_mask, valid], dim=1),  # [B, L]
+        "position_ids": torch.cat([prompt_pos, prompt_pos[:, -1:] + delta], dim=1),  # [B, L]
+    }
+    if with_log_probs:
+        tensors["rollout_log_probs"] = log_probs
+    non_tensors = dict(prompts.non_tensor_batch)
+    non_tensors.update(num_turns=_object_column([t.num_turns for t in trajs]),
+                       tool_rewards=_object_column([list(t.tool_rewards) for t in trajs]),
+                       turn_scores=_object_column([list(t.turn_scores) for t in trajs]),
+                       agent_metrics=_object_column([_row_metrics(t) for t in trajs]))
+    return DataProto.from_dict(tensors, non_tensors=non_tensors, meta_info=dict(prompts.meta_info))
+
+
+def _row_metrics(t: Trajectory) -> dict[str, float]:
+    return {**t.metrics(), **{f"ended_by/{r}": float(t.end_reason == r) for r in END_REASONS}}
+
+
+def batch_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """``agent/*`` metrics of one call: means over rows, the observation-token fraction, end reasons."""
+    if not trajs:
+        return {}
+    rows = [t.metrics() for t in trajs]
+    out = {f"agent/{key}/mean": float(np.mean([r.get(key, 0.0) for r in rows]))
+           for key in ("num_turns", "assistant_turns", "tool_calls")}
+    out["agent/tool_errors"] = float(sum(r["tool_errors"] for r in rows))
+    out["agent/tool_timeouts"] = float(sum(r["tool_timeouts"] for r in rows))
+    obs, model = sum(r["observation_tokens"] for r in rows), sum(r["model_tokens"] for r in rows)
+    out["agent/observation_token_fraction"] = obs / max(obs + model, 1.0)
+    for key in sorted({k for r in rows for k in r if k.startswith("tool/")}):
+        present = [r[key] for r in rows if key in r]
+        out[f"agent/{key}"] = float(np.mean(present))
+    ends = Counter(t.end_reason for t in trajs)
+    out.update({f"agent/ended_by/{r}": ends[r] / len(trajs) for r in END_REASONS})
+    return out
+
+
+class MultiTurnGenerator:
+    """Builds the tools and interactions once; :meth:`generate` runs one batch of trajectories."""
+
+    def __init__(self, config: RolloutConfig, tokenizer: Any, eos_token_id: Any):
+        cfg = config.multi_turn
+        if config.tensor_model_parallel_size != 1:
+            raise ValueError(f"rollout.multi_turn.enable=true with rollout.tensor_model_parallel_size="
+                             f"{config.tensor_model_parallel_size} is not supported yet: the ranks of a "
+                             "tensor-parallel group would run different turns. Fix: use tensor_model_parallel_size=1.")
+        self.config = config
+        self.tools = load_tools(cfg.tool_config_path) if cfg.tool_config_path else {}
+        self.interactions = load_interactions(cfg.interaction_config_path) if cfg.interaction_config_path else {}
+        eos = list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]
+        self._loops: dict[tuple[int, ...], AgentLoop] = {}
+        self.tokenizer = tokenizer
+        self._loop_for(tuple(int(e) for e in eos if e is not None))  # template / tokenizer problems fail at start
+
+    def _loop_for(self, eos_token_ids: tuple[int, ...]) -> AgentLoop:
+        if eos_token_ids not in self._loops:
+            self._loops[eos_token_ids] = AgentLoop(self.config.multi_turn, self.tokenizer, self.tools,
+                                                   self.interactions, list(eos_token_ids))
+        return self._loops[eos_token_ids]
+
+    def generate(self, prompts: DataProto, prompt_lists: list[list[int]], params: GenerationParams,
+                 turn_fn: TurnFn) -> DataProto:
+        """Trajectories for ``prompts`` (``prompt_lists``: their unpadded ids), one engine call per turn."""
+
+        def generate_turn(token_lists: list[list[int]], max_tokens: list[int], turn: int):
+            seed = None if params.seed is None else params.seed + turn * TURN_SEED_STRIDE
+            return turn_fn(token_lists, max_tokens, dataclasses.replace(params, seed=seed))
+
+        loop = self._loop_for(tuple(params.eos_token_ids))
+        trajs = loop.run(prompt_lists, row_contexts(prompts.non_tensor_batch, len(prompt_lists)), generate_turn,
+                         budget=params.response_length)
+        output = build_trajectory_output(prompts, trajs, params, self.config.calculate_log_probs)
+        output.meta_info["metrics"] = {**output.meta_info.get("metrics", {}), **batch_metrics(trajs)}
+        return output
