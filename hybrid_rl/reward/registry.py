@@ -217,4 +217,4 @@ def _score_arithmetic(data_source, solution_str, ground_truth, extra_info=None, 
 register_reward("openai/gsm8k")(_score_gsm8k)
 register_reward(*MATH_DATA_SOURCES)(_score_math)
 _WARMUPS[_score_math] = math.warmup
-register_reward("arithmetic")(_score_arithmetic)
+register_reward("arithmetic", "calculator")(_score_arithmetic)  # calculator: the tool task, same "#### N" answer

@@ -1,4 +1,4 @@
-"""End-of-run plot: training reward and validation score per step, as a PNG in the run folder.
+"""End-of-run plot: training reward, validation score (and correct tool use) per step, as a PNG.
 
 matplotlib draws it when installed (it is a runtime dependency of hybrid_rl); otherwise a small
 Pillow renderer draws the same two series so a run never ends without its curve.
@@ -15,6 +15,8 @@ logger = logging.getLogger(__name__)
 
 REWARD_KEY = "critic/score/mean"
 PLOT_FILE = "reward_curve.png"
+CORRECT_TOOL_USE_SUFFIX = "/correct"
+"""A tool metric named ``correct`` (share of held-out rows that used the tool correctly) is plotted too."""
 
 
 def read_curves(jsonl_path: str) -> dict[str, list[tuple[int, float]]]:
@@ -37,6 +39,10 @@ def read_curves(jsonl_path: str) -> dict[str, list[tuple[int, float]]]:
                     by_step.setdefault("train reward", {})[step] = float(value)
                 elif key.startswith("val-core/") and "/reward/mean@" in key:
                     name = "val " + key[len("val-core/"):]
+                    by_step.setdefault(name, {})[step] = float(value)
+                elif key.startswith("val-aux/") and key.endswith(CORRECT_TOOL_USE_SUFFIX) and "/agent/tool/" in key:
+                    source, tool = key[len("val-aux/"):].split("/agent/tool/")
+                    name = f"val {source} used {tool[:-len(CORRECT_TOOL_USE_SUFFIX)]} correctly"
                     by_step.setdefault(name, {})[step] = float(value)
     return {name: sorted(points.items()) for name, points in by_step.items()}
 

@@ -60,6 +60,21 @@ def summarize(data_sources: list[str], uids: list[str], scores: list[float], sol
     return metrics
 
 
+def agent_summary(data_sources: list[str], agent_rows: list[dict | None]) -> dict[str, float]:
+    """``val-aux/<data_source>/agent/<key>``: per-source means of the multi-turn rollout's per-row
+    ``agent_metrics`` (a key a row lacks counts 0: e.g. ``tool/calculator/correct`` is then the share
+    of held-out rows whose trajectory used the calculator correctly)."""
+    by_source: dict[str, list[dict]] = defaultdict(list)
+    for source, row in zip(data_sources, agent_rows):
+        if isinstance(row, dict):
+            by_source[source].append(row)
+    metrics = {}
+    for source, rows in by_source.items():
+        for key in sorted({k for r in rows for k in r}):
+            metrics[f"val-aux/{source}/agent/{key}"] = float(np.mean([r.get(key, 0.0) for r in rows]))
+    return metrics
+
+
 def _solved(result: dict[str, Any], scores: list[float]) -> list[bool]:
     acc = result.get("reward_extra_info", {}).get("acc")
     if acc is not None and len(acc) == len(scores):
@@ -86,7 +101,7 @@ def run_validation(
     ``generate`` gets the prompt tensors (and non-tensor columns) and returns the rollout output;
     the caller sets ``meta_info`` (validate flag, seed, eos/pad ids).
     """
-    sources, uids, scores, solved, lengths, samples = [], [], [], [], [], []
+    sources, uids, scores, solved, lengths, samples, agent_rows = [], [], [], [], [], [], []
     for b, batch in enumerate(batches):
         batch = ppo_ops.prepare_rollout_batch(batch, n, step=f"val{b}")
         gen, rest = ppo_ops.split_generation_inputs(batch)
@@ -98,9 +113,11 @@ def run_validation(
         scores += row_scores
         solved += _solved(result, row_scores)
         lengths += batch.batch["response_mask"].sum(-1).tolist()
+        agent_rows += list(batch.non_tensor_batch.get("agent_metrics", [None] * len(batch)))
         samples += _samples(batch, tokenizer, row_scores, num_logged - len(samples))
     metrics = summarize(sources, uids, scores, solved, n)
     metrics["val-aux/response_length/mean"] = float(np.mean(lengths)) if lengths else 0.0
+    metrics.update(agent_summary(sources, agent_rows))
     _log_samples(samples, step, run_dir)
     return metrics
 
@@ -113,7 +130,9 @@ def _samples(batch: DataProto, tokenizer, scores: list[float], limit: int) -> li
         out.append({
             "data_source": str(batch.non_tensor_batch["data_source"][i]),
             "prompt": _decode_valid(tokenizer, batch.batch["prompts"][i], prompt_mask),
-            "response": _decode_valid(tokenizer, batch.batch["responses"][i], batch.batch["response_mask"][i]),
+            # every valid token: a multi-turn response shows its tool results too
+            "response": _decode_valid(tokenizer, batch.batch["responses"][i],
+                                      batch.batch["attention_mask"][i, prompt_width:]),
             "ground_truth": _ground_truth(batch, i),
             "score": scores[i],
         })

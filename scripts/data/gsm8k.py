@@ -6,6 +6,11 @@ in the reference answer (commas removed), and ``extra_info`` keeps split/index/a
 
     python scripts/data/gsm8k.py --input_dir ../shared/data/gsm8k --output_dir data/gsm8k   # local JSONL
     python scripts/data/gsm8k.py --hf_dataset openai/gsm8k --output_dir data/gsm8k           # hub (online)
+
+``--tool_agent`` writes rows for the multi-turn rollout with the built-in ``calculator`` tool (as
+veRL's ``gsm8k_tool_agent_loop.py`` preprocessing, with our calculator instead of its answer-checking
+tool): a system prompt naming the tool, ``agent_name: tool_agent`` and
+``extra_info.tools_kwargs.calculator.create_kwargs.ground_truth``.
 """
 
 from __future__ import annotations
@@ -24,12 +29,26 @@ DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 SPLITS = ("train", "test")
 _ANSWER_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
+TOOL_SYSTEM_PROMPT = (
+    "You are a math expert. Solve the question step by step. For arithmetic, call the calculator: "
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "..."}}</tool_call> and wait for the '
+    "result. Put your final answer in the format of `#### <answer>`."
+)
 
 
 def extract_solution(answer: str) -> str | None:
     """The number after ``#### `` with thousands separators removed, or None when absent."""
     match = _ANSWER_RE.search(answer)
     return match.group(1).replace(",", "") if match else None
+
+
+def tool_agent_row(row: dict) -> dict:
+    """The row for the multi-turn rollout with the ``calculator`` tool (see the module docstring)."""
+    truth = row["reward_model"]["ground_truth"]
+    return {**row, "agent_name": "tool_agent",
+            "prompt": [{"role": "system", "content": TOOL_SYSTEM_PROMPT}, *row["prompt"]],
+            "extra_info": {**row["extra_info"], "need_tools_kwargs": True,
+                           "tools_kwargs": {"calculator": {"create_kwargs": {"ground_truth": truth}}}}}
 
 
 def make_row(question: str, answer: str, split: str, index: int, where: str) -> dict:
@@ -97,8 +116,10 @@ def write_parquet(rows: list[dict], path: Path) -> None:
 
 
 def convert(output_dir: str | os.PathLike, *, input_dir: str | os.PathLike | None = None,
-            hf_dataset: str | None = None, splits: Iterable[str] = SPLITS) -> dict[str, str]:
-    """Write ``<split>.parquet`` for each split into ``output_dir``; return {split: path}."""
+            hf_dataset: str | None = None, splits: Iterable[str] = SPLITS,
+            tool_agent: bool = False) -> dict[str, str]:
+    """Write ``<split>.parquet`` for each split into ``output_dir``; return {split: path}.
+    ``tool_agent``: rows for the multi-turn calculator rollout (:func:`tool_agent_row`)."""
     if (input_dir is None) == (hf_dataset is None):
         raise ValueError("give exactly one of --input_dir (local JSONL folder) or --hf_dataset (hub name)")
     out = Path(output_dir)
@@ -109,6 +130,8 @@ def convert(output_dir: str | os.PathLike, *, input_dir: str | os.PathLike | Non
             rows = rows_from_jsonl(Path(input_dir) / f"{split}.jsonl", split)
         else:
             rows = rows_from_hub(hf_dataset, split)
+        if tool_agent:
+            rows = [tool_agent_row(r) for r in rows]
         paths[split] = str(out / f"{split}.parquet")
         write_parquet(rows, Path(paths[split]))
         logger.info("%s: %d rows -> %s", split, len(rows), paths[split])
@@ -122,9 +145,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, str]:
     src.add_argument("--hf_dataset", help="hub dataset name, e.g. openai/gsm8k (needs network + datasets)")
     parser.add_argument("--output_dir", "--local_dir", dest="output_dir", default="data/gsm8k",
                         help="where train.parquet/test.parquet go (--local_dir as in veRL)")
+    parser.add_argument("--tool_agent", action="store_true",
+                        help="rows for the multi-turn rollout with the calculator tool (recipes/gsm8k_tool)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    return convert(args.output_dir, input_dir=args.input_dir, hf_dataset=args.hf_dataset)
+    return convert(args.output_dir, input_dir=args.input_dir, hf_dataset=args.hf_dataset,
+                   tool_agent=args.tool_agent)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,20 @@ def test_convert_small_folder(gsm8k, tmp_path):
     assert len(pq.read_table(paths["test"])) == 1
 
 
+def test_tool_agent_rows_load_with_the_calculator(gsm8k, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    write(src / "train.jsonl", [{"question": "Q1?", "answer": "step\n#### 1,072"}])
+    write(src / "test.jsonl", [{"question": "T?", "answer": "#### 3"}])
+    paths = gsm8k.main(["--input_dir", str(src), "--output_dir", str(tmp_path / "out"), "--tool_agent"])
+    (row,) = pq.read_table(paths["train"]).to_pylist()
+    assert row["agent_name"] == "tool_agent" and row["prompt"][0]["role"] == "system"
+    assert "calculator" in row["prompt"][0]["content"] and row["prompt"][1]["content"] == "Q1? " + INSTRUCTION
+    assert row["extra_info"]["tools_kwargs"] == {"calculator": {"create_kwargs": {"ground_truth": "1072"}}}
+    item = RLHFDataset(paths["train"], build_byte_tokenizer(), max_prompt_length=4096)[0]
+    assert item["agent_name"] == "tool_agent"
+
+
 @pytest.mark.parametrize("line,message", [
     ({"question": "Q?", "answer": "no marker"}, "field 'answer' has no final '#### <number>' line"),
     ({"answer": "#### 1"}, "field 'question' is missing"),

@@ -35,8 +35,16 @@ def test_recipe_composes(path):
         assert cfg == to_ppo_config(get_config([]))
     elif "arithmetic_grpo_lora" in path:  # the default run with a LoRA actor
         assert cfg.actor_rollout_ref.model.lora_rank == 32 and cfg.trainer.device == "auto"
+    elif "calculator_agent" in path:  # the CPU agentic recipe
+        rollout = cfg.actor_rollout_ref.rollout
+        assert rollout.multi_turn.enable and rollout.multi_turn.tool_config_path.endswith("tools.yaml")
+        assert cfg.trainer.device == "auto"
     elif "verl_quickstart" in path:  # veRL's command verbatim, then the CPU-sized additions win
         assert cfg.algorithm.adv_estimator == "gae" and cfg.trainer.logger == "console"
         assert cfg.data.train_batch_size == 16 and cfg.actor_rollout_ref.rollout.name == "vllm"
     else:
         assert cfg.trainer.device == "cuda" and cfg.actor_rollout_ref.rollout.name == "vllm"
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:  # its tools YAML loads
+        from hybrid_rl.agents import load_tools
+
+        assert load_tools(cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path)

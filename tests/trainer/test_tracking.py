@@ -82,12 +82,14 @@ def test_plot_keeps_last_value_of_repeated_step(tmp_path):
         {"step": 2, "critic/score/mean": 0.9},  # lost when the run was killed ...
         {"step": 2, "critic/score/mean": 0.4},  # ... and redone after resuming
         {"step": 2, "val-core/arithmetic/reward/mean@1": 0.6},
+        {"step": 2, "val-aux/calc/agent/tool/calculator/correct": 0.9, "val-aux/calc/agent/tool/calculator/error": 0.1},
     ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     curves = read_curves(str(path))
     assert curves == {
         "val arithmetic/reward/mean@1": [(0, 0.1), (2, 0.6)],
         "train reward": [(1, 0.2), (2, 0.4)],
+        "val calc used calculator correctly": [(2, 0.9)],
     }
     png = plot_run(str(path), str(tmp_path / "curve.png"), title="t")
     from PIL import Image

@@ -108,8 +108,7 @@ def batch_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     obs, model = sum(r["observation_tokens"] for r in rows), sum(r["model_tokens"] for r in rows)
     out["agent/observation_token_fraction"] = obs / max(obs + model, 1.0)
     for key in sorted({k for r in rows for k in r if k.startswith("tool/")}):
-        present = [r[key] for r in rows if key in r]
-        out[f"agent/{key}"] = float(np.mean(present))
+        out[f"agent/{key}"] = float(np.mean([r.get(key, 0.0) for r in rows]))  # a row without the call counts 0
     ends = Counter(t.end_reason for t in trajs)
     out.update({f"agent/ended_by/{r}": ends[r] / len(trajs) for r in END_REASONS})
     return out
