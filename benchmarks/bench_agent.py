@@ -14,7 +14,7 @@ Reported per k: trajectories/s, generated (sampled) tokens/s, and the multi-turn
 ``1 - rate(k turns) / rate(single turn, same tokens)`` (target <= 20%). Each figure is the median of
 ``--repeats`` timed calls from an empty prefix cache (as after a weight sync), after one untimed warm-up.
 
-    python benchmarks/bench_agent.py                          # vllm, 64 rows, 32 tokens per turn (~2 min)
+    python benchmarks/bench_agent.py                          # vllm, 64 rows, 32 tokens per turn (~3 min)
     python benchmarks/bench_agent.py --engine hf --rows 16
 """
 
@@ -88,10 +88,15 @@ def time_calls(rollout, batch: DataProto, repeats: int, closing_ids_per_row: int
         start = time.perf_counter()
         out = rollout.generate_sequences(batch)
         walls.append(time.perf_counter() - start)
-        tokens = int(out.batch["response_mask"].sum()) - closing_ids_per_row * len(batch)
+        turns = [m["assistant_turns"] for m in out.non_tensor_batch.get("agent_metrics", [])] or [1] * len(batch)
+        tokens = int(out.batch["response_mask"].sum()) - (sum(turns) if closing_ids_per_row else 0)
     wall = statistics.median(walls)
+    ends = {}
+    for m in out.non_tensor_batch.get("agent_metrics", []):
+        reason = next(k.split("/", 1)[1] for k, v in m.items() if k.startswith("ended_by/") and v)
+        ends[reason] = ends.get(reason, 0) + 1
     return {"seconds": round(wall, 3), "tokens": tokens, "traj_per_s": round(len(batch) / wall, 2),
-            "tok_per_s": round(tokens / wall, 1)}
+            "tok_per_s": round(tokens / wall, 1), "ended_by": ends}
 
 
 def build(engine: str, model_dir: str, tokenizer, response_length: int, interactions: str | None = None,
@@ -139,7 +144,8 @@ def main() -> None:
         rows.append(row)
         print(f"{turns} turn(s): multi-turn {agent['traj_per_s']:6.2f} traj/s {agent['tok_per_s']:7.1f} tok/s "
               f"({agent['tokens']} tokens) | single-turn {base['traj_per_s']:6.2f} traj/s {base['tok_per_s']:7.1f} tok/s "
-              f"({base['tokens']} tokens) | overhead {100 * row['overhead']:5.1f}%", flush=True)
+              f"({base['tokens']} tokens) | overhead {100 * row['overhead']:5.1f}% | ended by {agent['ended_by']}",
+              flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

@@ -147,6 +147,11 @@ def build_worker_groups(
         num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker,
     )
     role = "actor_rollout_ref" if plan.use_reference_policy else "actor_rollout"
+    plugins = {}
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:  # tools registered here (a notebook) reach the workers
+        from hybrid_rl.agents.plugins import plugin_snapshot
+
+        plugins["agent_plugins"] = plugin_snapshot()
     classes = {
         "actor_rollout": RayClassWithInitArgs(
             actor_cls or ActorRolloutRefWorker,
@@ -154,6 +159,7 @@ def build_worker_groups(
             role=role,
             total_training_steps=total_training_steps,
             rollout_rows_per_call=rollout_rows_per_call,
+            **plugins,
         )
     }
     if plan.use_critic:

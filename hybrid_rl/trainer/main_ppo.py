@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config_loader import CONFIG_DIR, CONFIG_NAME, check_override_keys, get_config, to_ppo_config
-from hybrid_rl.trainer.preflight import check_reward_coverage
+from hybrid_rl.trainer.preflight import check_agent_config, check_reward_coverage
 from hybrid_rl.trainer.verl_compat import verl_default_notices
 
 logger = logging.getLogger(__name__)
@@ -56,6 +56,7 @@ def build_trainer(cfg: Union[DictConfig, PPOConfig], trainer_cls: Optional[type]
 
     trainer = (trainer_cls or RayPPOTrainer)(to_ppo_config(cfg))
     check_reward_coverage(trainer.config, trainer.train_dataset, trainer.val_dataset)
+    check_agent_config(trainer.config, trainer.tokenizer)
     return trainer
 
 

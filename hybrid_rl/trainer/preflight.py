@@ -12,7 +12,25 @@ from typing import Any, Iterable
 
 from hybrid_rl.trainer.config import PPOConfig
 
-__all__ = ["check_reward_coverage"]
+__all__ = ["check_agent_config", "check_reward_coverage"]
+
+
+def check_agent_config(cfg: PPOConfig, tokenizer: Any) -> None:
+    """With ``rollout.multi_turn.enable``: build the tools and interactions (their YAML, classes and
+    schemas) and check that the tokenizer's chat template can render observation turns, here in the
+    driver, so a mistake is one line before any worker starts."""
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    if not multi_turn.enable:
+        return
+    from hybrid_rl.agents import load_interactions, load_tools
+    from hybrid_rl.agents.chat import ObservationEncoder
+
+    if multi_turn.tool_config_path:
+        load_tools(multi_turn.tool_config_path)
+    if multi_turn.interaction_config_path:
+        load_interactions(multi_turn.interaction_config_path)
+    eos = getattr(tokenizer, "eos_token", None)
+    ObservationEncoder(tokenizer, eos or "")
 
 
 def check_reward_coverage(cfg: PPOConfig, *datasets: Any) -> None:

@@ -68,10 +68,13 @@ class ActorRolloutRefWorker(Worker):
         total_training_steps: steps of the run, for the LR schedule (from the trainer).
         rollout_rows_per_call: the most rows one ``generate_sequences`` call brings this worker
             (from the trainer; sizes the CPU engine's KV cache when ``cpu_kvcache_space_gib`` is null).
+        agent_plugins: the driver's registered tools and interactions
+            (:func:`hybrid_rl.agents.plugins.plugin_snapshot`), registered here before the rollout is built.
     """
 
     def __init__(self, config: ActorRolloutRefConfig, role: str,
-                 total_training_steps: Optional[int] = None, rollout_rows_per_call: Optional[int] = None):
+                 total_training_steps: Optional[int] = None, rollout_rows_per_call: Optional[int] = None,
+                 agent_plugins: Optional[dict] = None):
         super().__init__()
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker role={role!r} is invalid: must be one of {ROLES}.")
@@ -80,6 +83,7 @@ class ActorRolloutRefWorker(Worker):
         self.config, self.role = config, role
         self.total_training_steps = total_training_steps
         self.rollout_rows_per_call = rollout_rows_per_call
+        self.agent_plugins = agent_plugins
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = "rollout" in role
         self._is_ref = role in ("ref", "actor_rollout_ref")
@@ -108,6 +112,11 @@ class ActorRolloutRefWorker(Worker):
                                                    device=self.device)
         if self._is_rollout:
             from hybrid_rl.workers.rollout import build_rollout
+
+            if self.agent_plugins:  # tools / interactions registered in the driver (e.g. a notebook)
+                from hybrid_rl.agents.plugins import restore_plugins
+
+                restore_plugins(self.agent_plugins)
 
             self.rollout = build_rollout(cfg.rollout, self.model_path, self.tokenizer, str(self.device),
                                          trust_remote_code=cfg.model.trust_remote_code,

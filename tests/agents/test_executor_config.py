@@ -108,3 +108,26 @@ def test_multi_turn_config_checks():
         MultiTurnConfig(tool_response_truncate_side="top")
     with pytest.raises(ValueError, match="set actor_rollout_ref.rollout.multi_turn.enable=true"):
         MultiTurnConfig(tool_config_path="t.yaml")
+
+
+def test_plugins_registered_here_reach_another_process_by_value():
+    """A tool defined in a notebook cell (here: inside a function) is pickled by value with the
+    snapshot the trainer sends to its workers, and registered there again."""
+    import cloudpickle
+
+    from hybrid_rl.agents import BaseTool, register_tool
+    from hybrid_rl.agents import tool as tool_module
+    from hybrid_rl.agents.plugins import plugin_snapshot, restore_plugins
+    from hybrid_rl.agents.tool import get_tool_cls
+
+    @register_tool("test_notebook_tool")
+    class NotebookTool(BaseTool):
+        async def execute(self, instance_id, parameters, **kwargs):
+            return "from the notebook", 0.0, {}
+
+    payload = cloudpickle.dumps(plugin_snapshot())
+    del tool_module._TOOLS["test_notebook_tool"]  # as in a fresh worker process
+    restore_plugins(cloudpickle.loads(payload))
+    cls = get_tool_cls("test_notebook_tool", "here")
+    assert cls.__name__ == "NotebookTool" and get_tool_cls("calculator", "here").__name__ == "CalculatorTool"
+    del tool_module._TOOLS["test_notebook_tool"]

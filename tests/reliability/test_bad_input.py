@@ -243,6 +243,39 @@ def _(env):
     return [f"actor_rollout_ref.model.path={folder}"], ["tokenizer has no chat_template", "use an instruct/chat model"]
 
 
+def _multi_turn(tools_yaml: str) -> list[str]:
+    return ["actor_rollout_ref.rollout.multi_turn.enable=true",
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools_yaml}"]
+
+
+@case("unknown_tool_class")
+def _(env):
+    path = env.write("tools_unknown.yaml", "tools:\n  - class_name: no_such_tool\n    config: {type: native}\n")
+    return _multi_turn(path), ["tools_unknown.yaml' tools[0]: unknown tool class 'no_such_tool'",
+                               "use a registered tool (calculator", "or the dotted path"]
+
+
+@case("tool_yaml_does_not_parse")
+def _(env):
+    path = env.write("tools_broken.yaml", "tools:\n  - class_name: calculator\n   config: [\n")
+    return _multi_turn(path), ["tool_config_path=", "tools_broken.yaml' is not valid YAML at line",
+                               "check the indentation"]
+
+
+@case("tool_schema_without_name")
+def _(env):
+    path = env.write("tools_schema.yaml", "tools:\n  - class_name: calculator\n    tool_schema: "
+                     "{type: function, function: {description: x}}\n")
+    return _multi_turn(path), ["tools[0]: tool CalculatorTool: the tool schema has no function.name",
+                               "OpenAI function-calling schema"]
+
+
+@case("tool_config_without_multi_turn")
+def _(env):
+    return ["actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml"], [
+        "multi_turn.enable=False is invalid", "set actor_rollout_ref.rollout.multi_turn.enable=true to use them"]
+
+
 @case("resume_path_not_a_checkpoint")
 def _(env):
     os.makedirs(os.path.join(env.tmp, "some_folder"), exist_ok=True)
