@@ -182,7 +182,7 @@ class AgentLoop:
         ids = ids[: budget - len(traj.response_ids)]
         traj.extend(ids, 1, log_probs[: len(ids)] if log_probs else None)
         traj.assistant_turns += 1
-        if len(traj.response_ids) >= budget or not ids or ids[-1] not in self.eos_token_ids:
+        if not ids or ids[-1] not in self.eos_token_ids:  # cut by the budget mid-turn
             traj.end_reason = "length"
             return []
         if row.agent_name == SINGLE_TURN_AGENT:

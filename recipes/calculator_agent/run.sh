@@ -18,16 +18,16 @@ python -m hybrid_rl.trainer.main_ppo \
     data.max_response_length=96 \
     actor_rollout_ref.rollout.name=vllm \
     actor_rollout_ref.rollout.n=8 \
-    actor_rollout_ref.rollout.temperature=1.0 \
+    actor_rollout_ref.rollout.temperature=0.7 \
     actor_rollout_ref.rollout.multi_turn.enable=true \
     actor_rollout_ref.rollout.multi_turn.tool_config_path=recipes/calculator_agent/tools.yaml \
     actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3 \
-    actor_rollout_ref.actor.optim.lr=1e-5 \
+    actor_rollout_ref.actor.optim.lr=2e-5 \
     actor_rollout_ref.actor.ppo_mini_batch_size=16 \
     actor_rollout_ref.actor.use_kl_loss=false \
-    trainer.total_training_steps=10 \
-    trainer.test_freq=5 \
-    trainer.save_freq=10 \
+    trainer.total_training_steps=8 \
+    trainer.test_freq=4 \
+    trainer.save_freq=8 \
     trainer.logger='[console,jsonl]' \
     trainer.experiment_name=calculator_agent \
     "$@"

@@ -194,3 +194,14 @@ def test_unknown_interaction_name_is_a_clear_error(tok):
     with pytest.raises(ValueError, match="interaction_kwargs.name='judge' is not a configured interaction"):
         loop(tok, tools={}, interactions={"teacher": Teacher()}).run(
             [[1]], [RowContext(interaction_kwargs={"name": "judge"})], Script(tok, [["x"]]).bind([[1]]), budget=10)
+
+
+def test_an_answer_that_fills_the_budget_exactly_is_a_stop(tok):
+    answer = "#### 14582"
+    prompts = [ids(tok, "P:", eos=False)]
+    engine = Script(tok, [[answer]]).bind(prompts)
+    (t,) = loop(tok).run(prompts, [RowContext()], engine, budget=len(ids(tok, answer)))
+    assert t.end_reason == "stop" and t.response_ids == ids(tok, answer)
+    engine = Script(tok, [[CALL]]).bind(prompts)  # a call with no budget left for its result
+    (t,) = loop(tok).run(prompts, [RowContext()], engine, budget=len(ids(tok, CALL)))
+    assert t.end_reason == "length" and t.tool_calls == 1 and t.response_mask == [1] * len(ids(tok, CALL))
