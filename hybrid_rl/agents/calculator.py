@@ -55,6 +55,10 @@ def _eval(node: ast.AST) -> Fraction:
                 raise ValueError(f"exponents must be integers up to {_MAX_ABS_EXPONENT}")
             if left == 0 and right < 0:
                 raise ValueError("division by zero")
+            # bound the result's size before computing it: (9**64)**64... would hold the GIL for hours
+            bits = max(left.numerator.bit_length(), left.denominator.bit_length()) * abs(int(right))
+            if bits > _MAX_DIGITS * 4:
+                raise ValueError("the result is too large")
             return left ** int(right)
         if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
             raise ValueError("division by zero")

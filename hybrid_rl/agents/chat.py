@@ -51,6 +51,19 @@ class ObservationEncoder:
         cut += next((len(text) for text in candidates if text and rendered.startswith(text, cut)), 0)
         self._prefix = rendered[:cut]
 
+    def check_roles(self, roles: list[str]) -> None:
+        """Raise a one-line ValueError unless the template can render a ``role`` turn after an assistant
+        turn for each of ``roles`` (``tool`` for tools, ``user`` for interactions)."""
+        for role in roles:
+            try:
+                self.delta_text([{"role": role, "content": "x"}])
+            except ValueError:
+                raise
+            except Exception as exc:  # jinja's TemplateError, or raise_exception() in the template
+                raise ValueError(f"{_KEY}=true: the tokenizer's chat template cannot render a {role!r} turn after "
+                                 f"an assistant turn ({type(exc).__name__}: {str(exc)[:120]}). Fix: use a chat model "
+                                 f"whose template supports {role!r} messages.") from None
+
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                                   tokenize=False)

@@ -52,7 +52,7 @@ class MultiTurnConfig:
     """Tool-call syntax the model writes: ``hermes`` = ``<tool_call>{"name", "arguments"}</tool_call>``."""
     tool_timeout_s: float = 10.0
     """Time bound of one tool or interaction call (create, execute, ...); a call that runs over
-    becomes an error observation and counts in ``agent/tool_timeouts``. <= 0 disables it."""
+    becomes an error observation and counts in ``agent/tool_timeouts/mean``. <= 0 disables it."""
 
     def __post_init__(self) -> None:
         for key in ("max_assistant_turns", "max_user_turns"):

@@ -1,6 +1,6 @@
 """Running tool and interaction coroutines concurrently, each bounded in time, never raising.
 
-All coroutines run on one background event loop (tool instances may hold loop-bound resources, so
+All calls run on one background event loop (tool instances may hold loop-bound resources, so
 create/execute/release of an instance share a loop). Each coroutine is bounded by
 ``asyncio.wait_for``; a result is ``("ok", value)``, ``("error", message)`` or ``("timeout", message)``.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from typing import Any, Awaitable, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
 __all__ = ["AsyncRunner"]
 
@@ -36,18 +36,23 @@ class AsyncRunner:
             self._loop = loop
         return self._loop
 
-    def run(self, coros: Iterable[Awaitable[Any]], timeout_s: float) -> list[tuple[str, Any]]:
-        """Run ``coros`` concurrently; one ``(status, value)`` per coroutine, in order."""
-        coros = list(coros)
-        if not coros:
+    def run(self, calls: Iterable[Callable[[], Awaitable[Any]]], timeout_s: float) -> list[tuple[str, Any]]:
+        """Run ``calls`` (zero-argument callables returning a coroutine, called on the loop so that
+        even a synchronous raise or a wrong signature is caught) concurrently; one ``(status, value)``
+        each, in order. ``timeout_s <= 0``: no time bound."""
+        calls = list(calls)
+        if not calls:
             return []
         loop = self._ensure_loop()
-        futures = [asyncio.run_coroutine_threadsafe(_bounded(c, timeout_s), loop) for c in coros]
-        done, pending = concurrent.futures.wait(futures, timeout=timeout_s + _GRACE_S)
+        futures = [asyncio.run_coroutine_threadsafe(_bounded(c, timeout_s), loop) for c in calls]
+        done, pending = concurrent.futures.wait(futures, timeout=timeout_s + _GRACE_S if timeout_s > 0 else None)
         results = []
         for future in futures:
             if future in done:
-                results.append(future.result())
+                try:
+                    results.append(future.result())
+                except BaseException as exc:  # e.g. the task was cancelled from inside the tool
+                    results.append(("error", f"{type(exc).__name__}: {str(exc)[:200]}"))
             else:
                 future.cancel()
                 results.append(("timeout", f"no answer within {timeout_s:g} s (the tool blocked its event loop)"))
@@ -63,10 +68,10 @@ class AsyncRunner:
             self._loop = None
 
 
-async def _bounded(coro: Awaitable[Any], timeout_s: float) -> tuple[str, Any]:
+async def _bounded(call: Callable[[], Awaitable[Any]], timeout_s: float) -> tuple[str, Any]:
     try:
-        return "ok", await asyncio.wait_for(coro, timeout=timeout_s if timeout_s > 0 else None)
+        return "ok", await asyncio.wait_for(call(), timeout=timeout_s if timeout_s > 0 else None)
     except asyncio.TimeoutError:
         return "timeout", f"no answer within {timeout_s:g} s"
-    except Exception as exc:  # untrusted tool code: any failure becomes an observation
+    except BaseException as exc:  # untrusted tool code: any failure (even SystemExit) becomes an observation
         return "error", f"{type(exc).__name__}: {str(exc)[:200]}"

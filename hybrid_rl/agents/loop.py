@@ -106,8 +106,20 @@ def truncate_text(text: str, limit: int, side: str) -> str:
     if side == "left":
         return text[:limit] + "...(truncated)"
     if side == "right":
-        return "(truncated)..." + text[-limit:]
-    return text[: limit // 2] + "...(truncated)..." + text[-(limit // 2):]
+        return "(truncated)..." + text[len(text) - limit:]
+    return text[: limit // 2] + "...(truncated)..." + text[len(text) - limit // 2:]
+
+
+def finite(value: Any) -> Optional[float]:
+    """``value`` as a finite float, or None (untrusted code may return anything: a string, NaN,
+    10**400, a tensor)."""
+    if isinstance(value, bool):
+        return float(value)
+    try:
+        number = float(value)
+    except Exception:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _as_observation(value: Any) -> tuple[Optional[str], float, dict, Optional[str]]:
@@ -120,13 +132,10 @@ def _as_observation(value: Any) -> tuple[Optional[str], float, dict, Optional[st
         text = ""
     if not isinstance(text, str):
         return None, 0.0, {}, f"the tool returned {type(text).__name__} instead of text"
-    try:
-        reward = float(reward)
-    except (TypeError, ValueError):
-        reward = float("nan")
-    if not math.isfinite(reward):
-        return None, 0.0, {}, f"the tool returned a non-finite reward {value[1]!r}"
-    return text, reward, metrics if isinstance(metrics, dict) else {}, None
+    number = finite(reward)
+    if number is None:
+        return None, 0.0, {}, f"the tool returned a reward that is not a finite number ({str(reward)[:40]})"
+    return text, number, metrics if isinstance(metrics, dict) else {}, None
 
 
 class AgentLoop:
@@ -147,6 +156,7 @@ class AgentLoop:
         self.interactions = interactions
         self.eos_token_ids = set(int(t) for t in eos_token_ids)
         self.encoder = ObservationEncoder(tokenizer, [tokenizer.decode([int(t)]) for t in eos_token_ids])
+        self.encoder.check_roles((["tool"] if tools else []) + (["user"] if interactions else []))
         self.parse = get_tool_parser(config.format)
         self.runner = AsyncRunner()
 
@@ -213,9 +223,13 @@ class AgentLoop:
                 else:
                     jobs.append((i, k, call))
                 trajs[i].tool_calls += 1
-        results = self.runner.run([self._call(trajs[i], rows[i], call) for i, _, call in jobs],
-                                  self.config.tool_timeout_s)
-        for (i, k, call), (status, value) in zip(jobs, results):
+        failed_create = self._create_instances(trajs, rows, {(i, call.name) for i, _, call in jobs})
+        runnable = [(i, k, call) for i, k, call in jobs if (i, call.name) not in failed_create]
+        for i, k, call in jobs:
+            if (i, call.name) in failed_create:
+                texts[(i, k)] = self._record_result(trajs[i], call.name, *failed_create[(i, call.name)])
+        results = self.runner.run([self._execute(trajs[i], call) for i, _, call in runnable], self.config.tool_timeout_s)
+        for (i, k, call), (status, value) in zip(runnable, results):
             texts[(i, k)] = self._record_result(trajs[i], call.name, status, value)
         cfg = self.config
         return [(i, [{"role": "tool", "content": truncate_text(texts[(i, k)], cfg.max_tool_response_length,
@@ -231,23 +245,40 @@ class AgentLoop:
             return f"at most {self.config.max_parallel_calls} tool call(s) per turn; this one was not run"
         return None
 
-    async def _call(self, traj: Trajectory, row: RowContext, call: ToolCall) -> Any:
-        tool = self.tools[call.name]
-        if call.name not in traj.instances:
-            kwargs = (row.tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
-            instance_id, _ = await tool.create(**kwargs)
-            traj.instances[call.name] = instance_id
-        return await tool.execute(traj.instances[call.name], call.arguments)
+    def _create_instances(self, trajs: list[Trajectory], rows: list[RowContext],
+                          needed: set[tuple[int, str]]) -> dict[tuple[int, str], tuple[str, Any]]:
+        """Create the tool instances this round's calls need (one per trajectory and tool, before any
+        execute, so parallel calls of one tool share it); returns the failed ones' (status, message)."""
+        needed = sorted((i, name) for i, name in needed if name not in trajs[i].instances)
+
+        def create(i: int, name: str):
+            kwargs = (rows[i].tools_kwargs.get(name) or {}).get("create_kwargs") or {}
+            return lambda: self.tools[name].create(**kwargs)
+
+        failed = {}
+        for (i, name), (status, value) in zip(needed, self.runner.run([create(i, n) for i, n in needed],
+                                                                       self.config.tool_timeout_s)):
+            if status == "ok" and isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
+                trajs[i].instances[name] = value[0]
+            else:
+                failed[(i, name)] = (status if status != "ok" else "error",
+                                     value if status != "ok" else "create() must return (instance_id, response)")
+        return failed
+
+    def _execute(self, traj: Trajectory, call: ToolCall):
+        tool, instance_id, arguments = self.tools[call.name], traj.instances[call.name], call.arguments
+        return lambda: tool.execute(instance_id, arguments)
 
     def _record_result(self, traj: Trajectory, name: str, status: str, value: Any) -> str:
         if status == "ok":
             text, reward, metrics, error = _as_observation(value)
             if error is None:
                 traj.tool_rewards.append(reward)
-                for key, number in metrics.items():
-                    if isinstance(number, (int, float)) and math.isfinite(number):
+                for key, raw in metrics.items():
+                    number = finite(raw)
+                    if number is not None:
                         metric = f"tool/{name}/{key}"
-                        traj.tool_metrics[metric] = max(traj.tool_metrics.get(metric, -math.inf), float(number))
+                        traj.tool_metrics[metric] = max(traj.tool_metrics.get(metric, -math.inf), number)
                 return text
             status, value = "error", error
         traj.tool_errors += status == "error"
@@ -266,30 +297,39 @@ class AgentLoop:
                                  f"interaction ({', '.join(sorted(self.interactions))}). Fix: set it to one of "
                                  "them in the dataset, or add it to interaction_config_path.")
             trajs[i].interaction_name = name
-            jobs.append((i, self.interactions[name].start_interaction(**row.interaction_kwargs)))
+            interaction, kwargs = self.interactions[name], dict(row.interaction_kwargs)
+            jobs.append((i, lambda interaction=interaction, kwargs=kwargs: interaction.start_interaction(**kwargs)))
         for (i, _), (status, value) in zip(jobs, self.runner.run([c for _, c in jobs], self.config.tool_timeout_s)):
-            if status == "ok":
+            if status == "ok" and isinstance(value, str):
                 trajs[i].interaction_id = value
             else:
-                logger.warning("interaction start failed for row %d (%s): it runs without an interaction", i, value)
+                trajs[i].tool_errors += 1
+                logger.warning("interaction start failed for row %d (%s): it runs without an interaction", i,
+                               value if status != "ok" else f"start_interaction returned {type(value).__name__}")
 
     def _run_interactions(self, trajs: list[Trajectory], rows: list[RowContext],
                           talk_rows: list[int]) -> list[tuple[int, list[dict]]]:
-        coros = [self.interactions[trajs[i].interaction_name].generate_response(
-            trajs[i].interaction_id, list(trajs[i].messages), **rows[i].interaction_kwargs) for i in talk_rows]
+        def respond(i: int):
+            interaction, t, kwargs = self.interactions[trajs[i].interaction_name], trajs[i], rows[i].interaction_kwargs
+            messages = list(t.messages)
+            return lambda: interaction.generate_response(t.interaction_id, messages, **kwargs)
+
         out = []
-        for i, (status, value) in zip(talk_rows, self.runner.run(coros, self.config.tool_timeout_s)):
-            if status != "ok" or not (isinstance(value, tuple) and len(value) == 4):
+        for i, (status, value) in zip(talk_rows, self.runner.run([respond(i) for i in talk_rows],
+                                                                 self.config.tool_timeout_s)):
+            reply = _as_reply(value) if status == "ok" else None
+            if reply is None:  # the interaction failed or answered garbage: end the trajectory, count it
                 trajs[i].end_reason = "interaction"
-                trajs[i].tool_errors += 1
+                trajs[i].tool_errors += status != "timeout"
+                trajs[i].tool_timeouts += status == "timeout"
                 continue
-            terminate, text, score, _ = value
+            terminate, text, score = reply
             if score is not None:
-                trajs[i].turn_scores.append(float(score))
+                trajs[i].turn_scores.append(score)
             if terminate:
                 trajs[i].end_reason = "interaction"
-                continue
-            out.append((i, [{"role": "user", "content": str(text)}]))
+            else:
+                out.append((i, [{"role": "user", "content": text}]))
         return out
 
     # ------------------------------------------------------------------ observations and the end
@@ -306,17 +346,34 @@ class AgentLoop:
 
     def _finish(self, trajs: list[Trajectory]) -> None:
         """Final tool rewards, release instances and interactions (failures only logged)."""
-        jobs, owners = [], []
-        for t in trajs:
-            for name, instance_id in t.instances.items():
-                jobs.append(self.tools[name].calc_reward(instance_id))
-                owners.append(t)
-        for t, (status, value) in zip(owners, self.runner.run(jobs, self.config.tool_timeout_s)):
-            if status == "ok" and isinstance(value, (int, float)) and math.isfinite(value):
-                t.tool_rewards.append(float(value))
-        releases = [self.tools[n].release(iid) for t in trajs for n, iid in t.instances.items()]
-        releases += [self.interactions[t.interaction_name].finalize_interaction(t.interaction_id)
+        owned = [(t, name, iid) for t in trajs for name, iid in list(t.instances.items())]
+        rewards = self.runner.run([self._method(self.tools[n].calc_reward, iid) for _, n, iid in owned],
+                                  self.config.tool_timeout_s)
+        for (t, _, _), (status, value) in zip(owned, rewards):
+            number = finite(value) if status == "ok" else None
+            if number is not None:
+                t.tool_rewards.append(number)
+        releases = [self._method(self.tools[n].release, iid) for _, n, iid in owned]
+        releases += [self._method(self.interactions[t.interaction_name].finalize_interaction, t.interaction_id)
                      for t in trajs if t.interaction_id is not None]
         self.runner.run(releases, self.config.tool_timeout_s)
         for t in trajs:
             t.end_reason = t.end_reason or "length"
+
+    @staticmethod
+    def _method(method: Callable, instance_id: str):
+        return lambda: method(instance_id)
+
+
+def _as_reply(value: Any) -> Optional[tuple[bool, str, Optional[float]]]:
+    """(terminate, text, finite score or None) from ``generate_response``; None when malformed."""
+    if not (isinstance(value, tuple) and len(value) == 4):
+        return None
+    terminate, text, score, _ = value
+    try:
+        terminate = bool(terminate)
+    except Exception:
+        return None
+    if not isinstance(text, str):
+        return None
+    return terminate, text, finite(score)

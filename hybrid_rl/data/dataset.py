@@ -73,6 +73,8 @@ class RLHFDataset(torch.utils.data.Dataset):
             are joined with newlines and encoded as plain text (base models).
         max_samples: keep a seeded random subset of this many rows (original order kept).
         seed: seed of the ``max_samples`` subset.
+        tools: OpenAI function schemas passed to the chat template as ``tools=`` (multi-turn rollouts
+            with tools); templates without tool support ignore them. None = not passed.
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         apply_chat_template: bool = True,
         max_samples: int | None = None,
         seed: int = 1,
+        tools: list[dict] | None = None,
     ):
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"truncation={truncation!r} is not valid; choose one of {', '.join(TRUNCATION_MODES)}")
@@ -109,6 +112,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         self.truncation = truncation
         self.return_raw_chat = return_raw_chat
         self.apply_chat_template = apply_chat_template
+        self.tools = tools
         self.pad_token_id = resolve_pad_token_id(tokenizer)
         self.data_files = _as_file_list(data_files)
 
@@ -142,7 +146,8 @@ class RLHFDataset(torch.utils.data.Dataset):
     def render_prompt(self, messages: list[dict[str, str]]) -> str:
         """The exact prompt text the model sees for ``messages``."""
         if self.apply_chat_template:
-            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            extra = {"tools": self.tools} if self.tools else {}
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
         return "\n".join(m["content"] for m in messages)
 
     def _tokenize(self, rows: list[dict], chunk: int = 1024) -> list[list[int]]:

@@ -41,6 +41,18 @@ def resolve_data_files(cfg: PPOConfig) -> tuple[list[str], list[str]]:
     return as_file_list(cfg.data.train_files), as_file_list(cfg.data.val_files)
 
 
+def tool_schemas(cfg: PPOConfig) -> list[dict] | None:
+    """The multi-turn tools' OpenAI schemas, rendered into the prompts by the chat template (as veRL's
+    agent loop does: templates with tool support, e.g. Qwen2.5, list them in the system turn); None
+    without tools."""
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    if not (multi_turn.enable and multi_turn.tool_config_path):
+        return None
+    from hybrid_rl.agents import load_tools
+
+    return [tool.tool_schema for tool in load_tools(multi_turn.tool_config_path).values()]
+
+
 def build_dataset(files: list[str], tokenizer, cfg: PPOConfig):
     from hybrid_rl.data import RLHFDataset
 
@@ -53,6 +65,7 @@ def build_dataset(files: list[str], tokenizer, cfg: PPOConfig):
         filter_overlong_prompts=data.filter_overlong_prompts,
         truncation=data.truncation,
         return_raw_chat=data.return_raw_chat,
+        tools=tool_schemas(cfg),
     )
 
 

@@ -25,12 +25,10 @@ def check_agent_config(cfg: PPOConfig, tokenizer: Any) -> None:
     from hybrid_rl.agents import load_interactions, load_tools
     from hybrid_rl.agents.chat import ObservationEncoder
 
-    if multi_turn.tool_config_path:
-        load_tools(multi_turn.tool_config_path)
-    if multi_turn.interaction_config_path:
-        load_interactions(multi_turn.interaction_config_path)
-    eos = getattr(tokenizer, "eos_token", None)
-    ObservationEncoder(tokenizer, eos or "")
+    tools = load_tools(multi_turn.tool_config_path) if multi_turn.tool_config_path else {}
+    interactions = load_interactions(multi_turn.interaction_config_path) if multi_turn.interaction_config_path else {}
+    encoder = ObservationEncoder(tokenizer, getattr(tokenizer, "eos_token", None) or "")
+    encoder.check_roles((["tool"] if tools else []) + (["user"] if interactions else []))
 
 
 def check_reward_coverage(cfg: PPOConfig, *datasets: Any) -> None:

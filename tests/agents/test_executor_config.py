@@ -18,6 +18,14 @@ async def _raise():
     raise RuntimeError("boom")
 
 
+def _sync_raise():
+    raise TypeError("wrong signature")  # raised when the call is made, before any coroutine exists
+
+
+async def _cancel():
+    raise asyncio.CancelledError()
+
+
 async def _block_loop():
     time.sleep(3)  # synchronous: cannot be cancelled
     return "late"
@@ -26,26 +34,28 @@ async def _block_loop():
 def test_runner_runs_concurrently_and_keeps_order():
     runner = AsyncRunner()
     start = time.perf_counter()
-    out = runner.run([_value(1, 0.3), _value(2, 0.3), _value(3, 0.3)], timeout_s=5)
+    out = runner.run([lambda: _value(1, 0.3), lambda: _value(2, 0.3), lambda: _value(3, 0.3)], timeout_s=5)
     assert out == [("ok", 1), ("ok", 2), ("ok", 3)]
     assert time.perf_counter() - start < 0.8  # concurrent, not 0.9 s in a row
 
 
 def test_runner_turns_errors_and_hangs_into_results():
     runner = AsyncRunner()
-    out = runner.run([_raise(), _value("slow", 10), _value("ok")], timeout_s=0.2)
+    out = runner.run([_raise, lambda: _value("slow", 10), lambda: _value("ok"), _sync_raise, _cancel], timeout_s=0.2)
     assert out[0] == ("error", "RuntimeError: boom")
     assert out[1][0] == "timeout" and out[2] == ("ok", "ok")
-    assert runner.run([_value(5)], timeout_s=1) == [("ok", 5)]  # the loop is still healthy
+    assert out[3] == ("error", "TypeError: wrong signature") and out[4][0] == "error"
+    assert runner.run([lambda: _value(5)], timeout_s=1) == [("ok", 5)]  # the loop is still healthy
+    assert runner.run([lambda: _value(6, 1.3)], timeout_s=0) == [("ok", 6)]  # 0 = no time bound
 
 
 def test_runner_abandons_a_blocked_loop():
     runner = AsyncRunner()
     start = time.perf_counter()
-    out = runner.run([_block_loop(), _value(1)], timeout_s=0.2)
+    out = runner.run([_block_loop, lambda: _value(1)], timeout_s=0.2)
     assert time.perf_counter() - start < 2.5
     assert out[0][0] == "timeout" and runner.num_abandoned_loops == 1
-    assert runner.run([_value(7)], timeout_s=1) == [("ok", 7)]  # a fresh loop
+    assert runner.run([lambda: _value(7)], timeout_s=1) == [("ok", 7)]  # a fresh loop
 
 
 TOOLS_YAML = """

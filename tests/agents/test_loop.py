@@ -205,3 +205,74 @@ def test_an_answer_that_fills_the_budget_exactly_is_a_stop(tok):
     engine = Script(tok, [[CALL]]).bind(prompts)  # a call with no budget left for its result
     (t,) = loop(tok).run(prompts, [RowContext()], engine, budget=len(ids(tok, CALL)))
     assert t.end_reason == "length" and t.tool_calls == 1 and t.response_mask == [1] * len(ids(tok, CALL))
+
+
+class Weird(BaseTool):
+    """A tool whose every method misbehaves in its own way."""
+
+    created = 0
+
+    def __init__(self, create_fails=False):
+        super().__init__(tool_schema={"type": "function", "function": {"name": "calculator"}})
+        self.create_fails = create_fails
+
+    async def create(self, instance_id=None, **kwargs):
+        if self.create_fails:
+            raise RuntimeError("no instance for you")
+        Weird.created += 1
+        await asyncio.sleep(0.01)  # parallel calls would race here without the creation round
+        return await super().create(instance_id)
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        return "ok", 10**400, {"m": "not a number", "n": float("nan"), "big": 10**400, "good": 2}
+
+    async def calc_reward(self, instance_id, **kwargs):
+        return float("nan")
+
+
+def test_misbehaving_tool_values_never_crash(tok):
+    prompts = [ids(tok, "P:", eos=False)]
+    engine = Script(tok, [[CALL + CALL, "done"]]).bind(prompts)
+    Weird.created = 0
+    (t,) = loop(tok, {"calculator": Weird()}, max_parallel_calls=2).run(prompts, [RowContext()], engine, budget=2000)
+    assert Weird.created == 1 and t.tool_calls == 2  # two parallel calls, one instance
+    assert t.tool_errors == 2 and t.tool_rewards == []  # 10**400 is no reward; the NaN calc_reward is dropped
+    engine = Script(tok, [[CALL, "done"]]).bind(prompts)
+    (t,) = loop(tok, {"calculator": Weird(create_fails=True)}).run(prompts, [RowContext()], engine, budget=2000)
+    observation = tok.decode([x for x, m in zip(t.response_ids, t.response_mask) if m == 0])
+    assert "RuntimeError: no instance for you" in observation and t.tool_errors == 1 and t.end_reason == "stop"
+
+
+class Garbage(BaseInteraction):
+    def __init__(self, reply):
+        super().__init__({"name": "g"})
+        self.reply = reply
+
+    async def generate_response(self, instance_id, messages, **kwargs):
+        return self.reply
+
+
+@pytest.mark.parametrize("reply, scores, reason", [
+    ((False, "again", "n/a", {}), [], "max_assistant_turns"),  # a score that is no number is dropped
+    ((False, "again", float("nan"), {}), [], "max_assistant_turns"),
+    ((False, {"text": 1}, 1.0, {}), [], "interaction"),  # non-text reply: ends, counted
+    ("not a tuple", [], "interaction"),
+])
+def test_misbehaving_interactions_never_crash(tok, reply, scores, reason):
+    prompts = [ids(tok, "P:", eos=False)]
+    engine = Script(tok, [["a", "b", "c"]]).bind(prompts)
+    rows = [RowContext(interaction_kwargs={"name": "g"})]
+    (t,) = loop(tok, tools={}, interactions={"g": Garbage(reply)}, max_assistant_turns=2).run(
+        prompts, rows, engine, budget=500)
+    assert t.turn_scores == scores and t.end_reason == reason
+    assert t.tool_errors == (1 if reason == "interaction" else 0)
+
+
+def test_template_that_refuses_tool_turns_is_one_clear_line():
+    tok = build_byte_tokenizer()
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}"
+                         "{% endif %}{{ m['role'] + ': ' + m['content'] + '<|im_end|>' }}{% endfor %}"
+                         "{% if add_generation_prompt %}assistant: {% endif %}")
+    with pytest.raises(ValueError, match="cannot render a 'tool' turn after an assistant turn"):
+        loop(tok)
+    loop(tok, tools={}, interactions={"t": Teacher()})  # user turns are fine

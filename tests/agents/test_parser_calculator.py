@@ -102,3 +102,13 @@ def test_schema_check_names_the_problem():
         check_tool_schema({"type": "function", "function": {"name": "x", "parameters": {"type": "array"}}}, "t")
     with pytest.raises(ValueError, match="no default schema"):
         BaseTool()
+
+
+def test_calculator_refuses_towers_of_powers_before_computing():
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="too large"):
+        evaluate("((((9**64)**64)**64)**64)**64")
+    assert time.perf_counter() - start < 0.5
+    assert evaluate("(2**10)**3") == str(2**30)

@@ -264,3 +264,18 @@ def test_prompt_key_and_numeric_ground_truth(tmp_path, tok):
     assert item["reward_model"]["ground_truth"] == 4
     assert item["extra_info"] == {} and item["ability"] == "unknown"
     assert np.array_equal(item["input_ids"].numpy(), np.array(chatml_ids("q")))
+
+
+def test_tool_schemas_reach_the_chat_template_and_agent_name_is_kept(tmp_path):
+    tok = build_byte_tokenizer()
+    tok.chat_template = ("{% if tools %}{{ 'TOOLS ' + (tools | map(attribute='function') | map(attribute='name') "
+                         "| join(',')) + '\\n' }}{% endif %}" + tok.chat_template)
+    rows = [make_row("hi"), {**make_row("ho"), "agent_name": "tool_agent"}]
+    path = write_jsonl(rows, tmp_path / "a.jsonl")
+    schema = {"type": "function", "function": {"name": "calculator"}}
+    with_tools = RLHFDataset(path, tok, tools=[schema])
+    assert tok.decode(with_tools[0]["input_ids"]).startswith("TOOLS calculator\n")
+    assert not tok.decode(RLHFDataset(path, tok)[0]["input_ids"]).startswith("TOOLS")
+    # agent_name is on every item once some row has it (mixed rows still collate)
+    batch = collate_fn([with_tools[0], with_tools[1]])
+    assert list(batch["agent_name"]) == [None, "tool_agent"]

@@ -28,9 +28,10 @@ from hybrid_rl.workers.rollout.config import RolloutConfig
 
 __all__ = ["MultiTurnGenerator", "TURN_SEED_STRIDE", "build_trajectory_output", "row_contexts"]
 
-TURN_SEED_STRIDE = 7_919
-"""Turn t of a call seeded s samples with seed s + t * stride (turns never share a random stream;
-distinct from the per-rank stride, 1_000_003, for up to 126 turns)."""
+TURN_SEED_STRIDE = 10**12 + 39
+"""Turn t of a call seeded s samples with seed s + t * stride: far above the per-rank stride
+(1_000_003) times any rank count and the per-row offsets on GPU, so no two (turn, rank, row) share a
+seed."""
 
 TurnFn = Callable[[list[list[int]], list[int], GenerationParams], list[tuple[list[int], list[float]]]]
 
@@ -101,10 +102,9 @@ def batch_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     if not trajs:
         return {}
     rows = [t.metrics() for t in trajs]
+    # per-trajectory means (workers' values are averaged by the driver, so sums would under-count)
     out = {f"agent/{key}/mean": float(np.mean([r.get(key, 0.0) for r in rows]))
-           for key in ("num_turns", "assistant_turns", "tool_calls")}
-    out["agent/tool_errors"] = float(sum(r["tool_errors"] for r in rows))
-    out["agent/tool_timeouts"] = float(sum(r["tool_timeouts"] for r in rows))
+           for key in ("num_turns", "assistant_turns", "tool_calls", "tool_errors", "tool_timeouts")}
     obs, model = sum(r["observation_tokens"] for r in rows), sum(r["model_tokens"] for r in rows)
     out["agent/observation_token_fraction"] = obs / max(obs + model, 1.0)
     for key in sorted({k for r in rows for k in r if k.startswith("tool/")}):
