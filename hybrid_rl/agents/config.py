@@ -49,7 +49,8 @@ class MultiTurnConfig:
     """Most tool calls run per model turn. veRL drops the extra calls silently; here each gets an
     error observation saying so (the model sees why, and it is counted)."""
     format: str = "hermes"
-    """Tool-call syntax the model writes: ``hermes`` = ``<tool_call>{"name", "arguments"}</tool_call>``."""
+    """Tool-call syntax the model writes: ``hermes`` = ``<tool_call>{"name", "arguments"}</tool_call>``
+    (Qwen2.5/3, Hermes), ``llama3_json`` = the turn is ``{"name", "parameters"}`` (Llama 3.1+)."""
     tool_timeout_s: float = 10.0
     """Time bound of one tool or interaction call (create, execute, ...); a call that runs over
     becomes an error observation and counts in ``agent/tool_timeouts/mean``. <= 0 disables it."""

@@ -1,7 +1,8 @@
 """Tool-call parsing from a model turn's text (``rollout.multi_turn.format``).
 
 ``hermes``: calls are ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Qwen2.5/3,
-Hermes, and the format our built-in tasks teach). Departure from veRL's ``HermesToolParser``, which
+Hermes, and the format our built-in tasks teach). ``llama3_json``: Llama 3.1+'s own format, the turn
+is a JSON object ``{"name": ..., "parameters": {...}}`` (the names veRL's config lists). Departure from veRL's ``HermesToolParser``, which
 logs and silently drops a block it cannot decode: here a malformed block becomes a
 :class:`ToolCall` with an ``error``, which the rollout answers with an error observation (and counts),
 so the model sees that its call failed and training can learn from it.
@@ -51,7 +52,36 @@ def parse_hermes(text: str) -> list[ToolCall]:
     return [_decode_call(body.strip()) for body in _HERMES_RE.findall(text)]
 
 
-TOOL_CALL_FORMATS: dict[str, Callable[[str], list[ToolCall]]] = {"hermes": parse_hermes}
+_LLAMA3_MARKERS = ("<|python_tag|>", "<|eom_id|>", "<|eot_id|>", "<|end_of_text|>")
+
+
+def parse_llama3_json(text: str) -> list[ToolCall]:
+    """Llama 3.1-3.3's JSON tool calls: the whole turn is ``{"name": ..., "parameters": {...}}``
+    (optionally after ``<|python_tag|>``, several separated by ``;``). A turn that does not start with
+    ``{`` is a plain answer; one that does but does not decode is a malformed call."""
+    body = text
+    for marker in _LLAMA3_MARKERS:
+        body = body.replace(marker, "")
+    body = body.strip()
+    if not body.startswith("{"):
+        return []
+    calls = []
+    for part in (p.strip() for p in body.split(";")):
+        if not part:
+            continue
+        try:
+            obj = json.loads(part)
+        except json.JSONDecodeError as exc:
+            calls.append(ToolCall(error=f"the tool call is not valid JSON ({str(exc)[:80]})"))
+            continue
+        if isinstance(obj, dict) and "parameters" in obj and "arguments" not in obj:
+            obj = {**obj, "arguments": obj["parameters"]}
+        calls.append(_decode_call(json.dumps(obj)))
+    return calls
+
+
+TOOL_CALL_FORMATS: dict[str, Callable[[str], list[ToolCall]]] = {"hermes": parse_hermes,
+                                                                  "llama3_json": parse_llama3_json}
 """Parsers by ``rollout.multi_turn.format`` name."""
 
 
@@ -59,5 +89,5 @@ def get_tool_parser(name: str) -> Callable[[str], list[ToolCall]]:
     """The parser for ``format``; ValueError naming the valid ones."""
     if name not in TOOL_CALL_FORMATS:
         raise ValueError(f"rollout.multi_turn.format={name!r} is invalid: must be one of {sorted(TOOL_CALL_FORMATS)}. "
-                         "Fix: use hermes (<tool_call>{json}</tool_call>).")
+                         "Fix: use hermes (<tool_call>{json}</tool_call>) or llama3_json (Llama 3.1+).")
     return TOOL_CALL_FORMATS[name]

@@ -112,3 +112,14 @@ def test_calculator_refuses_towers_of_powers_before_computing():
         evaluate("((((9**64)**64)**64)**64)**64")
     assert time.perf_counter() - start < 0.5
     assert evaluate("(2**10)**3") == str(2**30)
+
+
+def test_llama3_json_format():
+    parse = get_tool_parser("llama3_json")
+    calls = parse('<|python_tag|>{"name": "calculator", "parameters": {"expression": "2*3"}}; '
+                  '{"name": "calculator", "arguments": {"expression": "1+1"}}<|eom_id|>')
+    assert [(c.name, c.arguments, c.error) for c in calls] == [
+        ("calculator", {"expression": "2*3"}, None), ("calculator", {"expression": "1+1"}, None)]
+    assert parse("The answer is 6.") == []
+    (bad,) = parse('{"name": "calculator", "parameters": ')
+    assert "not valid JSON" in bad.error
