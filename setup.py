@@ -29,6 +29,8 @@ install_requires = [
     "matplotlib",
     # The LoRA actor (actor_rollout_ref.model.lora_rank > 0).
     "peft>=0.17",
+    # The persistent experience buffer (hybrid_rl/buffer/sql.py).
+    "sqlalchemy>=2.0",
 ]
 
 extras_require = {

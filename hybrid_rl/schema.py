@@ -84,6 +84,8 @@ BATCH_SCHEMA: tuple[BatchKey, ...] = (
              "list[float]: step rewards of the row's tool calls, then each tool instance's calc_reward"),
     BatchKey("turn_scores", _N, "object", "[B]", "rollout (multi-turn)",
              "list[float]: scores the row's interaction gave its turns"),
+    BatchKey("policy_version", _N, "object", "[B]", "experience buffer (batch_from_experiences)",
+             "int: version of the policy weights that sampled the row"),
     BatchKey("agent_metrics", _N, "object", "[B]", "rollout (multi-turn)",
              "dict[str, float]: per-row turns, tool calls/errors/timeouts, token counts, tool/<name>/<metric>, "
              "ended_by/<reason>"),

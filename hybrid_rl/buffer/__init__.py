@@ -1,0 +1,31 @@
+"""The experience buffer: scored rollout rows between a rollout side and a trainer side (issue #16).
+
+Knows no worker: the trainer writes :class:`Experience` rows (``experiences_from_batch``) and reads
+them back as a rollout batch (``batch_from_experiences``). Backends: :class:`MemoryBuffer` (default)
+and :class:`SQLBuffer` (any SQLAlchemy URL; a SQLite file by default). docs/buffer.md has the schema.
+"""
+
+from hybrid_rl.buffer.base import BUFFER_STORAGE_TYPES, BufferConfig, ExperienceBuffer, MemoryBuffer
+from hybrid_rl.buffer.experience import STATUSES, Experience, batch_from_experiences, experiences_from_batch
+
+__all__ = ["BUFFER_STORAGE_TYPES", "STATUSES", "BufferConfig", "Experience", "ExperienceBuffer", "MemoryBuffer",
+           "SQLBuffer", "batch_from_experiences", "build_buffer", "experiences_from_batch"]
+
+
+def __getattr__(name: str):
+    if name == "SQLBuffer":  # SQLAlchemy is imported only when the SQL backend is used
+        from hybrid_rl.buffer.sql import SQLBuffer
+
+        return SQLBuffer
+    raise AttributeError(name)
+
+
+def build_buffer(config: BufferConfig, run_dir: str) -> ExperienceBuffer:
+    """The backend ``config`` names; sql without a path = ``<run_dir>/experiences.db``."""
+    if config.storage_type == "memory":
+        return MemoryBuffer()
+    import os
+
+    from hybrid_rl.buffer.sql import SQLBuffer
+
+    return SQLBuffer(config.path or os.path.join(run_dir, "experiences.db"))

@@ -1,0 +1,139 @@
+"""The experience buffer interface, its typed config, and the in-memory backend.
+
+Life of an experience: ``put`` (status ``ready``) -> ``take`` hands the oldest ready ones to the
+trainer and marks them ``taken`` at that trainer step -> the step's checkpoint makes that final. If
+the run dies before the checkpoint, ``release_after(step)`` (called on resume with the checkpointed
+step) puts everything taken after it back to ``ready``: nothing buffered is lost and nothing is trained
+on twice. ``drop_stale(version, max_staleness)`` marks ready experiences more than ``max_staleness``
+policy versions old as ``dropped`` (kept for inspection, never trained on) and returns how many.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from hybrid_rl.buffer.experience import STATUSES, Experience
+
+__all__ = ["BUFFER_STORAGE_TYPES", "BufferConfig", "ExperienceBuffer", "MemoryBuffer"]
+
+BUFFER_STORAGE_TYPES = ("memory", "sql")
+
+
+@dataclass(kw_only=True)
+class BufferConfig:
+    """Where experiences live (Trinity-RFT's ``storage_type`` / ``path`` names)."""
+
+    storage_type: str = "memory"
+    """memory (in this process; saved with each checkpoint) or sql (a database through SQLAlchemy)."""
+    path: Optional[str] = None
+    """sql: a SQLAlchemy URL (``sqlite:///run/experiences.db``, ``postgresql://...``) or a plain file
+    path (SQLite). null = ``experiences.db`` in the run folder."""
+
+    def __post_init__(self) -> None:
+        if self.storage_type not in BUFFER_STORAGE_TYPES:
+            raise ValueError(f"buffer.storage_type={self.storage_type!r} is invalid: must be one of "
+                             f"{BUFFER_STORAGE_TYPES}. Fix: use memory or sql.")
+
+
+class ExperienceBuffer(ABC):
+    """Experiences in insertion order; every method is atomic (safe from several threads)."""
+
+    @abstractmethod
+    def put(self, experiences: Sequence[Experience]) -> list[int]:
+        """Store ``experiences`` as ready; returns their ids (increasing)."""
+
+    @abstractmethod
+    def take(self, n: int, step: int, min_version: Optional[int] = None) -> list[Experience]:
+        """Up to ``n`` of the oldest ready experiences (with ``policy_version >= min_version``), marked
+        taken at ``step``."""
+
+    @abstractmethod
+    def release_after(self, step: int) -> int:
+        """Put experiences taken at a step > ``step`` back to ready (resume); returns how many."""
+
+    @abstractmethod
+    def drop_stale(self, version: int, max_staleness: int) -> int:
+        """Mark ready experiences with ``policy_version < version - max_staleness`` dropped; returns how many."""
+
+    @abstractmethod
+    def read(self, status: Optional[str] = None, limit: Optional[int] = None) -> list[Experience]:
+        """Experiences (all, or of one status) in insertion order, without changing them."""
+
+    @abstractmethod
+    def count(self, status: Optional[str] = None) -> int:
+        """How many experiences (of one status)."""
+
+    def close(self) -> None:
+        """Release connections (the data stays where the backend keeps it)."""
+
+
+def _check_status(status: Optional[str]) -> None:
+    if status is not None and status not in STATUSES:
+        raise ValueError(f"status={status!r} is invalid: must be one of {STATUSES} or None.")
+
+
+class MemoryBuffer(ExperienceBuffer):
+    """Experiences in a Python list. ``state_dict``/``load_state_dict`` carry them through checkpoints."""
+
+    def __init__(self) -> None:
+        self._items: list[Experience] = []
+        self._lock = threading.Lock()
+
+    def put(self, experiences: Sequence[Experience]) -> list[int]:
+        with self._lock:
+            ids = []
+            for e in experiences:
+                e = copy.deepcopy(e)
+                e.id, e.status, e.taken_step = len(self._items) + 1, "ready", None
+                self._items.append(e)
+                ids.append(e.id)
+            return ids
+
+    def take(self, n: int, step: int, min_version: Optional[int] = None) -> list[Experience]:
+        with self._lock:
+            out = []
+            for e in self._items:
+                if len(out) == n:
+                    break
+                if e.status == "ready" and (min_version is None or e.policy_version >= min_version):
+                    e.status, e.taken_step = "taken", step
+                    out.append(copy.deepcopy(e))
+            return out
+
+    def release_after(self, step: int) -> int:
+        with self._lock:
+            back = [e for e in self._items if e.status == "taken" and e.taken_step > step]
+            for e in back:
+                e.status, e.taken_step = "ready", None
+            return len(back)
+
+    def drop_stale(self, version: int, max_staleness: int) -> int:
+        with self._lock:
+            stale = [e for e in self._items if e.status == "ready" and e.policy_version < version - max_staleness]
+            for e in stale:
+                e.status = "dropped"
+            return len(stale)
+
+    def read(self, status: Optional[str] = None, limit: Optional[int] = None) -> list[Experience]:
+        _check_status(status)
+        with self._lock:
+            items = [copy.deepcopy(e) for e in self._items if status is None or e.status == status]
+        return items[:limit] if limit is not None else items
+
+    def count(self, status: Optional[str] = None) -> int:
+        _check_status(status)
+        with self._lock:
+            return sum(1 for e in self._items if status is None or e.status == status)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every experience as a plain dict (for the checkpoint)."""
+        with self._lock:
+            return {"experiences": [e.to_dict() for e in self._items]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with self._lock:
+            self._items = [Experience(**d) for d in state["experiences"]]
