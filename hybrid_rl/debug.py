@@ -1,0 +1,154 @@
+"""Debug mode: look at what a config's rollout and reward do, without training (Trinity-RFT's idea).
+
+    python -m hybrid_rl.debug rollout [--prompts 4] [--output exp.jsonl|exp.db] [key=value ...]
+    python -m hybrid_rl.debug reward --input samples.jsonl [--output scored.jsonl] [key=value ...]
+
+``rollout`` builds the trainer of the config (the same components: dataset, tokenizer, workers,
+rollout engine with its tools, reward manager), generates for the first ``--prompts`` training
+prompts (x ``rollout.n``), scores them, prints one line per sample (prompt, response, reward,
+turns) and writes the experiences (:mod:`hybrid_rl.buffer`) to a JSONL file or, for ``.db`` or a
+SQLAlchemy URL, to a SQL buffer. ``reward`` scores the rows of a JSONL file (``data_source``,
+``response`` or ``solution_str``, ``ground_truth``, optional ``extra_info``) with the config's reward
+function (custom or built-in), under the same guard as training, and prints / writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Optional, Sequence
+
+__all__ = ["debug_reward", "debug_rollout", "main"]
+
+_SHOWN_CHARS = 80
+
+
+def _short(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= _SHOWN_CHARS else "..." + text[-(_SHOWN_CHARS - 3):]
+
+
+def _write(rows: list[dict], output: str) -> None:
+    if output.endswith(".jsonl"):
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+        with open(output, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        return
+    raise ValueError(f"--output {output!r}: write a .jsonl file (or, for rollout, a .db / SQLAlchemy URL).")
+
+
+def debug_rollout(overrides: Sequence[str], num_prompts: int = 4, output: Optional[str] = None) -> list[dict]:
+    """Generate and score ``num_prompts`` prompts of the config; returns one dict per sample."""
+    from hybrid_rl.buffer import experiences_from_batch
+    from hybrid_rl.protocol import DataProto
+    from hybrid_rl.trainer.main_ppo import build_trainer
+    from hybrid_rl.trainer.config_loader import get_config
+
+    trainer = build_trainer(get_config(list(overrides)))
+    try:
+        dataset = trainer.train_dataset
+        items = [dataset[i] for i in range(min(num_prompts, len(dataset)))]
+        batch = DataProto.from_single_dict(dataset.collate_fn(items))
+        trainer.init_workers()
+        metrics: dict[str, Any] = {}
+        batch = trainer.compute_reward(trainer.generate(batch, metrics), metrics)
+    finally:
+        trainer.shutdown()
+    experiences = experiences_from_batch(batch, trainer.tokenizer, policy_version=0)
+    rows = [e.to_dict() for e in experiences]
+    print(f"{'#':>3} {'reward':>7} {'turns':>5}  prompt -> response")
+    for i, e in enumerate(experiences):
+        print(f"{i:>3} {e.reward:>7.3f} {e.extra.get('num_turns', 2):>5}  {_short(e.prompt_text)!r} -> "
+              f"{_short(e.response_text)!r}")
+    agent = {k: round(v, 4) for k, v in metrics.items() if k.startswith(("agent/", "reward/"))}
+    if agent:
+        print(json.dumps(agent))
+    if output:
+        if output.endswith(".jsonl"):
+            _write(rows, output)
+        else:
+            from hybrid_rl.buffer import SQLBuffer
+
+            buffer = SQLBuffer(output)
+            buffer.put(experiences)
+            buffer.close()
+        print(f"{len(rows)} experiences written to {output}")
+    return rows
+
+
+def debug_reward(overrides: Sequence[str], input_path: str, output: Optional[str] = None) -> list[dict]:
+    """Score the rows of ``input_path`` (JSONL) with the config's reward function."""
+    from hybrid_rl.reward import default_compute_score, load_custom_reward_fn, safe_score_many
+    from hybrid_rl.trainer.config_loader import get_config, to_ppo_config
+
+    cfg = to_ppo_config(get_config(list(overrides)))
+    fn = (load_custom_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
+          if cfg.custom_reward_function.path else default_compute_score)
+    rows = _read_samples(input_path)
+    calls = [((), dict(data_source=r["data_source"], solution_str=r["solution_str"], ground_truth=r["ground_truth"],
+                       extra_info=r.get("extra_info"))) for r in rows]
+    outcomes = safe_score_many(fn, calls, timeout_s=cfg.reward_model.timeout)
+    scored = [{**r, "score": o.score, "status": o.status, **({"extra": o.extra} if o.extra else {})}
+              for r, o in zip(rows, outcomes)]
+    print(f"{'#':>3} {'score':>7} {'status':>8}  data_source: response")
+    for i, r in enumerate(scored):
+        print(f"{i:>3} {r['score']:>7.3f} {r['status']:>8}  {r['data_source']}: {_short(r['solution_str'])!r}")
+    if output:
+        _write(scored, output)
+        print(f"{len(scored)} scored rows written to {output}")
+    return scored
+
+
+def _read_samples(path: str) -> list[dict]:
+    if not os.path.isfile(path):
+        raise ValueError(f"--input {path!r}: no such file. Fix: give a JSONL file with data_source, response, "
+                         "ground_truth per line.")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"--input {path!r} line {line_no}: invalid JSON ({exc.msg}).") from None
+            text = row.get("solution_str", row.get("response")) if isinstance(row, dict) else None
+            missing = [k for k in ("data_source", "ground_truth") if not isinstance(row, dict) or k not in row]
+            if text is None or missing:
+                raise ValueError(f"--input {path!r} line {line_no}: needs data_source, response (or solution_str) "
+                                 f"and ground_truth; missing {missing or ['response']}.")
+            rows.append({**row, "solution_str": text})
+    return rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m hybrid_rl.debug", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    rollout = sub.add_parser("rollout", help="generate + score a few prompts of the config, no training")
+    rollout.add_argument("--prompts", type=int, default=4, help="training prompts to use (each x rollout.n)")
+    rollout.add_argument("--output", help="experiences to a .jsonl file, or a .db file / SQLAlchemy URL (SQL buffer)")
+    reward = sub.add_parser("reward", help="score a JSONL file with the config's reward")
+    reward.add_argument("--input", required=True, help="JSONL: data_source, response, ground_truth per line")
+    reward.add_argument("--output", help="scored rows to this .jsonl file")
+    args, overrides = parser.parse_known_args(argv)
+    unknown = [a for a in overrides if "=" not in a]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides are key=value)")
+    from hybrid_rl.trainer.config_loader import check_override_keys
+    from hybrid_rl.trainer.main_ppo import _fail
+
+    try:
+        check_override_keys(overrides)
+        if args.command == "rollout":
+            debug_rollout(overrides, args.prompts, args.output)
+        else:
+            debug_reward(overrides, args.input, args.output)
+    except ValueError as error:
+        _fail(error)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
