@@ -19,6 +19,9 @@ call's tokens (for logging, not for summing).
   per-sequence geometric mean ``exp(mean_t(log_prob - old_log_prob))``, applied per token as
   ``sg[s_i] * pi / sg[pi]`` so each token gets the gradient of its own log-prob scaled by ``s_i``.
   veRL recommends ``loss_agg_mode="seq-mean-token-mean"`` with it.
+* ``decoupled``: AReaL's decoupled PPO for asynchronous (stale) samples: the vanilla surrogate against
+  the recomputed proximal policy, weighted per token by the capped behaviour importance weight
+  ``pi_prox / pi_behav`` (needs ``rollout_log_probs``; ``behav_imp_weight_cap``).
 """
 
 from __future__ import annotations
@@ -98,6 +101,15 @@ def compute_policy_loss_vanilla(
         the clipped term was active; mean ``old_log_prob - log_prob``; fraction of tokens where the
         dual clip was active.
     """
+    pg_losses, pg_clipfrac, ppo_kl, pg_clipfrac_lower = _clipped_token_losses(
+        old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c)
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, global_batch_num_tokens, global_batch_num_seqs)
+    return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
+
+
+def _clipped_token_losses(old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high,
+                          clip_ratio_c):
+    """Per-token PPO clipped + dual-clipped losses ``[B, R]`` and the three metrics (see ``vanilla``)."""
     _check_clip(clip_ratio_low, clip_ratio_high, clip_ratio_c)
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)  # [B, R]
@@ -112,9 +124,56 @@ def compute_policy_loss_vanilla(
     loss_dual = -advantages * clip_ratio_c
     negative = advantages < 0
     pg_clipfrac_lower = masked_mean((torch.gt(clip_loss, loss_dual) & negative).to(ratio.dtype), response_mask)
-    pg_losses = torch.where(negative, torch.minimum(clip_loss, loss_dual), clip_loss)
+    pg_losses = torch.where(negative, torch.minimum(clip_loss, loss_dual), clip_loss)  # [B, R]
+    return pg_losses, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, global_batch_num_tokens, global_batch_num_seqs)
+
+@register_policy_loss("decoupled")
+def compute_policy_loss_decoupled(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    rollout_log_probs: torch.Tensor | None = None,
+    behav_imp_weight_cap: float | None = None,
+    loss_agg_mode: str = "token-mean",
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+    global_batch_num_tokens: Any = None,
+    global_batch_num_seqs: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Decoupled PPO (AReaL, Fu et al. 2025) for stale samples: the clipped surrogate is taken against
+    the *proximal* policy (``old_log_prob``, recomputed by the trainer before the update) and each
+    token is weighted by the detached behaviour importance weight ``w = pi_prox / pi_behav``
+    (``rollout_log_probs`` = the policy version that sampled it). As in AReaL, tokens with
+    ``w > behav_imp_weight_cap`` are dropped from the loss (weight 0, still counted in the
+    denominator); ``rollout_log_probs == old_log_prob`` gives exactly ``vanilla``.
+
+    Args:
+        old_log_prob: ``[B, R]`` proximal log-probs (no grad).
+        log_prob: ``[B, R]`` current log-probs (with grad).
+        advantages, response_mask: ``[B, R]``.
+        rollout_log_probs: ``[B, R]`` behaviour log-probs from the rollout engine (required).
+        behav_imp_weight_cap: drop tokens whose weight exceeds it (> 1); None keeps every token.
+        the rest: as ``vanilla``.
+    """
+    if rollout_log_probs is None:
+        raise ValueError("actor.policy_loss.loss_mode=decoupled needs the behaviour log-probs of the rollout: set "
+                         "actor_rollout_ref.rollout.calculate_log_probs=true.")
+    if behav_imp_weight_cap is not None and behav_imp_weight_cap <= 1.0:
+        raise ValueError(f"actor.policy_loss.behav_imp_weight_cap={behav_imp_weight_cap} is invalid: it must be > 1 "
+                         "(tokens whose importance weight exceeds it are dropped). Fix: use e.g. 5, or null.")
+    pg_losses, pg_clipfrac, ppo_kl, pg_clipfrac_lower = _clipped_token_losses(
+        old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c)
+    behav_log_ratio = (old_log_prob - rollout_log_probs).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    weight = torch.exp(behav_log_ratio)  # [B, R]
+    if behav_imp_weight_cap is not None:
+        weight = torch.where(weight <= behav_imp_weight_cap, weight, torch.zeros_like(weight))
+    pg_loss = agg_loss(pg_losses * weight, response_mask, loss_agg_mode, global_batch_num_tokens,
+                       global_batch_num_seqs)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
 

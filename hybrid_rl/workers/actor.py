@@ -138,6 +138,8 @@ class DataParallelPPOActor:
         keys = _MODEL_INPUTS + ["response_mask", "advantages"] + ([] if detach_old else ["old_log_probs"])
         if self.config.use_kl_loss:
             keys.append("ref_log_prob")
+        if "rollout_log_probs" in data.batch.keys():  # behaviour log-probs (the decoupled loss uses them)
+            keys.append("rollout_log_probs")
         missing = [k for k in keys if k not in data.batch.keys()]
         if missing:
             raise ValueError(f"update_policy: batch lacks {missing} (actor.use_kl_loss="
@@ -209,7 +211,9 @@ class DataParallelPPOActor:
         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = self.policy_loss_fn(
             old_log_prob, log_prob, batch["advantages"], mask,
             clip_ratio_low=cfg.effective_clip_ratio_low,
-            clip_ratio_high=cfg.effective_clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c, **agg)
+            clip_ratio_high=cfg.effective_clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
+            rollout_log_probs=batch.get("rollout_log_probs"),
+            behav_imp_weight_cap=cfg.policy_loss.behav_imp_weight_cap, **agg)
         entropy_term = agg_loss(entropy, mask, cfg.loss_agg_mode, denoms["global_batch_num_tokens"],
                                 denoms["global_batch_num_seqs"])
         loss = pg_loss - cfg.entropy_coeff * entropy_term

@@ -170,7 +170,17 @@ class PolicyLossConfig:
     """Choice of the policy-gradient loss (veRL ``actor.policy_loss.*``)."""
 
     loss_mode: str = "vanilla"
-    """Name in hybrid_rl.algorithms' policy-loss registry (vanilla = PPO clip with dual clip)."""
+    """Name in hybrid_rl.algorithms' policy-loss registry (vanilla = PPO clip with dual clip; gspo;
+    decoupled = AReaL's decoupled PPO for stale samples, needs rollout.calculate_log_probs)."""
+    behav_imp_weight_cap: Optional[float] = None
+    """decoupled loss (AReaL's name): tokens whose behaviour importance weight pi_prox / pi_behav
+    exceeds this are dropped from the loss; must be > 1. null keeps every token."""
+
+    def __post_init__(self) -> None:
+        cap = self.behav_imp_weight_cap
+        if cap is not None and not cap > 1.0:
+            raise ValueError(f"actor.policy_loss.behav_imp_weight_cap={cap} is invalid: it must be > 1 (tokens whose "
+                             "importance weight exceeds it are dropped). Fix: use e.g. 5, or null.")
 
 
 @dataclass(kw_only=True)

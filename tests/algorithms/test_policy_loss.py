@@ -114,6 +114,7 @@ def test_builtins_registered_and_uniform_signature():
         out = get_policy_loss_fn(name)(
             old, new, adv, mask, loss_agg_mode="token-mean", clip_ratio_low=0.2, clip_ratio_high=0.28,
             clip_ratio_c=3.0, global_batch_num_tokens=None, global_batch_num_seqs=None, unused_extra=1,
+            rollout_log_probs=old - 0.1,  # every loss accepts it; decoupled needs it
         )
         assert len(out) == 4 and all(t.dim() == 0 and torch.isfinite(t) for t in out)
 
@@ -129,7 +130,7 @@ def test_registry_errors():
 # ----------------------------------------------------------------------------- split invariance
 
 
-@pytest.mark.parametrize("name", ["vanilla", "gspo"])
+@pytest.mark.parametrize("name", ["vanilla", "gspo", "decoupled"])
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 def test_split_invariance(name, mode):
     gen = torch.Generator().manual_seed(1)
@@ -141,13 +142,48 @@ def test_split_invariance(name, mode):
     old = -torch.rand(batch, length, generator=gen, dtype=F64) * 3
     adv = torch.randn(batch, length, generator=gen, dtype=F64)
     theta = torch.randn(length, generator=gen, dtype=F64).requires_grad_(True)
+    behaviour = old - torch.rand(batch, length, generator=gen, dtype=F64) * 2  # some weights exceed the cap
     fn = get_policy_loss_fn(name)
     clip = 0.2 if name == "vanilla" else 0.05
 
     def loss_fn(rows, dens):
         log_prob = old[rows] + 0.4 * torch.tanh(x[rows] * theta)  # some ratios clip, some do not
-        return fn(old[rows], log_prob, adv[rows], mask[rows], loss_agg_mode=mode,
-                  clip_ratio_low=clip, clip_ratio_high=clip, **dens)[0]
+        return fn(old[rows], log_prob, adv[rows], mask[rows], loss_agg_mode=mode, clip_ratio_low=clip,
+                  clip_ratio_high=clip, rollout_log_probs=behaviour[rows], behav_imp_weight_cap=4.0, **dens)[0]
 
     for layout in partitions(batch):
         assert_split_invariant(loss_fn, theta, mask, layout)
+
+
+# ----------------------------------------------------------------------------- decoupled (AReaL)
+
+
+def test_decoupled_hand_values_cap_and_gradient():
+    old = torch.tensor([[-1.0, -1.0, -1.0]], dtype=F64)
+    log_prob = torch.tensor([[-0.9, -1.2, -1.0]], dtype=F64, requires_grad=True)
+    behaviour = torch.tensor([[-1.5, -1.0, -3.0]], dtype=F64)  # weights e^0.5, 1, e^2 (> cap 5: dropped)
+    adv = torch.tensor([[1.0, -1.0, 2.0]], dtype=F64)
+    mask = torch.ones(1, 3, dtype=F64)
+    fn = get_policy_loss_fn("decoupled")
+    loss, *_ = fn(old, log_prob, adv, mask, rollout_log_probs=behaviour, behav_imp_weight_cap=5.0)
+    expected = (-math.exp(0.1) * math.exp(0.5) + math.exp(-0.2) * 1.0 + 0.0) / 3  # token-mean over 3 tokens
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    loss.backward()
+    # d/dlogp of -A * ratio * w = -A * ratio * w (no clip active here); the dropped token gets none
+    want = torch.tensor([[-math.exp(0.1) * math.exp(0.5), math.exp(-0.2), 0.0]], dtype=F64) / 3
+    torch.testing.assert_close(log_prob.grad, want)
+
+
+def test_decoupled_equals_vanilla_on_policy_and_needs_behaviour():
+    gen = torch.Generator().manual_seed(3)
+    old = -torch.rand(4, 5, generator=gen, dtype=F64)
+    new = old + 0.3 * torch.randn(4, 5, generator=gen, dtype=F64)
+    adv, mask = torch.randn(4, 5, generator=gen, dtype=F64), torch.ones(4, 5, dtype=F64)
+    vanilla = get_policy_loss_fn("vanilla")(old, new, adv, mask)
+    decoupled = get_policy_loss_fn("decoupled")(old, new, adv, mask, rollout_log_probs=old.clone())
+    for a, b in zip(vanilla, decoupled):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="set actor_rollout_ref.rollout.calculate_log_probs=true"):
+        get_policy_loss_fn("decoupled")(old, new, adv, mask)
+    with pytest.raises(ValueError, match="behav_imp_weight_cap=1.0 is invalid"):
+        get_policy_loss_fn("decoupled")(old, new, adv, mask, rollout_log_probs=old, behav_imp_weight_cap=1.0)

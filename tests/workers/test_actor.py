@@ -209,3 +209,19 @@ def test_update_is_on_policy():
     assert update_is_on_policy(actor_config(ppo_mini_batch_size=8), train_batch_size=8)
     assert not update_is_on_policy(actor_config(ppo_mini_batch_size=4), train_batch_size=8)
     assert not update_is_on_policy(actor_config(ppo_mini_batch_size=8, ppo_epochs=2), train_batch_size=8)
+
+
+def test_decoupled_loss_reads_the_rollout_log_probs(base_model):
+    """loss_mode=decoupled with behaviour == proximal log-probs updates exactly as vanilla; with a
+    staler behaviour policy every token is re-weighted, so the update differs."""
+    from hybrid_rl.workers.config import PolicyLossConfig
+
+    data = _prepared_batch(base_model)
+    vanilla, _ = _run_update(base_model, data)
+    data.batch["rollout_log_probs"] = data.batch["old_log_probs"].clone()
+    same, _ = _run_update(base_model, data, policy_loss=PolicyLossConfig(loss_mode="decoupled"))
+    _assert_same_params(vanilla, same, atol=0)
+    data.batch["rollout_log_probs"] = data.batch["old_log_probs"] - 0.5
+    stale, _ = _run_update(base_model, data, policy_loss=PolicyLossConfig(loss_mode="decoupled",
+                                                                          behav_imp_weight_cap=5.0))
+    assert max((stale[k] - vanilla[k]).abs().max().item() for k in stale) > 1e-4
