@@ -103,24 +103,17 @@ def debug_reward(overrides: Sequence[str], input_path: str, output: Optional[str
 
 
 def _read_samples(path: str) -> list[dict]:
-    if not os.path.isfile(path):
-        raise ValueError(f"--input {path!r}: no such file. Fix: give a JSONL file with data_source, response, "
-                         "ground_truth per line.")
+    """The rows of a JSONL (or parquet) file, each with ``solution_str`` set from ``response``."""
+    from hybrid_rl.data import read_rows
+
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"--input {path!r} line {line_no}: invalid JSON ({exc.msg}).") from None
-            text = row.get("solution_str", row.get("response")) if isinstance(row, dict) else None
-            missing = [k for k in ("data_source", "ground_truth") if not isinstance(row, dict) or k not in row]
-            if text is None or missing:
-                raise ValueError(f"--input {path!r} line {line_no}: needs data_source, response (or solution_str) "
-                                 f"and ground_truth; missing {missing or ['response']}.")
-            rows.append({**row, "solution_str": text})
+    for i, row in enumerate(read_rows(path)):
+        text = row.get("solution_str", row.get("response"))
+        missing = [k for k in ("data_source", "ground_truth") if k not in row] + ([] if text is not None else ["response"])
+        if missing:
+            raise ValueError(f"--input {path!r} row {i}: needs data_source, response (or solution_str) and "
+                             f"ground_truth; missing {missing}.")
+        rows.append({**row, "solution_str": text})
     return rows
 
 

@@ -49,19 +49,9 @@ _INTERACTIONS: dict[str, type] = {}
 
 def register_interaction(name: str) -> Callable[[type], type]:
     """Class decorator: make an interaction available as ``class_name: <name>`` in the interaction YAML."""
+    from hybrid_rl.agents.tool import registrar
 
-    def decorator(cls: type) -> type:
-        if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
-            raise ValueError(f"@register_interaction({name!r}) decorates {cls!r}, which is not a BaseInteraction "
-                             "subclass. Fix: subclass hybrid_rl.agents.BaseInteraction.")
-        old = _INTERACTIONS.get(name)
-        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"interaction {name!r} is already registered as {old.__module__}.{old.__qualname__}. "
-                             "Fix: pick another name.")
-        _INTERACTIONS[name] = cls
-        return cls
-
-    return decorator
+    return registrar(_INTERACTIONS, BaseInteraction, "interaction", name)
 
 
 def registered_interactions() -> list[str]:

@@ -94,22 +94,29 @@ class BaseTool:
 _TOOLS: dict[str, type] = {}
 
 
-def register_tool(name: str) -> Callable[[type], type]:
-    """Class decorator: make a :class:`BaseTool` subclass available as ``class_name: <name>`` in the
-    tool YAML. A second class under the same name raises (redefining the same class is allowed)."""
+def registrar(registry: dict[str, type], base: type, kind: str, name: str) -> Callable[[type], type]:
+    """The class decorator behind ``@register_tool`` / ``@register_interaction``: adds a ``base``
+    subclass under ``name``; a second class under the same name raises (the same class redefined,
+    e.g. a re-run notebook cell, replaces it)."""
 
     def decorator(cls: type) -> type:
-        if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-            raise ValueError(f"@register_tool({name!r}) decorates {cls!r}, which is not a BaseTool subclass. "
-                             "Fix: subclass hybrid_rl.agents.BaseTool.")
-        old = _TOOLS.get(name)
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise ValueError(f"@register_{kind}({name!r}) decorates {cls!r}, which is not a {base.__name__} "
+                             f"subclass. Fix: subclass hybrid_rl.agents.{base.__name__}.")
+        old = registry.get(name)
         if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"tool {name!r} is already registered as {old.__module__}.{old.__qualname__}. "
+            raise ValueError(f"{kind} {name!r} is already registered as {old.__module__}.{old.__qualname__}. "
                              "Fix: pick another name.")
-        _TOOLS[name] = cls
+        registry[name] = cls
         return cls
 
     return decorator
+
+
+def register_tool(name: str) -> Callable[[type], type]:
+    """Class decorator: make a :class:`BaseTool` subclass available as ``class_name: <name>`` in the
+    tool YAML. A second class under the same name raises (redefining the same class is allowed)."""
+    return registrar(_TOOLS, BaseTool, "tool", name)
 
 
 def registered_tools() -> list[str]:

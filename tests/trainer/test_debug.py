@@ -29,7 +29,7 @@ def test_debug_reward_scores_a_file(tmp_path, capsys):
 
 
 def test_debug_reward_bad_lines_are_one_clear_line(tmp_path):
-    with pytest.raises(ValueError, match="line 2: needs data_source, response"):
+    with pytest.raises(ValueError, match="row 1: needs data_source, response"):
         debug_reward([], _jsonl(tmp_path / "a.jsonl", [{"data_source": "x", "response": "r", "ground_truth": 1},
                                                          {"response": "r"}]))
     bad = tmp_path / "b.jsonl"
@@ -37,7 +37,7 @@ def test_debug_reward_bad_lines_are_one_clear_line(tmp_path):
     result = subprocess.run([sys.executable, "-m", "hybrid_rl.debug", "reward", "--input", str(bad)],
                             capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": REPO, "PATH": "/usr/bin:/bin"})
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith(
-        "hybrid_rl config error: --input") and "line 1: invalid JSON" in result.stderr
+        "hybrid_rl config error: data file") and "line 1: invalid JSON" in result.stderr
 
 
 @pytest.mark.slow
