@@ -23,6 +23,8 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
+from hybrid_rl.data.arithmetic import _write_parquet  # atomic write: readers never see a partial file
+
 logger = logging.getLogger(__name__)
 
 DATA_SOURCE = "calculator"
@@ -72,15 +74,6 @@ def sample_products(num: int, seed: int, a_digits: int = 3, b_digits: int = 2) -
         raise ValueError(f"asked for {num} distinct problems but {a_digits}-digit x {b_digits}-digit has only {space}; "
                          "lower num_train/num_test")
     return [(a_lo + i // width, b_lo + i % width) for i in random.Random(seed).sample(range(space), num)]
-
-
-def _write_parquet(rows: list[dict], path: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(pa.Table.from_pylist(rows), tmp)
-    os.replace(tmp, path)  # readers never see a half-written file
 
 
 def generate_calculator(out_dir: str | os.PathLike, num_train: int = 2000, num_test: int = 200,
