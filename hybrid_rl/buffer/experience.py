@@ -9,7 +9,6 @@ the tensors of ``b`` (left-padded prompts, right-padded responses, the schema's 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence
