@@ -49,23 +49,26 @@ def _read_yaml(path: str, key: str) -> Any:
                          "Fix: check the indentation and quoting of that line.") from None
 
 
-def _entries(path: str, key: str, top: str) -> list[dict]:
+def _entries(path: str, key: str, top: str) -> list[tuple[str, str, dict]]:
+    """``(where, class_name, entry)`` for each entry of the ``top:`` list of the YAML at ``path``."""
     data = _read_yaml(path, key)
     entries = data.get(top) if isinstance(data, dict) else None
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise ValueError(f"{key}={path!r} must hold a mapping with a '{top}:' list of entries, each with a "
                          "class_name. Fix: see the layout in docs/agents.md.")
-    return entries
+    out = []
+    for i, entry in enumerate(entries):
+        where = f"{key}={path!r} {top}[{i}]"
+        if not isinstance(entry.get("class_name"), str):
+            raise ValueError(f"{where} has no class_name. Fix: add class_name: <registered name or dotted path>.")
+        out.append((where, entry["class_name"], entry))
+    return out
 
 
 def load_tools(path: str) -> dict[str, BaseTool]:
     """Build every tool of the YAML at ``path``; returns ``{function name: tool}``."""
     tools: dict[str, BaseTool] = {}
-    for i, entry in enumerate(_entries(path, TOOL_KEY, "tools")):
-        where = f"{TOOL_KEY}={path!r} tools[{i}]"
-        class_name = entry.get("class_name")
-        if not isinstance(class_name, str):
-            raise ValueError(f"{where} has no class_name. Fix: add class_name: <registered tool or dotted path>.")
+    for where, class_name, entry in _entries(path, TOOL_KEY, "tools"):
         config = dict(entry.get("config") or {})
         if config.get("type", "native") != "native":
             raise ValueError(f"{where}: config.type={config['type']!r} is not supported (MCP tools need MCP "
@@ -86,11 +89,7 @@ def load_interactions(path: str) -> dict[str, BaseInteraction]:
     """Build every interaction of the YAML at ``path``; returns ``{name: interaction}``. A missing name
     is derived from the class name as veRL does (``Gsm8kInteraction`` -> ``gsm8k``)."""
     interactions: dict[str, BaseInteraction] = {}
-    for i, entry in enumerate(_entries(path, INTERACTION_KEY, "interaction")):
-        where = f"{INTERACTION_KEY}={path!r} interaction[{i}]"
-        class_name = entry.get("class_name")
-        if not isinstance(class_name, str):
-            raise ValueError(f"{where} has no class_name. Fix: add class_name: <registered name or dotted path>.")
+    for where, class_name, entry in _entries(path, INTERACTION_KEY, "interaction"):
         name = entry.get("name") or class_name.rpartition(".")[2].removesuffix("Interaction").lower()
         if name in interactions:
             raise ValueError(f"{where}: a second interaction named {name!r}. Fix: give each a distinct name.")

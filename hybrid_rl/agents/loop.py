@@ -30,6 +30,7 @@ from hybrid_rl.agents.executor import AsyncRunner
 from hybrid_rl.agents.interaction import BaseInteraction
 from hybrid_rl.agents.parser import ToolCall, get_tool_parser
 from hybrid_rl.agents.tool import BaseTool, ToolResponse
+from hybrid_rl.reward.guard import finite_float  # the reward guard's rule for untrusted numbers
 
 __all__ = ["AgentLoop", "GenerateFn", "RowContext", "Trajectory", "END_REASONS"]
 
@@ -110,18 +111,6 @@ def truncate_text(text: str, limit: int, side: str) -> str:
     return text[: limit // 2] + "...(truncated)..." + text[len(text) - limit // 2:]
 
 
-def finite(value: Any) -> Optional[float]:
-    """``value`` as a finite float, or None (untrusted code may return anything: a string, NaN,
-    10**400, a tensor)."""
-    if isinstance(value, bool):
-        return float(value)
-    try:
-        number = float(value)
-    except Exception:
-        return None
-    return number if math.isfinite(number) else None
-
-
 def _as_observation(value: Any) -> tuple[Optional[str], float, dict, Optional[str]]:
     """(text, step reward, metrics, error) from what ``execute`` returned."""
     if not (isinstance(value, tuple) and len(value) == 3):
@@ -132,7 +121,7 @@ def _as_observation(value: Any) -> tuple[Optional[str], float, dict, Optional[st
         text = ""
     if not isinstance(text, str):
         return None, 0.0, {}, f"the tool returned {type(text).__name__} instead of text"
-    number = finite(reward)
+    number = finite_float(reward)
     if number is None:
         return None, 0.0, {}, f"the tool returned a reward that is not a finite number ({str(reward)[:40]})"
     return text, number, metrics if isinstance(metrics, dict) else {}, None
@@ -275,7 +264,7 @@ class AgentLoop:
             if error is None:
                 traj.tool_rewards.append(reward)
                 for key, raw in metrics.items():
-                    number = finite(raw)
+                    number = finite_float(raw)
                     if number is not None:
                         metric = f"tool/{name}/{key}"
                         traj.tool_metrics[metric] = max(traj.tool_metrics.get(metric, -math.inf), number)
@@ -350,7 +339,7 @@ class AgentLoop:
         rewards = self.runner.run([self._method(self.tools[n].calc_reward, iid) for _, n, iid in owned],
                                   self.config.tool_timeout_s)
         for (t, _, _), (status, value) in zip(owned, rewards):
-            number = finite(value) if status == "ok" else None
+            number = finite_float(value) if status == "ok" else None
             if number is not None:
                 t.tool_rewards.append(number)
         releases = [self._method(self.tools[n].release, iid) for _, n, iid in owned]
@@ -376,4 +365,4 @@ def _as_reply(value: Any) -> Optional[tuple[bool, str, Optional[float]]]:
         return None
     if not isinstance(text, str):
         return None
-    return terminate, text, finite(score)
+    return terminate, text, finite_float(score)

@@ -52,7 +52,9 @@ def _plain(value: Any) -> Any:
     return repr(value)[:_MAX_EXTRA_STR]
 
 
-def _finite_float(value: Any) -> float | None:
+def finite_float(value: Any) -> float | None:
+    """``value`` as a finite float, or None: untrusted code may return a string, NaN, 10**400, a
+    tensor. Real numbers only (and 0-d arrays of them); ``"1.0"`` is None."""
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         value = value.item()  # 0-d torch/numpy array
     if not isinstance(value, numbers.Real):
@@ -80,7 +82,7 @@ def normalize_score(raw: Any) -> ScoreOutcome:
         if "score" not in raw:
             return ScoreOutcome(0.0, extra, "invalid", "dict result has no 'score' key")
         value = raw["score"]
-    score = _finite_float(value)
+    score = finite_float(value)
     if score is None:
         try:
             shown = repr(value)[:200]
