@@ -35,7 +35,7 @@ class BufferConfig:
 
     def __post_init__(self) -> None:
         if self.storage_type not in BUFFER_STORAGE_TYPES:
-            raise ValueError(f"buffer.storage_type={self.storage_type!r} is invalid: must be one of "
+            raise ValueError(f"async_training.buffer.storage_type={self.storage_type!r} is invalid: must be one of "
                              f"{BUFFER_STORAGE_TYPES}. Fix: use memory or sql.")
 
 
@@ -81,6 +81,7 @@ class MemoryBuffer(ExperienceBuffer):
 
     def __init__(self) -> None:
         self._items: list[Experience] = []
+        self._next_id = 1
         self._lock = threading.Lock()
 
     def put(self, experiences: Sequence[Experience]) -> list[int]:
@@ -88,7 +89,8 @@ class MemoryBuffer(ExperienceBuffer):
             ids = []
             for e in experiences:
                 e = copy.deepcopy(e)
-                e.id, e.status, e.taken_step = len(self._items) + 1, "ready", None
+                e.id, e.status, e.taken_step = self._next_id, "ready", None
+                self._next_id += 1
                 self._items.append(e)
                 ids.append(e.id)
             return ids
@@ -129,11 +131,20 @@ class MemoryBuffer(ExperienceBuffer):
         with self._lock:
             return sum(1 for e in self._items if status is None or e.status == status)
 
+    def forget_taken(self, step: int) -> int:
+        """Remove experiences taken at a step <= ``step`` (a checkpoint made them final), so a long run
+        does not keep every row it trained on; returns how many. Ids stay increasing."""
+        with self._lock:
+            keep = [e for e in self._items if not (e.status == "taken" and e.taken_step <= step)]
+            removed, self._items = len(self._items) - len(keep), keep
+            return removed
+
     def state_dict(self) -> dict[str, Any]:
         """Every experience as a plain dict (for the checkpoint)."""
         with self._lock:
-            return {"experiences": [e.to_dict() for e in self._items]}
+            return {"experiences": [e.to_dict() for e in self._items], "next_id": self._next_id}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         with self._lock:
             self._items = [Experience(**d) for d in state["experiences"]]
+            self._next_id = int(state.get("next_id", max((e.id or 0 for e in self._items), default=0) + 1))

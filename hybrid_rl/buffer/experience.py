@@ -114,12 +114,18 @@ def experiences_from_batch(batch: DataProto, tokenizer: Any, policy_version: int
     return out
 
 
-def batch_from_experiences(experiences: Sequence[Experience], pad_token_id: int, response_length: int) -> DataProto:
-    """The rollout batch of ``experiences``: prompts left-padded to the longest, responses right-padded
-    to ``response_length``; ``token_level_scores`` holds each reward on its last model token;
-    non-tensor ``uid``, ``data_source``, ``reward_model``, ``policy_version``."""
+def batch_from_experiences(experiences: Sequence[Experience], pad_token_id: int, response_length: int,
+                           prompt_length: Optional[int] = None) -> DataProto:
+    """The rollout batch of ``experiences``: prompts left-padded to ``prompt_length`` (default: the
+    longest), responses right-padded to ``response_length``; ``token_level_scores`` holds each reward
+    on its last model token; non-tensor ``uid``, ``data_source``, ``reward_model``, ``policy_version``,
+    plus every ``extra`` column all the experiences have (``extra_info``, ``num_turns``, ...)."""
     rows = len(experiences)
-    width = max(len(e.prompt_ids) for e in experiences)
+    longest = max(len(e.prompt_ids) for e in experiences)
+    if prompt_length is not None and prompt_length < longest:
+        raise ValueError(f"a prompt of {longest} tokens does not fit prompt_length={prompt_length}. Fix: read "
+                         "the experiences back with the max_prompt_length they were generated with.")
+    width = prompt_length if prompt_length is not None else longest
     prompts = torch.full((rows, width), pad_token_id, dtype=torch.long)  # [B, P]
     prompt_mask = torch.zeros((rows, width), dtype=torch.long)
     responses = torch.full((rows, response_length), pad_token_id, dtype=torch.long)  # [B, R]
@@ -150,9 +156,17 @@ def batch_from_experiences(experiences: Sequence[Experience], pad_token_id: int,
                "position_ids": torch.cat([prompt_pos, response_pos], dim=1), "token_level_scores": scores}
     if all(e.rollout_log_probs is not None for e in experiences):
         tensors["rollout_log_probs"] = log_probs
-    column = lambda values: np.array(values, dtype=object)  # noqa: E731
+    def column(values: list) -> np.ndarray:  # one object per row, even when the values are lists
+        out = np.empty(len(values), dtype=object)
+        for i, value in enumerate(values):
+            out[i] = value
+        return out
+
     non_tensors = {"uid": column([e.uid for e in experiences]),
                    "data_source": column([e.data_source for e in experiences]),
                    "reward_model": column([{"ground_truth": e.ground_truth} for e in experiences]),
                    "policy_version": column([e.policy_version for e in experiences])}
+    shared = set.intersection(*(set(e.extra) for e in experiences)) - set(non_tensors)
+    for key in sorted(shared):
+        non_tensors[key] = column([e.extra[key] for e in experiences])
     return DataProto.from_dict(tensors, non_tensors=non_tensors)

@@ -20,6 +20,7 @@ _EXPORTS = {
     "PPOConfig": "hybrid_rl.trainer.config",
     "validate_config": "hybrid_rl.trainer.validate",
     "RayPPOTrainer": "hybrid_rl.trainer.ray_trainer",
+    "DecoupledPPOTrainer": "hybrid_rl.trainer.async_trainer",
     "run_ppo": "hybrid_rl.trainer.main_ppo",
 }
 

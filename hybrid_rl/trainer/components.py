@@ -117,10 +117,17 @@ class WorkerGroups:
     """View with the critic methods (None without a critic)."""
     resource_pool: Any
     """The reserved devices (released at shutdown)."""
+    rollout: Optional[Any] = None
+    """Decoupled mode: the rollout-only group in its own pool (None when colocated)."""
+    rollout_pool: Optional[Any] = None
+    """Decoupled mode: the rollout group's devices."""
 
     def shutdown(self) -> None:
         self.actor_rollout.shutdown()
         self.resource_pool.remove()
+        if self.rollout is not None:
+            self.rollout.shutdown()
+            self.rollout_pool.remove()
 
 
 def build_worker_groups(
@@ -133,11 +140,13 @@ def build_worker_groups(
     log_dir: Optional[str] = None,
     rollout_rows_per_call: Optional[int] = None,
 ) -> WorkerGroups:
-    """Start ``world_size`` colocated processes, each hosting actor + rollout (+ ref) (+ critic).
+    """Start ``world_size`` colocated processes, each hosting actor + rollout (+ ref) (+ critic);
+    in the decoupled mode (``plan.rollout_world_size > 0``) the training processes host actor (+ ref)
+    (+ critic) and a second pool of ``rollout.nnodes x n_gpus_per_node`` processes hosts the rollout.
 
     ``total_training_steps`` sizes the LR schedules and ``rollout_rows_per_call`` (the most rows one
-    generate call brings a worker) the CPU engine's KV cache; both are passed to the workers, never
-    written into their configs. Each worker writes its full log to ``log_dir/worker_<rank>.log``.
+    generate call brings a rollout worker) the CPU engine's KV cache; both are passed to the workers,
+    never written into their configs. Each worker writes its full log to ``log_dir/worker_<rank>.log``.
     """
     from hybrid_rl.single_controller import (
         RayClassWithInitArgs,
@@ -160,6 +169,8 @@ def build_worker_groups(
         num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker,
     )
     role = "actor_rollout_ref" if plan.use_reference_policy else "actor_rollout"
+    if plan.rollout_world_size:
+        role = role.replace("_rollout", "")
     plugins = {}
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:  # tools registered here (a notebook) reach the workers
         from hybrid_rl.agents.plugins import plugin_snapshot
@@ -185,7 +196,16 @@ def build_worker_groups(
     if plan.use_critic:
         views["critic"].init_model()
     views["actor_rollout"].init_model()
-    return WorkerGroups(actor_rollout=views["actor_rollout"], critic=views.get("critic"), resource_pool=pool)
+    groups = WorkerGroups(actor_rollout=views["actor_rollout"], critic=views.get("critic"), resource_pool=pool)
+    if plan.rollout_world_size:
+        groups.rollout_pool = RayResourcePool(
+            [cfg.rollout.n_gpus_per_node] * cfg.rollout.nnodes, use_gpu=plan.device == "cuda", name_prefix="rollout_",
+            num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker)
+        rollout_cls = RayClassWithInitArgs(actor_cls or ActorRolloutRefWorker, config=cfg.actor_rollout_ref,
+                                           role="rollout", rollout_rows_per_call=rollout_rows_per_call, **plugins)
+        groups.rollout = RayWorkerGroup(groups.rollout_pool, rollout_cls, call_timeout_s=call_timeout_s)
+        groups.rollout.init_model()
+    return groups
 
 
 def _actor_hf_config(cfg: PPOConfig):

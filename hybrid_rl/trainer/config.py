@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from hybrid_rl.buffer.base import BufferConfig
 from hybrid_rl.workers.config import ActorRolloutRefConfig, CriticConfig
 
 
@@ -231,6 +232,37 @@ class TrainerConfig:
 
 
 @dataclass
+class RolloutPoolConfig:
+    """The rollout workers' own resource pool in the decoupled mode (veRL's fully-async
+    ``rollout.nnodes`` / ``rollout.n_gpus_per_node``); unused in the colocated mode."""
+
+    nnodes: int = 1
+    """Nodes of the rollout pool."""
+    n_gpus_per_node: int = 1
+    """Rollout workers per node (processes on CPU, GPUs on GPU)."""
+
+
+@dataclass
+class AsyncTrainingConfig:
+    """The decoupled (asynchronous) mode: rollout workers in their own pool produce scored
+    experiences into a buffer while the trainer consumes them (docs/async.md has the mapping to
+    veRL's, AReaL's and Trinity-RFT's names)."""
+
+    enable: bool = False
+    """true: decoupled mode (rollout pool ``rollout.*`` + training pool ``trainer.nnodes/n_gpus_per_node``);
+    false: the colocated synchronous mode."""
+    max_head_offpolicyness: int = 1
+    """AReaL's eta: the most policy versions a trained sample may lag the trainer. The rollout waits
+    rather than run further ahead; buffered samples older than this are dropped (counted, kept in
+    the buffer as ``dropped``, not regenerated). 0 = synchronous order."""
+    trigger_parameter_sync_step: int = 1
+    """veRL's name (Trinity-RFT: ``synchronizer.sync_interval``): push the weights to the rollout
+    pool every this many trainer updates; must be <= max_head_offpolicyness + 1."""
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    """Where experiences wait between the rollout and the trainer (memory or sql)."""
+
+
+@dataclass
 class PPOConfig:
     """The whole run. Groups mirror veRL's ``ppo_trainer.yaml``."""
 
@@ -252,3 +284,7 @@ class PPOConfig:
     """Run length, devices, logging, checkpoints."""
     ray_init: RayInitConfig = field(default_factory=RayInitConfig)
     """ray.init arguments."""
+    rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
+    """The rollout pool of the decoupled mode."""
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    """The decoupled (asynchronous) mode."""

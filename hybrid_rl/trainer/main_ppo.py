@@ -51,10 +51,15 @@ def _configure_driver_logging(cfg: Union[DictConfig, PPOConfig], always: bool) -
 
 
 def build_trainer(cfg: Union[DictConfig, PPOConfig], trainer_cls: Optional[type] = None):
-    """Validate ``cfg`` and build the trainer (datasets, reward, tokenizer); workers not started."""
-    from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
+    """Validate ``cfg`` and build the trainer (datasets, reward, tokenizer); workers not started.
+    Default class: :class:`DecoupledPPOTrainer` with ``async_training.enable``, else :class:`RayPPOTrainer`."""
+    cfg = to_ppo_config(cfg)
+    if trainer_cls is None and cfg.async_training.enable:
+        from hybrid_rl.trainer.async_trainer import DecoupledPPOTrainer as trainer_cls
+    elif trainer_cls is None:
+        from hybrid_rl.trainer.ray_trainer import RayPPOTrainer as trainer_cls
 
-    trainer = (trainer_cls or RayPPOTrainer)(to_ppo_config(cfg))
+    trainer = trainer_cls(cfg)
     check_reward_coverage(trainer.config, trainer.train_dataset, trainer.val_dataset)
     check_agent_config(trainer.config, trainer.tokenizer)
     return trainer

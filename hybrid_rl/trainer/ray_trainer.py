@@ -114,6 +114,7 @@ class RayPPOTrainer:
         self.health = HealthMonitor.from_config(cfg.trainer)
         self.last_committed_step: Optional[int] = None  # newest checkpoint this trainer committed
         self.global_steps = 0
+        self.resumed_state: Optional[dict[str, Any]] = None  # the driver state a resume restored
         self.workers: Optional[components.WorkerGroups] = None
         self.tracker: Optional[Tracking] = None
         self.progress: Optional[ProgressBar] = None
@@ -154,6 +155,11 @@ class RayPPOTrainer:
     def critic_wg(self):
         return self.workers.critic
 
+    @property
+    def rollout_wg(self):
+        """The group that generates: the colocated one, or the decoupled mode's rollout pool."""
+        return self.workers.rollout if self.workers.rollout is not None else self.workers.actor_rollout
+
     def init_workers(self) -> None:
         """Start the colocated worker group and load the models."""
         actor_cls, critic_cls = self._worker_classes
@@ -174,7 +180,7 @@ class RayPPOTrainer:
         if self.val_dataset is not None and (t.test_freq > 0 or t.val_before_train or t.val_at_end):
             val_batch = cfg.data.val_batch_size or len(self.val_dataset)
             rows = max(rows, min(val_batch, len(self.val_dataset), VAL_ROWS_IN_FLIGHT) * rollout.val_kwargs.n)
-        return -(-rows // self.plan.world_size)
+        return -(-rows // (self.plan.rollout_world_size or self.plan.world_size))
 
     def shutdown(self) -> None:
         """Stop the workers and release their devices."""
@@ -284,17 +290,23 @@ class RayPPOTrainer:
         return t.save_freq > 0 and (self.global_steps % t.save_freq == 0 or self._is_last_step())
 
     # ------------------------------------------------------------------ named steps
-    def _generation_meta(self, validate: bool) -> dict[str, Any]:
-        seed = self.config.trainer.seed + (0 if validate else self.global_steps)
+    def _generation_meta(self, validate: bool, step: Optional[int] = None) -> dict[str, Any]:
+        """Sampling meta_info; ``step`` (default: the current step) seeds a training batch."""
+        step = self.global_steps if step is None else step
+        seed = self.config.trainer.seed + (0 if validate else step)
         return {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id,
-                "validate": validate, "seed": seed, "global_steps": self.global_steps}
+                "validate": validate, "seed": seed, "global_steps": step}
 
     def generate(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """Repeat each prompt ``rollout.n`` times (shared ``uid``) and sample one response per row."""
-        batch = ppo_ops.prepare_rollout_batch(batch, self.config.actor_rollout_ref.rollout.n, self.global_steps)
+        return self.generate_batch(batch, self.global_steps, metrics)
+
+    def generate_batch(self, batch: DataProto, step: int, metrics: dict[str, Any]) -> DataProto:
+        """:meth:`generate` for prompt batch number ``step`` (its uids and seed) on :attr:`rollout_wg`."""
+        batch = ppo_ops.prepare_rollout_batch(batch, self.config.actor_rollout_ref.rollout.n, step)
         gen, rest = ppo_ops.split_generation_inputs(batch)
-        gen.meta_info.update(self._generation_meta(validate=False))
-        output = self.actor_rollout_wg.generate_sequences(gen)
+        gen.meta_info.update(self._generation_meta(validate=False, step=step))
+        output = self.rollout_wg.generate_sequences(gen)
         metrics.update(metric_fns.reduce_metrics(output.meta_info.get("metrics", {})))
         return ppo_ops.merge_generation_output(rest, output)
 
@@ -396,7 +408,7 @@ class RayPPOTrainer:
 
         def generate(gen: DataProto) -> DataProto:
             gen.meta_info.update(self._generation_meta(validate=True))
-            return self.actor_rollout_wg.generate_sequences(gen)
+            return self.rollout_wg.generate_sequences(gen)
 
         return run_validation(self._val_batches(), generate, self.val_reward_fn, self.tokenizer,
                               n=self.config.actor_rollout_ref.rollout.val_kwargs.n, step=self.global_steps,
@@ -432,6 +444,7 @@ class RayPPOTrainer:
             self.kl_ctrl_in_reward.load_state_dict(point.state["kl_ctrl"])
         self.health.load_state_dict(point.state.get("health"))
         self.global_steps = point.global_step
+        self.resumed_state = point.state
         logger.info("Resumed from %s (step %d)", point.step_dir, self.global_steps)
 
     # ------------------------------------------------------------------ logging

@@ -36,6 +36,8 @@ class RunPlan:
     """The reference policy is needed (KL in reward or KL loss)."""
     threads_per_worker: int
     """CPU threads each worker process uses (cores split evenly among workers)."""
+    rollout_world_size: int = 0
+    """Decoupled mode: rollout workers in their own pool (rollout.nnodes * n_gpus_per_node); 0 = colocated."""
 
 
 def as_file_list(files: Any) -> list[str]:
@@ -69,12 +71,15 @@ def make_run_plan(cfg: PPOConfig) -> RunPlan:
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     actor = cfg.actor_rollout_ref.actor
     cores = cfg.ray_init.num_cpus or os.cpu_count() or 1
+    decoupled = cfg.async_training.enable
+    per_node = cfg.trainer.n_gpus_per_node + (cfg.rollout.n_gpus_per_node if decoupled else 0)
     return RunPlan(
         device=device,
         world_size=world,
         use_critic=cfg.algorithm.adv_estimator == "gae",
         use_reference_policy=cfg.algorithm.use_kl_in_reward or actor.use_kl_loss,
-        threads_per_worker=max(1, cores // cfg.trainer.n_gpus_per_node),
+        threads_per_worker=max(1, cores // per_node),
+        rollout_world_size=cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node if decoupled else 0,
     )
 
 
@@ -82,7 +87,7 @@ def validate_config(cfg: PPOConfig) -> None:
     """Raise one ValueError listing every inconsistency of ``cfg`` (each line: keys, values, fix)."""
     errors: list[str] = []
     checks = (_check_devices, _check_batch_sizes, _check_algorithm, _check_files, _check_trainer, _check_reward,
-              _check_resume)
+              _check_resume, _check_async)
     for check in checks:
         errors.extend(check(cfg))
     if len(errors) == 1:
@@ -379,4 +384,37 @@ def resume_point_problems(cfg: PPOConfig, point: Any) -> list[str]:
             f"cannot resume from {point.step_dir}: it has no critic/ folder but algorithm.adv_estimator=gae needs "
             "one; resume a GAE run's checkpoint or set trainer.resume_mode=disable."
         )
+    return errors
+
+
+def _check_async(cfg: PPOConfig) -> list[str]:
+    """The decoupled mode's keys (docs/async.md)."""
+    a, pool = cfg.async_training, cfg.rollout
+    if not a.enable:
+        return []
+    errors = []
+    eta, every = a.max_head_offpolicyness, a.trigger_parameter_sync_step
+    if eta < 0:
+        errors.append(f"async_training.max_head_offpolicyness={eta} must be >= 0 (0 = synchronous order, 1-2 typical).")
+    if every < 1 or every > max(eta, 0) + 1:
+        errors.append(f"async_training.trigger_parameter_sync_step={every} must be between 1 and "
+                      f"max_head_offpolicyness + 1 = {max(eta, 0) + 1}: with fewer weight pushes the rollout could "
+                      "never produce samples fresh enough. Fix: lower it or raise max_head_offpolicyness.")
+    if pool.nnodes < 1 or pool.n_gpus_per_node < 1:
+        errors.append(f"rollout.nnodes={pool.nnodes} and rollout.n_gpus_per_node={pool.n_gpus_per_node} (the "
+                      "decoupled mode's rollout pool) must both be >= 1.")
+    t = cfg.trainer
+    if t.nnodes == 1 and pool.nnodes == 1 and resolve_device(t.device) == "cpu":
+        cores = cfg.ray_init.num_cpus or os.cpu_count() or 1
+        if t.n_gpus_per_node + pool.n_gpus_per_node > cores:
+            errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} training + rollout.n_gpus_per_node="
+                          f"{pool.n_gpus_per_node} rollout CPU workers but only {cores} cores are available; lower "
+                          "them so they sum to at most the core count (each process needs a core).")
+    if cfg.algorithm.adv_estimator == "remax":
+        errors.append("algorithm.adv_estimator=remax generates a greedy baseline inside each training step, which "
+                      "the decoupled mode does not run; use grpo or rloo with async_training.enable=true.")
+    rollout = cfg.actor_rollout_ref.rollout
+    if cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "decoupled" and not rollout.calculate_log_probs:
+        errors.append("actor_rollout_ref.actor.policy_loss.loss_mode=decoupled needs the behaviour log-probs: set "
+                      "actor_rollout_ref.rollout.calculate_log_probs=true.")
     return errors

@@ -36,7 +36,7 @@ from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path, t
 
 logger = logging.getLogger(__name__)
 
-ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref")
 
 
 class _OptimizerOffload:
@@ -64,7 +64,9 @@ class ActorRolloutRefWorker(Worker):
 
     Args:
         config: the ``actor_rollout_ref`` section.
-        role: which parts this process hosts: actor, rollout, ref, actor_rollout, actor_rollout_ref.
+        role: which parts this process hosts: actor, rollout, ref, actor_ref, actor_rollout,
+            actor_rollout_ref. The decoupled mode runs ``actor(_ref)`` and ``rollout`` in separate
+            groups: ``export_rollout_weights`` on the first feeds ``load_rollout_weights`` on the second.
         total_training_steps: steps of the run, for the LR schedule (from the trainer).
         rollout_rows_per_call: the most rows one ``generate_sequences`` call brings this worker
             (from the trainer; sizes the CPU engine's KV cache when ``cpu_kvcache_space_gib`` is null).
@@ -84,9 +86,9 @@ class ActorRolloutRefWorker(Worker):
         self.total_training_steps = total_training_steps
         self.rollout_rows_per_call = rollout_rows_per_call
         self.agent_plugins = agent_plugins
-        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_actor = role.startswith("actor")
         self._is_rollout = "rollout" in role
-        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self._is_ref = role.endswith("ref")
         self._weights_version = 0  # bumped whenever the actor's weights change
         self._synced_version: Optional[int] = None  # version the rollout holds; None = never synced
 
@@ -121,7 +123,8 @@ class ActorRolloutRefWorker(Worker):
             self.rollout = build_rollout(cfg.rollout, self.model_path, self.tokenizer, str(self.device),
                                          trust_remote_code=cfg.model.trust_remote_code,
                                          rows_per_call=self.rollout_rows_per_call)
-            self.rollout.sleep()
+            if self._is_actor:  # a rollout-only worker never shares its device with training
+                self.rollout.sleep()
 
     def _init_actor(self, use_rmpad: bool) -> None:
         cfg = self.config
@@ -164,6 +167,11 @@ class ActorRolloutRefWorker(Worker):
         return output
 
     def _generate(self, prompts: DataProto, metrics: dict[str, Any]) -> DataProto:
+        if not self._is_actor:  # rollout-only (decoupled mode): weights arrive by load_rollout_weights
+            start = time.perf_counter()
+            output = self.rollout.generate_sequences(prompts)
+            metrics["timing_s/generate_sequences_worker"] = time.perf_counter() - start
+            return output
         self.rollout.wake_up()
         try:
             if self._is_actor and self._synced_version != self._weights_version:
@@ -187,6 +195,27 @@ class ActorRolloutRefWorker(Worker):
         if not is_lora_model(self.actor_module):
             return iter_full_state(self.actor_module, dtype=dtype, device=self.device)
         return merged_lora_weights(iter_full_state(self.actor_module, device=self.device), self.actor_module, dtype)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def export_rollout_weights(self) -> Optional[list[tuple[str, torch.Tensor]]]:
+        """The actor's full weights as the rollout engine loads them (rollout dtype, LoRA adapters
+        merged), on CPU. Every rank takes part (FSDP gathers); rank 0 returns them, the others None.
+        Non-blocking: pass the future's ``rank_ref(0)`` to the rollout group's ``load_rollout_weights``."""
+        self._require("actor", "export_rollout_weights")
+        weights = [(name, tensor.to("cpu", copy=True)) for name, tensor in self._rollout_weights()]
+        return weights if self.rank == 0 else None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_rollout_weights(self, weights: list[tuple[str, torch.Tensor]]) -> dict[str, float]:
+        """Load weights from ``export_rollout_weights`` into a rollout-only worker's engine; returns
+        ``{"timing_s/weight_load": seconds}``."""
+        self._require("rollout", "load_rollout_weights")
+        if self._is_actor:
+            raise ValueError(f"load_rollout_weights is for rollout-only workers; role {self.role!r} syncs its "
+                             "rollout from its own actor before each generation.")
+        start = time.perf_counter()
+        self.rollout.update_weights(iter(weights))
+        return {"timing_s/weight_load": time.perf_counter() - start}
 
     # ------------------------------------------------------------------ log-probs
     def _log_prob_meta(self, data: DataProto, micro_batch_size: Optional[int], use_dynamic_bsz: bool,

@@ -106,6 +106,14 @@ def test_worker_group_checks_run_on_conversion():
         (["actor_rollout_ref.rollout.response_length=8"], r"rollout.response_length=8 differs from data.max_response_length=16"),
         (["critic.rollout_n=2", "algorithm.adv_estimator=gae"], r"critic.rollout_n=2 differs"),
         (["trainer.device=tpu"], r"trainer.device='tpu'"),
+        (["async_training.enable=true", "async_training.max_head_offpolicyness=0",
+          "async_training.trigger_parameter_sync_step=2"], r"trigger_parameter_sync_step=2 must be between 1 and"),
+        (["async_training.enable=true", "async_training.max_head_offpolicyness=-1"], r"max_head_offpolicyness=-1"),
+        (["async_training.enable=true", "rollout.n_gpus_per_node=0"], r"rollout.n_gpus_per_node=0"),
+        (["async_training.enable=true", "ray_init.num_cpus=2", "trainer.n_gpus_per_node=2"], r"sum to at most"),
+        (["async_training.enable=true", "algorithm.adv_estimator=remax"], r"remax generates a greedy baseline"),
+        (["async_training.enable=true", "actor_rollout_ref.actor.policy_loss.loss_mode=decoupled"],
+         r"loss_mode=decoupled needs the behaviour log-probs"),
     ],
 )
 def test_each_inconsistency_is_one_error(overrides, message):
@@ -113,6 +121,11 @@ def test_each_inconsistency_is_one_error(overrides, message):
     with pytest.raises(ValueError, match=message) as info:
         validate_config(cfg)
     assert "config problems" not in str(info.value)  # exactly one problem reported
+
+
+def test_unknown_buffer_storage_is_one_line_naming_the_key():
+    with pytest.raises(ValueError, match=r"async_training.buffer.storage_type='redis' is invalid.*Fix: use memory or sql"):
+        validate_config(_cfg("async_training.enable=true", "async_training.buffer.storage_type=redis"))
 
 
 def test_all_problems_reported_together():

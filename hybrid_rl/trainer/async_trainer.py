@@ -1,0 +1,214 @@
+"""The decoupled (asynchronous) mode of the PPO trainer: ``async_training.enable=true``.
+
+The same :meth:`RayPPOTrainer.fit` and named steps; only the hook points differ:
+
+* :meth:`init_workers` starts two pools: training (actor + ref (+ critic)) and rollout
+  (``rollout.nnodes x n_gpus_per_node``), placed by Ray resources;
+* a :class:`~hybrid_rl.trainer.producer.RolloutProducer` generates and scores on the rollout pool
+  without waiting for the trainer, within the staleness bound ``max_head_offpolicyness`` (eta), into
+  the experience buffer (``async_training.buffer``);
+* :meth:`step_plan` replaces ``generate`` + ``compute_reward`` with ``take_experiences`` (stale rows
+  dropped first, counted) and adds ``sync_rollout_weights`` every ``trigger_parameter_sync_step``
+  updates; validation loads the trainer's current weights into the rollout pool first;
+* checkpoints carry where the producer resumes (and the memory buffer's rows); a resumed run puts
+  rows taken after the checkpoint back to ready and never generates a batch that is already buffered.
+
+Versions: the trainer's weights after step ``k`` are version ``k``; step ``k`` trains version ``k - 1``
+on rows whose ``policy_version`` is at least ``k - 1 - eta``. With eta = 0 the order of every
+operation is the synchronous one, and the run reproduces the colocated run's weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+import ray
+import torch
+
+from hybrid_rl.buffer import MemoryBuffer, batch_from_experiences, build_buffer
+from hybrid_rl.protocol import DataProto
+from hybrid_rl.trainer.producer import ProducerState, RolloutProducer
+from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
+
+__all__ = ["DecoupledPPOTrainer", "staleness_metrics"]
+
+logger = logging.getLogger(__name__)
+
+_POLL_S = 0.02
+
+
+def staleness_metrics(versions: list[int], trainer_version: int) -> dict[str, float]:
+    """``async/staleness_{mean,max}`` and the histogram ``async/staleness_hist/<s>`` (fraction of
+    rows ``s`` versions behind ``trainer_version``; rows from newer weights than a resumed trainer
+    count as 0)."""
+    lags = [max(0, trainer_version - int(v)) for v in versions]
+    out = {"async/staleness_mean": sum(lags) / len(lags), "async/staleness_max": float(max(lags))}
+    for lag, count in sorted(Counter(lags).items()):
+        out[f"async/staleness_hist/{lag}"] = count / len(lags)
+    return out
+
+
+def importance_weight_metrics(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
+                              response_mask: torch.Tensor, cap: float | None) -> dict[str, float]:
+    """Behaviour importance weights ``pi_prox / pi_behav`` over the model tokens (all ``[B, R]``):
+    mean / min / max, and the fraction above ``cap`` (the decoupled loss drops those tokens)."""
+    mask = response_mask.bool()
+    weights = torch.exp((old_log_probs - rollout_log_probs).clamp(-20, 20))[mask]
+    if weights.numel() == 0:
+        return {}
+    out = {"async/behav_imp_weight/mean": float(weights.mean()), "async/behav_imp_weight/min": float(weights.min()),
+           "async/behav_imp_weight/max": float(weights.max())}
+    if cap is not None:
+        out["async/behav_imp_weight/capped_frac"] = float((weights > cap).float().mean())
+    return out
+
+
+class DecoupledPPOTrainer(RayPPOTrainer):
+    """:class:`RayPPOTrainer` with rollout and training decoupled (see the module docstring)."""
+
+    def __init__(self, config, tokenizer=None, **kwargs: Any):
+        super().__init__(config, tokenizer, **kwargs)
+        a = self.config.async_training
+        if not a.enable:
+            raise ValueError("DecoupledPPOTrainer needs async_training.enable=true (or use RayPPOTrainer).")
+        self.eta = a.max_head_offpolicyness
+        self.rows_per_batch = self.config.data.train_batch_size * self.config.actor_rollout_ref.rollout.n
+        self.buffer = None
+        self.producer: RolloutProducer | None = None
+        self._producer_state = ProducerState(1, self.train_dataloader.state_dict())
+        self.dropped_total = 0
+
+    # ------------------------------------------------------------------ set-up and teardown
+    def _begin_fit(self) -> dict[str, float]:
+        self.buffer = build_buffer(self.config.async_training.buffer, self.run_dir)
+        self._producer_state = ProducerState(1, self.train_dataloader.state_dict())
+        metrics = super()._begin_fit()  # resume (load_checkpoint), validation before training
+        self.producer = RolloutProducer(
+            loader=self.train_dataloader, state=self._producer_state, generate=self.generate_batch,
+            score=self.compute_reward, load_weights=self._load_rollout_weights, buffer=self.buffer,
+            tokenizer=self.tokenizer, eta=self.eta, taken_batches=self.global_steps,
+            ready_batches=-(-self.buffer.count("ready") // self.rows_per_batch))
+        self.producer.offer_weights(self.actor_rollout_wg.export_rollout_weights(), self.global_steps)
+        self.producer.start()
+        return metrics
+
+    def _end_fit(self) -> None:
+        if self.producer is not None:
+            self.producer.stop()
+        try:
+            super()._end_fit()
+        finally:
+            if self.buffer is not None:
+                self.buffer.close()
+
+    def _batches(self):
+        """One placeholder per step: the rows come from the buffer (``take_experiences``)."""
+        while self.global_steps < self.total_training_steps:
+            yield DataProto()
+
+    def _load_rollout_weights(self, exported: Any) -> dict[str, float]:
+        outputs = self.workers.rollout.load_rollout_weights(exported.rank_ref(0))
+        return {"timing_s/weight_load": max(o["timing_s/weight_load"] for o in outputs)}
+
+    # ------------------------------------------------------------------ the step plan
+    def step_plan(self) -> list[str]:
+        steps = [s for s in super().step_plan() if s not in ("generate", "compute_reward")]
+        steps.insert(0, "take_experiences")
+        if self.config.actor_rollout_ref.actor.policy_loss.loss_mode == "decoupled" \
+                and "compute_old_log_prob" not in steps:
+            steps.insert(1, "compute_old_log_prob")  # the proximal policy, for the weights' metrics
+        if self.global_steps % self.config.async_training.trigger_parameter_sync_step == 0 \
+                and "validate" not in steps:  # validation pushes the weights itself
+            tail = [s for s in ("validate", "save_checkpoint") if s in steps]
+            steps.insert(steps.index(tail[0]) if tail else len(steps), "sync_rollout_weights")
+        return steps
+
+    def take_experiences(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+        """Drop rows more than eta versions old, wait for one batch of ready rows, take them."""
+        version = self.global_steps - 1  # the weights this step trains
+        dropped = self.buffer.drop_stale(version, self.eta)
+        if dropped:
+            self.producer.dropped(-(-dropped // self.rows_per_batch))
+        self.dropped_total += dropped
+        start = time.perf_counter()
+        while self.buffer.count("ready") < self.rows_per_batch:
+            self.producer.check()
+            time.sleep(_POLL_S)
+        experiences = self.buffer.take(self.rows_per_batch, step=self.global_steps)
+        self.producer.consumed(1)
+        metrics["timing_s/trainer_idle"] = time.perf_counter() - start
+        response_length = max([self.config.actor_rollout_ref.rollout.response_length]
+                              + [len(e.response_ids) for e in experiences])
+        batch = batch_from_experiences(experiences, self.tokenizer.pad_token_id, response_length)
+        metrics.update(staleness_metrics([e.policy_version for e in experiences], version))
+        metrics.update(self.producer.pop_metrics({int(e.extra.get("rollout_batch", 0)) for e in experiences}))
+        metrics.update({"async/dropped_stale": dropped, "async/dropped_stale_total": self.dropped_total,
+                        "async/buffer_ready": self.buffer.count("ready"),
+                        "async/rollout_version": float(self.producer.rollout_version or 0)})
+        return batch
+
+    def compute_old_log_prob(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+        batch = super().compute_old_log_prob(batch, metrics)
+        t = batch.batch
+        if "rollout_log_probs" in t.keys() and "old_log_probs" in t.keys():
+            cap = self.config.actor_rollout_ref.actor.policy_loss.behav_imp_weight_cap
+            metrics.update(importance_weight_metrics(t["old_log_probs"], t["rollout_log_probs"],
+                                                     t["response_mask"], cap))
+        return batch
+
+    def sync_rollout_weights(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+        """Export the new weights from the trainer (the trainer waits only for this copy); the
+        rollout loads them between two generations."""
+        exported = self.actor_rollout_wg.export_rollout_weights()
+        ray.wait(exported.refs, num_returns=len(exported.refs))
+        self.producer.offer_weights(exported, self.global_steps)
+        return batch
+
+    def run_validation(self) -> dict[str, float]:
+        """Validate the trainer's current weights: load them into the rollout pool first."""
+        if self.val_dataset is None:
+            return {}
+        exported = self.actor_rollout_wg.export_rollout_weights()
+        if self.producer is None:  # before training starts
+            self._load_rollout_weights(exported)
+            return super().run_validation()
+        self.producer.offer_weights(exported, self.global_steps)
+        return self.producer.call(super().run_validation)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _driver_state(self) -> dict[str, Any]:
+        state = super()._driver_state()
+        lock = self.producer.locked() if self.producer is not None else contextlib.nullcontext()
+        with lock:  # no batch reaches the buffer between these two reads
+            where = self.producer.state() if self.producer is not None else self._producer_state
+            rows = self.buffer.state_dict() if isinstance(self.buffer, MemoryBuffer) else None
+        state["dataloader"] = where.loader  # the producer's position, not the trainer's
+        state["async"] = {"next_batch": where.next_batch, "skip_through": where.skip_through,
+                          "buffer": rows, "dropped_total": self.dropped_total}
+        return state
+
+    def save_checkpoint(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+        batch = super().save_checkpoint(batch, metrics)
+        if isinstance(self.buffer, MemoryBuffer):  # what the checkpoint made final need not stay
+            self.buffer.forget_taken(self.global_steps)
+        return batch
+
+    def load_checkpoint(self) -> None:
+        super().load_checkpoint()
+        saved = (self.resumed_state or {}).get("async") or {}
+        if saved.get("buffer") is not None and isinstance(self.buffer, MemoryBuffer):
+            self.buffer.load_state_dict(saved["buffer"])
+        released = self.buffer.release_after(self.global_steps)
+        buffered = [int(e.extra.get("rollout_batch", 0)) for e in self.buffer.read()]
+        self._producer_state = ProducerState(
+            next_batch=int(saved.get("next_batch", self.global_steps + 1)), loader=self.train_dataloader.state_dict(),
+            skip_through=max([int(saved.get("skip_through", 0))] + buffered))
+        self.dropped_total = int(saved.get("dropped_total", 0))
+        if released or buffered:
+            logger.info("experience buffer: %d rows taken after step %d are ready again; %d rows buffered",
+                        released, self.global_steps, len(buffered))
+

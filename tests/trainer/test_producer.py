@@ -1,0 +1,226 @@
+"""The decoupled mode's rollout producer, the staleness rule and the async metrics, without Ray:
+fake generate / score callables over a fake loader, a trainer loop in the test thread."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from hybrid_rl.buffer import MemoryBuffer, batch_from_experiences
+from hybrid_rl.protocol import DataProto
+from hybrid_rl.trainer.async_trainer import importance_weight_metrics, staleness_metrics
+from hybrid_rl.trainer.producer import ProducerState, RolloutProducer, may_start_batch
+
+ROWS = 4  # rows per batch
+
+
+class FakeLoader:
+    """Batches ``{"idx": [position]}`` forever in epochs of 5, with a resumable position."""
+
+    def __init__(self, position=0):
+        self.position = position
+
+    def __iter__(self):
+        while True:
+            self.position += 1
+            yield {"input_ids": torch.full((ROWS, 2), self.position), "pos": np.array([self.position] * ROWS, dtype=object)}
+            if self.position % 5 == 0:
+                return
+
+    def state_dict(self):
+        return {"position": self.position}
+
+
+class Tok:
+    def decode(self, ids, skip_special_tokens=False):
+        return " ".join(map(str, ids))
+
+
+def fake_generate(batch, index, metrics):
+    rows = len(batch)
+    metrics["gen/index"] = float(index)
+    return DataProto.from_dict(
+        tensors={"prompts": batch.batch["input_ids"], "responses": torch.full((rows, 3), index),
+                 "response_mask": torch.ones(rows, 3, dtype=torch.long),
+                 "attention_mask": torch.ones(rows, 5, dtype=torch.long)},
+        non_tensors={"uid": np.array([f"{index}-{i // 2}" for i in range(rows)], dtype=object),
+                     "pos": batch.non_tensor_batch["pos"]})
+
+
+def fake_score(batch, metrics):
+    batch.batch["token_level_scores"] = torch.zeros(len(batch), 3)
+    metrics["reward/mean"] = 1.0
+    return batch
+
+
+def make_producer(buffer, eta, loads, state=None, taken=0, ready=0, generate=fake_generate):
+    return RolloutProducer(
+        loader=FakeLoader(), state=state or ProducerState(1, {"position": 0}), generate=generate, score=fake_score,
+        load_weights=lambda w: loads.append(w) or {"timing_s/weight_load": 0.0}, buffer=buffer, tokenizer=Tok(),
+        eta=eta, taken_batches=taken, ready_batches=ready)
+
+
+@pytest.mark.parametrize("taken,ready,running,version,eta,expected", [
+    (0, 0, 0, None, 3, False),  # no weights loaded yet
+    (0, 0, 0, 0, 0, True), (0, 0, 1, 0, 0, False), (0, 1, 0, 0, 0, False),  # eta 0: one batch at a time
+    (3, 0, 0, 3, 0, True), (3, 0, 0, 2, 0, False),  # step 4 needs version 3
+    (0, 1, 0, 0, 1, True), (0, 1, 1, 0, 1, False), (5, 1, 0, 5, 2, True), (5, 2, 1, 5, 2, False)])
+def test_may_start_batch_is_arealS_capacity(taken, ready, running, version, eta, expected):
+    assert may_start_batch(taken, ready, running, version, eta) is expected
+
+
+def run_trainer(producer, buffer, steps, eta, sync_every=1, work_s=0.0):
+    """The trainer's side: drop stale, take one batch per step, 'train', offer weights. Returns
+    (taken experiences per step, dropped rows)."""
+    taken, dropped = [], 0
+    producer.offer_weights("w0", 0)
+    producer.start()
+    try:
+        for step in range(1, steps + 1):
+            n = buffer.drop_stale(step - 1, eta)
+            dropped += n
+            if n:
+                producer.dropped(n // ROWS)
+            deadline = time.time() + 20
+            while buffer.count("ready") < ROWS:
+                producer.check()
+                assert time.time() < deadline, "the producer stalled"
+                time.sleep(0.005)
+            taken.append(buffer.take(ROWS, step))
+            producer.consumed(1)
+            time.sleep(work_s)
+            if step % sync_every == 0:
+                producer.offer_weights(f"w{step}", step)
+    finally:
+        producer.stop()
+    return taken, dropped
+
+
+@pytest.mark.parametrize("eta,sync_every", [(0, 1), (1, 1), (2, 1), (2, 3)])
+def test_trained_rows_are_never_staler_than_eta_and_batches_come_in_order(eta, sync_every):
+    buffer, loads = MemoryBuffer(), []
+    producer = make_producer(buffer, eta, loads)
+    taken, dropped = run_trainer(producer, buffer, steps=8, eta=eta, sync_every=sync_every, work_s=0.01)
+    assert dropped == 0  # the capacity rule makes drops unnecessary in a steady run
+    for step, rows in enumerate(taken, start=1):
+        assert len(rows) == ROWS
+        assert all(0 <= (step - 1) - e.policy_version <= eta for e in rows), (step, [e.policy_version for e in rows])
+        assert {e.extra["rollout_batch"] for e in rows} == {step}  # one whole batch, in order
+    if eta > 0:  # the rollout did run ahead of the trainer
+        assert any((step - 1) - rows[0].policy_version > 0 for step, rows in enumerate(taken, start=1))
+    if eta == 0:  # synchronous order: batch k is generated with the weights after step k - 1
+        assert [rows[0].policy_version for rows in taken] == list(range(8))
+    assert loads[0] == "w0"
+
+
+def test_eta_zero_never_runs_ahead():
+    buffer, loads = MemoryBuffer(), []
+    producer = make_producer(buffer, 0, loads)
+    producer.offer_weights("w0", 0)
+    producer.start()
+    try:
+        deadline = time.time() + 10
+        while buffer.count() < ROWS:
+            assert time.time() < deadline
+            time.sleep(0.01)
+        time.sleep(0.3)
+        assert buffer.count() == ROWS  # nothing more until the trainer takes and pushes version 1
+        assert producer.state().next_batch == 2
+    finally:
+        producer.stop()
+
+
+def test_metrics_state_jobs_and_errors():
+    buffer, loads = MemoryBuffer(), []
+    producer = make_producer(buffer, 1, loads)
+    assert producer.call(lambda: "inline") == "inline"  # not started: runs here
+    taken, _ = run_trainer(producer, buffer, steps=2, eta=1)
+    metrics = producer.pop_metrics({1, 2})
+    assert metrics["gen/index"] == 1.5 and metrics["reward/mean"] == 1.0
+    assert "timing_s/rollout_generate" in metrics and "timing_s/rollout_idle" in metrics
+    state = producer.state()  # the first batch not in the buffer, and the loader before drawing it
+    assert state.loader == {"position": state.next_batch - 1}
+
+    def failing(batch, index, metrics):
+        raise RuntimeError("engine died")
+
+    broken = make_producer(MemoryBuffer(), 1, [], generate=failing)
+    broken.offer_weights("w0", 0)
+    broken.start()
+    time.sleep(0.3)
+    with pytest.raises(RuntimeError, match="rollout producer failed: engine died"):
+        broken.check()
+    broken.stop()
+
+
+def test_job_runs_between_generations_after_offered_weights():
+    buffer, loads = MemoryBuffer(), []
+    producer = make_producer(buffer, 0, loads)
+    producer.offer_weights("w0", 0)
+    producer.start()
+    try:
+        producer.offer_weights("w-val", 0)
+        seen = producer.call(lambda: list(loads))
+        assert seen[-1] == "w-val"  # offered weights load before the job runs
+    finally:
+        producer.stop()
+
+
+def test_resume_skips_batches_already_buffered():
+    buffer, loads = MemoryBuffer(), []
+    state = ProducerState(next_batch=3, loader={"position": 2}, skip_through=4)
+    producer = make_producer(buffer, 0, loads, state=state, taken=2)
+    producer.loader = FakeLoader(position=2)
+    producer._batches = producer._prompt_batches()
+    producer.offer_weights("w2", 2)
+    producer.start()
+    try:
+        deadline = time.time() + 10
+        while buffer.count() < ROWS:
+            assert time.time() < deadline
+            time.sleep(0.01)
+    finally:
+        producer.stop()
+    rows = buffer.read()
+    assert {e.extra["rollout_batch"] for e in rows} == {5}  # 3 and 4 skipped: already in the buffer
+    assert {e.extra["pos"] for e in rows} == {5}  # ... and their prompts drawn, not regenerated
+
+
+def test_staleness_and_importance_weight_metrics():
+    m = staleness_metrics([3, 3, 2, 5], trainer_version=4)  # lags 1, 1, 2, and 0 for a newer row
+    assert m["async/staleness_mean"] == 1.0 and m["async/staleness_max"] == 2.0
+    assert m["async/staleness_hist/0"] == 0.25 and m["async/staleness_hist/1"] == 0.5
+    old = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
+    behav = torch.log(torch.tensor([[0.25, 0.2, 0.1]]))  # weights 2, 1, 9
+    mask = torch.tensor([[1, 1, 0]])
+    w = importance_weight_metrics(old, behav, mask, cap=1.5)
+    assert w["async/behav_imp_weight/mean"] == pytest.approx(1.5)
+    assert w["async/behav_imp_weight/max"] == pytest.approx(2.0) and w["async/behav_imp_weight/min"] == pytest.approx(1.0)
+    assert w["async/behav_imp_weight/capped_frac"] == 0.5
+
+
+def test_round_trip_keeps_shared_extra_columns_and_prompt_width():
+    buffer, loads = MemoryBuffer(), []
+    producer = make_producer(buffer, 0, loads)
+    taken, _ = run_trainer(producer, buffer, steps=1, eta=0)
+    batch = batch_from_experiences(taken[0], pad_token_id=0, response_length=4, prompt_length=3)
+    assert batch.batch["prompts"].shape == (ROWS, 3) and batch.batch["responses"].shape == (ROWS, 4)
+    assert list(batch.non_tensor_batch["pos"]) == [1] * ROWS
+    assert list(batch.non_tensor_batch["rollout_batch"]) == [1] * ROWS
+    with pytest.raises(ValueError, match="prompt_length=1"):
+        batch_from_experiences(taken[0], pad_token_id=0, response_length=4, prompt_length=1)
+
+
+def test_memory_buffer_forgets_what_a_checkpoint_made_final():
+    buffer, loads = MemoryBuffer(), []
+    producer = make_producer(buffer, 1, loads)
+    run_trainer(producer, buffer, steps=3, eta=1)
+    before = buffer.count()
+    assert buffer.forget_taken(2) == 2 * ROWS
+    assert buffer.count() == before - 2 * ROWS and buffer.count("taken") == ROWS
+    state = buffer.state_dict()
+    again = MemoryBuffer()
+    again.load_state_dict(state)
+    ids = again.put(buffer.read(limit=1))
+    assert ids[0] > max(e.id for e in buffer.read())  # ids keep increasing after forgetting
