@@ -29,6 +29,7 @@ import torch
 
 from hybrid_rl.buffer import ExperienceBuffer, experiences_from_batch
 from hybrid_rl.protocol import DataProto
+from hybrid_rl.single_controller import WorkerGroupError
 
 __all__ = ["ProducerState", "RolloutProducer", "may_start_batch"]
 
@@ -121,9 +122,14 @@ class RolloutProducer:
             thread.join(timeout_s)
 
     def check(self) -> None:
-        """Re-raise a failure of either stage in the caller (the trainer)."""
-        if self._error is not None:
-            raise RuntimeError(f"the rollout producer failed: {self._error}") from self._error
+        """Re-raise a failure of either stage in the caller (the trainer); a dead or silent rollout
+        worker keeps its ``WorkerGroupError`` type, so ``trainer.max_restarts`` restarts the run."""
+        error = self._error
+        if error is None:
+            return
+        if isinstance(error, WorkerGroupError):
+            raise type(error)(f"the rollout producer: {error}") from error
+        raise RuntimeError(f"the rollout producer failed: {error}") from error
 
     def offer_weights(self, weights: Any, version: int) -> None:
         """Exported weights of ``version``, loaded before the next generation (a newer offer replaces
