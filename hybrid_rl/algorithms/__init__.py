@@ -32,6 +32,7 @@ from hybrid_rl.algorithms.logits import entropy_from_logits, logprobs_and_entrop
 from hybrid_rl.algorithms.loss_agg import LOSS_AGG_MODES, agg_loss, global_batch_denominators
 from hybrid_rl.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from hybrid_rl.algorithms.policy_loss import (
+    behaviour_weight_stats,
     compute_policy_loss,
     compute_policy_loss_gspo,
     compute_policy_loss_vanilla,
@@ -51,6 +52,7 @@ __all__ = [
     "compute_advantage",
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
+    "behaviour_weight_stats",
     "compute_policy_loss",
     "compute_policy_loss_gspo",
     "compute_policy_loss_vanilla",

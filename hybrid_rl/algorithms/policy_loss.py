@@ -177,6 +177,22 @@ def compute_policy_loss_decoupled(
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
 
+def behaviour_weight_stats(old_log_prob: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor,
+                           cap: float | None = None) -> dict[str, float]:
+    """Statistics of the behaviour importance weights ``pi_prox / pi_behav`` over the response tokens
+    (all ``[B, R]``): ``behav_imp_weight/{mean,min,max}`` and, with a ``cap``, ``capped_frac`` (the
+    fraction of tokens the decoupled loss drops). Empty when the mask selects nothing."""
+    weights = torch.exp((old_log_prob - rollout_log_probs).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    weights = weights[response_mask.bool()].float()
+    if weights.numel() == 0:
+        return {}
+    out = {"behav_imp_weight/mean": float(weights.mean()), "behav_imp_weight/min": float(weights.min()),
+           "behav_imp_weight/max": float(weights.max())}
+    if cap is not None:
+        out["behav_imp_weight/capped_frac"] = float((weights > cap).float().mean())
+    return out
+
+
 @register_policy_loss("gspo")
 def compute_policy_loss_gspo(
     old_log_prob: torch.Tensor,

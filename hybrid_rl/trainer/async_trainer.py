@@ -27,8 +27,6 @@ from collections import Counter
 from typing import Any
 
 import ray
-import torch
-
 from hybrid_rl.buffer import MemoryBuffer, batch_from_experiences, build_buffer
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.trainer.producer import ProducerState, RolloutProducer
@@ -49,21 +47,6 @@ def staleness_metrics(versions: list[int], trainer_version: int) -> dict[str, fl
     out = {"async/staleness_mean": sum(lags) / len(lags), "async/staleness_max": float(max(lags))}
     for lag, count in sorted(Counter(lags).items()):
         out[f"async/staleness_hist/{lag}"] = count / len(lags)
-    return out
-
-
-def importance_weight_metrics(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
-                              response_mask: torch.Tensor, cap: float | None) -> dict[str, float]:
-    """Behaviour importance weights ``pi_prox / pi_behav`` over the model tokens (all ``[B, R]``):
-    mean / min / max, and the fraction above ``cap`` (the decoupled loss drops those tokens)."""
-    mask = response_mask.bool()
-    weights = torch.exp((old_log_probs - rollout_log_probs).clamp(-20, 20))[mask]
-    if weights.numel() == 0:
-        return {}
-    out = {"async/behav_imp_weight/mean": float(weights.mean()), "async/behav_imp_weight/min": float(weights.min()),
-           "async/behav_imp_weight/max": float(weights.max())}
-    if cap is not None:
-        out["async/behav_imp_weight/capped_frac"] = float((weights > cap).float().mean())
     return out
 
 
@@ -118,9 +101,6 @@ class DecoupledPPOTrainer(RayPPOTrainer):
     def step_plan(self) -> list[str]:
         steps = [s for s in super().step_plan() if s not in ("generate", "compute_reward")]
         steps.insert(0, "take_experiences")
-        if self.config.actor_rollout_ref.actor.policy_loss.loss_mode == "decoupled" \
-                and "compute_old_log_prob" not in steps:
-            steps.insert(1, "compute_old_log_prob")  # the proximal policy, for the weights' metrics
         if self.global_steps % self.config.async_training.trigger_parameter_sync_step == 0 \
                 and "validate" not in steps:  # validation pushes the weights itself
             tail = [s for s in ("validate", "save_checkpoint") if s in steps]
@@ -149,15 +129,6 @@ class DecoupledPPOTrainer(RayPPOTrainer):
         metrics.update({"async/dropped_stale": dropped, "async/dropped_stale_total": self.dropped_total,
                         "async/buffer_ready": self.buffer.count("ready"),
                         "async/rollout_version": float(self.producer.rollout_version or 0)})
-        return batch
-
-    def compute_old_log_prob(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
-        batch = super().compute_old_log_prob(batch, metrics)
-        t = batch.batch
-        if "rollout_log_probs" in t.keys() and "old_log_probs" in t.keys():
-            cap = self.config.actor_rollout_ref.actor.policy_loss.behav_imp_weight_cap
-            metrics.update(importance_weight_metrics(t["old_log_probs"], t["rollout_log_probs"],
-                                                     t["response_mask"], cap))
         return batch
 
     def sync_rollout_weights(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:

@@ -4,8 +4,9 @@ Two driver threads (the single controller still owns every worker call):
 
 * the **generation stage** draws prompt batches from the train loader, generates them on the rollout
   pool with the weights it holds, and tags them with that weights' version;
-* the **reward stage** scores each generated batch (a slow reward or service overlaps the next
-  generation) and ``put``s its rows into the buffer as experiences.
+* the **reward stage** scores generated batches, up to ``max_head_offpolicyness + 1`` at once (a
+  slow reward or service overlaps itself, the next generation and training), and ``put``s their
+  rows into the buffer as experiences, in batch order.
 
 Staleness control (AReaL's capacity rule, in batches): a new batch may start only while
 ``taken + ready + running < max_head_offpolicyness + rollout_version + 1``, where ``taken`` counts the
@@ -21,6 +22,8 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
@@ -289,25 +292,41 @@ class RolloutProducer:
                     continue
 
     def _reward_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                item = self._scored.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            start = time.perf_counter()
-            batch = self._score(item.batch, item.metrics)
-            item.metrics["timing_s/rollout_reward"] = time.perf_counter() - start
-            batch.non_tensor_batch["rollout_batch"] = _column(item.index, len(batch))
-            experiences = experiences_from_batch(batch, self.tokenizer, policy_version=item.version)
-            with self._lock:
-                if self._stop.is_set():
-                    return
-                self.buffer.put(experiences)
-                self._inflight.pop(item.index, None)
-                self._running -= 1
-                self._ready += 1
-                self._metrics[item.index] = item.metrics
-                self._lock.notify_all()
+        """Score up to eta + 1 batches at once (a latency-bound reward or service overlaps itself
+        as well as generation and training); put them into the buffer in batch order."""
+        pending: deque[tuple[_Generated, Future]] = deque()
+        pool = ThreadPoolExecutor(max_workers=self.eta + 1, thread_name_prefix="hybrid_rl-reward")
+        try:
+            while not self._stop.is_set():
+                try:
+                    item = self._scored.get(timeout=0.01 if pending else 0.1)
+                    pending.append((item, pool.submit(self._score_batch, item)))
+                except queue.Empty:
+                    pass
+                while pending and pending[0][1].done():
+                    item, future = pending.popleft()
+                    self._put(item, future.result())  # a scorer's crash stops the producer here
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _score_batch(self, item: _Generated) -> DataProto:
+        start = time.perf_counter()
+        batch = self._score(item.batch, item.metrics)
+        item.metrics["timing_s/rollout_reward"] = time.perf_counter() - start
+        return batch
+
+    def _put(self, item: _Generated, batch: DataProto) -> None:
+        batch.non_tensor_batch["rollout_batch"] = _column(item.index, len(batch))
+        experiences = experiences_from_batch(batch, self.tokenizer, policy_version=item.version)
+        with self._lock:
+            if self._stop.is_set():
+                return
+            self.buffer.put(experiences)
+            self._inflight.pop(item.index, None)
+            self._running -= 1
+            self._ready += 1
+            self._metrics[item.index] = item.metrics
+            self._lock.notify_all()
 
 
 def _column(value: int, rows: int) -> np.ndarray:

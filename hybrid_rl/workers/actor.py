@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from hybrid_rl.algorithms import agg_loss, get_policy_loss_fn, global_batch_denominators, kl_penalty
+from hybrid_rl.algorithms import agg_loss, behaviour_weight_stats, get_policy_loss_fn, global_batch_denominators, kl_penalty
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.utils.memory import grad_bytes
 from hybrid_rl.workers.batching import all_reduce_sum, restore_order, split_micro_batches
@@ -226,4 +226,8 @@ class DataParallelPPOActor:
         parts = torch.stack([pg_loss.detach(), entropy_term.detach(), kl_term.detach()]).double().cpu()
         stats = {"actor/pg_clipfrac": pg_clipfrac.item(), "actor/ppo_kl": ppo_kl.item(),
                  "actor/pg_clipfrac_lower": pg_clipfrac_lower.item()}
+        if "rollout_log_probs" in batch:  # how far the sampling engine's policy is from the proximal one
+            weights = behaviour_weight_stats(old_log_prob, batch["rollout_log_probs"], mask,
+                                             cfg.policy_loss.behav_imp_weight_cap)
+            stats.update({f"actor/{k}": v for k, v in weights.items()})
         return loss, parts, stats

@@ -31,16 +31,24 @@ def _async_args(*extra):
     return ["async_training.enable=true", "rollout.n_gpus_per_node=1", *extra]
 
 
-def test_eta_zero_reproduces_the_synchronous_run(tmp_path, tiny_model_dir):
-    sync_dir, async_dir = tmp_path / "sync", tmp_path / "async"
-    sync_dir.mkdir(), async_dir.mkdir()
+def test_eta_zero_reproduces_the_synchronous_run_and_resumes_exactly(tmp_path, tiny_model_dir):
+    sync_dir, async_dir, killed_dir = tmp_path / "sync", tmp_path / "async", tmp_path / "killed"
+    for folder in (sync_dir, async_dir, killed_dir):
+        folder.mkdir()
     # One thread per process in both runs (the decoupled run has a trainer and a rollout process).
     _assert_ok(_run_cli(sync_dir, tiny_model_dir, *_reward_args(tmp_path), "ray_init.num_cpus=1"))
-    _assert_ok(_run_cli(async_dir, tiny_model_dir, *_reward_args(tmp_path),
-                        *_async_args("async_training.max_head_offpolicyness=0")))
+    eta0 = [*_reward_args(tmp_path), *_async_args("async_training.max_head_offpolicyness=0")]
+    _assert_ok(_run_cli(async_dir, tiny_model_dir, *eta0))
     want, got = _weights(sync_dir / "run" / "global_step_3"), _weights(async_dir / "run" / "global_step_3")
     assert want.keys() == got.keys()
     assert all(torch.equal(want[k], got[k]) for k in want)
+    # The memory buffer: the driver dies in step 3 after taking its rows; the rerun resumes from
+    # step 2's checkpoint (producer position + buffered rows) to the same weights.
+    env = {"HYBRID_RL_FAULT": "kill:driver.update_actor:3", "HYBRID_RL_FAULT_STATE": str(tmp_path / "faults")}
+    assert _run_cli(killed_dir, tiny_model_dir, *eta0, env=env).returncode != 0
+    _assert_ok(_run_cli(killed_dir, tiny_model_dir, *eta0, env=env))
+    resumed = _weights(killed_dir / "run" / "global_step_3")
+    assert all(torch.equal(want[k], resumed[k]) for k in want)
     sync_norms = [r["actor/grad_norm"] for r in _rows(sync_dir / "run")]
     async_rows = _rows(async_dir / "run")
     assert sync_norms == [r["actor/grad_norm"] for r in async_rows] and min(sync_norms) > 0
@@ -74,6 +82,7 @@ def _assert_each_row_once(rows, steps):
 @pytest.mark.parametrize("fault,restarts", [
     ("kill:driver.update_actor:3", 0),  # the driver dies after taking step 3's rows; rerun the command
     ("kill:generate_sequences:4", 1),  # the rollout worker dies generating batch 4; automatic restart
+    ("kill:update_actor:3", 1),  # the trainer worker dies in step 3's update; automatic restart
 ])
 def test_sigkill_resumes_with_the_sql_buffer_nothing_lost_nothing_twice(tmp_path, tiny_model_dir, fault, restarts):
     args = [*_reward_args(tmp_path), *_async_args("async_training.buffer.storage_type=sql"),

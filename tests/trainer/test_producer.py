@@ -9,7 +9,8 @@ import torch
 
 from hybrid_rl.buffer import MemoryBuffer, batch_from_experiences
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer.async_trainer import importance_weight_metrics, staleness_metrics
+from hybrid_rl.algorithms import behaviour_weight_stats
+from hybrid_rl.trainer.async_trainer import staleness_metrics
 from hybrid_rl.trainer.producer import ProducerState, RolloutProducer, may_start_batch
 
 ROWS = 4  # rows per batch
@@ -194,10 +195,11 @@ def test_staleness_and_importance_weight_metrics():
     old = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
     behav = torch.log(torch.tensor([[0.25, 0.2, 0.1]]))  # weights 2, 1, 9
     mask = torch.tensor([[1, 1, 0]])
-    w = importance_weight_metrics(old, behav, mask, cap=1.5)
-    assert w["async/behav_imp_weight/mean"] == pytest.approx(1.5)
-    assert w["async/behav_imp_weight/max"] == pytest.approx(2.0) and w["async/behav_imp_weight/min"] == pytest.approx(1.0)
-    assert w["async/behav_imp_weight/capped_frac"] == 0.5
+    w = behaviour_weight_stats(old, behav, mask, cap=1.5)
+    assert w["behav_imp_weight/mean"] == pytest.approx(1.5)
+    assert w["behav_imp_weight/max"] == pytest.approx(2.0) and w["behav_imp_weight/min"] == pytest.approx(1.0)
+    assert w["behav_imp_weight/capped_frac"] == 0.5
+    assert behaviour_weight_stats(old, behav, torch.zeros_like(mask)) == {}
 
 
 def test_round_trip_keeps_shared_extra_columns_and_prompt_width():
@@ -224,3 +226,29 @@ def test_memory_buffer_forgets_what_a_checkpoint_made_final():
     again.load_state_dict(state)
     ids = again.put(buffer.read(limit=1))
     assert ids[0] > max(e.id for e in buffer.read())  # ids keep increasing after forgetting
+
+
+def test_slow_reward_scores_batches_in_flight_concurrently_and_puts_them_in_order():
+    buffer, loads = MemoryBuffer(), []
+    delays = {1: 1.0, 2: 0.3, 3: 0.3}
+
+    def slow_score(batch, metrics):
+        index = int(batch.batch["responses"][0, 0])
+        time.sleep(delays.get(index, 0.05))
+        return fake_score(batch, metrics)
+
+    producer = RolloutProducer(
+        loader=FakeLoader(), state=ProducerState(1, {"position": 0}), generate=fake_generate, score=slow_score,
+        load_weights=lambda w: {}, buffer=buffer, tokenizer=Tok(), eta=2, taken_batches=0, ready_batches=0)
+    producer.offer_weights("w0", 0)
+    start = time.perf_counter()
+    producer.start()
+    try:
+        while buffer.count() < 3 * ROWS:
+            assert time.perf_counter() - start < 10
+            time.sleep(0.005)
+        elapsed = time.perf_counter() - start
+    finally:
+        producer.stop()
+    assert [e.extra["rollout_batch"] for e in buffer.read()] == [1] * ROWS + [2] * ROWS + [3] * ROWS
+    assert elapsed < 1.4  # serially 1.6 s: batches 2 and 3 were scored while batch 1 was

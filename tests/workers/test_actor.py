@@ -219,9 +219,13 @@ def test_decoupled_loss_reads_the_rollout_log_probs(base_model):
     data = _prepared_batch(base_model)
     vanilla, _ = _run_update(base_model, data)
     data.batch["rollout_log_probs"] = data.batch["old_log_probs"].clone()
-    same, _ = _run_update(base_model, data, policy_loss=PolicyLossConfig(loss_mode="decoupled"))
+    same, metrics = _run_update(base_model, data, policy_loss=PolicyLossConfig(loss_mode="decoupled"))
     _assert_same_params(vanilla, same, atol=0)
+    assert all(w == pytest.approx(1.0) for w in metrics["actor/behav_imp_weight/mean"])
     data.batch["rollout_log_probs"] = data.batch["old_log_probs"] - 0.5
-    stale, _ = _run_update(base_model, data, policy_loss=PolicyLossConfig(loss_mode="decoupled",
-                                                                          behav_imp_weight_cap=5.0))
+    stale, metrics = _run_update(base_model, data, policy_loss=PolicyLossConfig(loss_mode="decoupled",
+                                                                                behav_imp_weight_cap=1.5))
     assert max((stale[k] - vanilla[k]).abs().max().item() for k in stale) > 1e-4
+    # every model token's weight is exp(0.5) ~ 1.65 > the cap: the metrics say so
+    assert all(w == pytest.approx(math.exp(0.5), rel=1e-4) for w in metrics["actor/behav_imp_weight/max"])
+    assert all(f == 1.0 for f in metrics["actor/behav_imp_weight/capped_frac"])

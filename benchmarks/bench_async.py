@@ -1,0 +1,117 @@
+"""Synchronous vs decoupled (asynchronous) training with a slow environment, side by side.
+
+The same job twice (or more) on this machine, back to back: the default arithmetic task on the
+embedded SmolLM2-135M-Instruct, with a reward that waits ``--latency`` seconds per call before scoring
+(latency, not CPU: a remote reward service, a sandbox, an LLM judge). Only training rows wait;
+held-out validation (greedy, 200 problems) scores at once, so the accuracy costs no benchmark time.
+
+Reported per mode: trained samples per second over the training steps (rows x steps / the steps'
+time, validation excluded), the speed-up over the synchronous mode, held-out accuracy before and
+after the same number of trained samples, and the decoupled mode's staleness and idle times. The
+synchronous run uses one worker with every core; the decoupled run one training and one rollout
+worker with half the cores each.
+
+    python benchmarks/bench_async.py                       # sync, eta=1, eta=2 (~20 min on 2 cores)
+    python benchmarks/bench_async.py --modes sync 1 --steps 8 --latency 0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+SLOW_REWARD = '''
+import time
+
+from hybrid_rl.reward.registry import default_compute_score
+
+LATENCY_S = {latency}
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    if (extra_info or {{}}).get("split") == "train":  # the slow environment serves training rollouts
+        time.sleep(LATENCY_S)
+    return default_compute_score(data_source, solution_str, ground_truth, extra_info=extra_info, **kwargs)
+'''
+
+
+def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict:
+    """One training run; ``mode`` is ``sync`` or an eta (``0``, ``1``, ``2``...) for the decoupled mode."""
+    run_dir = os.path.join(workdir, f"run_{mode}")
+    overrides = [
+        f"custom_reward_function.path={os.path.join(workdir, 'slow_reward.py')}",
+        f"trainer.total_training_steps={args.steps}", f"data.train_batch_size={args.batch_size}",
+        f"actor_rollout_ref.rollout.n={args.n}", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch_size}",
+        "trainer.test_freq=-1", "trainer.val_before_train=true", "trainer.val_at_end=true", "trainer.save_freq=-1",
+        "trainer.logger=[jsonl]", "trainer.progress_bar=false", f"trainer.default_local_dir={run_dir}",
+        "trainer.log_val_generations=0", "reward_model.num_examine=0", *args.extra,
+    ]
+    if mode != "sync":
+        overrides += ["async_training.enable=true", f"async_training.max_head_offpolicyness={int(mode)}",
+                      "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1"]
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "hybrid_rl.trainer.main_ppo", *overrides], cwd=workdir,
+                            capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if result.returncode != 0:
+        raise SystemExit(f"mode {mode} failed:\n{result.stderr[-4000:]}")
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    return summarize(mode, rows, args.batch_size * args.n, wall)
+
+
+def summarize(mode: str, rows: list[dict], rows_per_step: int, wall: float) -> dict:
+    steps = [r for r in rows if r.get("training/global_step", 0) >= 1]
+    seconds = sum(r["timing_s/step"] - r.get("timing_s/validate", 0.0) for r in steps)
+    accuracy = [r["val-core/arithmetic/reward/mean@1"] for r in rows if "val-core/arithmetic/reward/mean@1" in r]
+    out = {"mode": mode, "steps": len(steps), "train_seconds": round(seconds, 1), "wall_s": round(wall, 1),
+           "samples_per_s": round(rows_per_step * len(steps) / seconds, 3),
+           "acc_before": accuracy[0], "acc_after": accuracy[-1]}
+    for key in ("async/staleness_mean", "timing_s/trainer_idle", "timing_s/rollout_idle", "timing_s/rollout_reward",
+                "timing_s/rollout_generate", "timing_s/update_actor", "timing_s/gen", "timing_s/reward"):
+        values = [r[key] for r in steps if key in r]
+        if values:
+            out[f"mean {key}"] = round(sum(values) / len(values), 3)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modes", nargs="+", default=["sync", "1", "2"], help="sync and/or etas")
+    parser.add_argument("--latency", type=float, default=0.5, help="seconds each training reward call waits")
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=8, help="prompts per step")
+    parser.add_argument("--n", type=int, default=4, help="responses per prompt")
+    parser.add_argument("--output", default=None, help="write the results as JSON here")
+    parser.add_argument("extra", nargs="*", help="more key=value overrides for every run")
+    args = parser.parse_args()
+    import torch
+
+    kind = torch.backends.cpu.get_cpu_capability()
+    print(f"CPU capability {kind}, {os.cpu_count()} cores; {args.steps} steps x {args.batch_size} prompts x "
+          f"{args.n} responses; reward latency {args.latency} s per training row; dtype auto", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory() as workdir:
+        with open(os.path.join(workdir, "slow_reward.py"), "w") as fh:
+            fh.write(SLOW_REWARD.format(latency=args.latency))
+        for mode in args.modes:
+            results.append(run_mode(mode, args, workdir))
+            print(json.dumps(results[-1]), flush=True)
+    base = next((r for r in results if r["mode"] == "sync"), None)
+    for r in results:
+        if base is not None:
+            r["speedup_vs_sync"] = round(r["samples_per_s"] / base["samples_per_s"], 2)
+        print(f"{r['mode']:>5}: {r['samples_per_s']:.2f} trained samples/s"
+              + (f" ({r['speedup_vs_sync']:.2f}x sync)" if base else "")
+              + f", held-out accuracy {r['acc_before']:.3f} -> {r['acc_after']:.3f}")
+    if args.output:
+        with open(args.output, "w") as fh:
+            json.dump({"cpu_capability": kind, "args": vars(args), "results": results}, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
