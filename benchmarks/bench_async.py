@@ -7,7 +7,8 @@ held-out validation (greedy, 200 problems) scores at once, so the accuracy costs
 
 Reported per mode: trained samples per second over the training steps (rows x steps / the steps'
 time, validation excluded), the speed-up over the synchronous mode, held-out accuracy before and
-after the same number of trained samples, and the decoupled mode's staleness and idle times. The
+after the same number of trained samples, and the decoupled mode's staleness and idle times. Runs
+with eta > 0 use AReaL's decoupled loss (``--vanilla-loss`` to compare without it). The
 synchronous run uses one worker with every core; the decoupled run one training and one rollout
 worker with half the cores each.
 
@@ -54,6 +55,9 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict:
     if mode != "sync":
         overrides += ["async_training.enable=true", f"async_training.max_head_offpolicyness={int(mode)}",
                       "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1"]
+        if int(mode) > 0 and not args.vanilla_loss:  # stale rows: AReaL's decoupled objective
+            overrides += ["actor_rollout_ref.actor.policy_loss.loss_mode=decoupled",
+                          "actor_rollout_ref.rollout.calculate_log_probs=true"]
     start = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "hybrid_rl.trainer.main_ppo", *overrides], cwd=workdir,
                             capture_output=True, text=True)
@@ -71,7 +75,7 @@ def summarize(mode: str, rows: list[dict], rows_per_step: int, wall: float) -> d
     out = {"mode": mode, "steps": len(steps), "train_seconds": round(seconds, 1), "wall_s": round(wall, 1),
            "samples_per_s": round(rows_per_step * len(steps) / seconds, 3),
            "acc_before": accuracy[0], "acc_after": accuracy[-1]}
-    for key in ("async/staleness_mean", "timing_s/trainer_idle", "timing_s/rollout_idle", "timing_s/rollout_reward",
+    for key in ("async/staleness_mean", "actor/behav_imp_weight/mean", "timing_s/trainer_idle", "timing_s/rollout_idle", "timing_s/rollout_reward",
                 "timing_s/rollout_generate", "timing_s/update_actor", "timing_s/gen", "timing_s/reward"):
         values = [r[key] for r in steps if key in r]
         if values:
@@ -86,6 +90,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per step")
     parser.add_argument("--n", type=int, default=4, help="responses per prompt")
+    parser.add_argument("--vanilla-loss", action="store_true", help="eta > 0 without the decoupled loss")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
     parser.add_argument("extra", nargs="*", help="more key=value overrides for every run")
     args = parser.parse_args()

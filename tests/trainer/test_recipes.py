@@ -29,12 +29,16 @@ def test_there_are_three_recipes():
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: os.path.basename(os.path.dirname(p)))
 def test_recipe_composes(path):
     overrides = recipe_overrides(path)
-    assert len(overrides) > (4 if "arithmetic_grpo_lora" in path else 10)  # that one only adds LoRA
+    # those two are the default run plus LoRA / plus the decoupled mode
+    assert len(overrides) > (4 if "arithmetic_grpo_lora" in path or "async_arithmetic" in path else 10)
     cfg = to_ppo_config(get_config(overrides))
     if path.endswith("arithmetic_grpo/run.sh"):  # the default run: the recipe must equal the defaults
         assert cfg == to_ppo_config(get_config([]))
     elif "arithmetic_grpo_lora" in path:  # the default run with a LoRA actor
         assert cfg.actor_rollout_ref.model.lora_rank == 32 and cfg.trainer.device == "auto"
+    elif "async_arithmetic" in path:  # the default run, decoupled
+        assert cfg.async_training.enable and cfg.async_training.max_head_offpolicyness == 1
+        assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "decoupled" and cfg.trainer.device == "auto"
     elif "calculator_agent" in path:  # the CPU agentic recipe
         rollout = cfg.actor_rollout_ref.rollout
         assert rollout.multi_turn.enable and rollout.multi_turn.tool_config_path.endswith("tools.yaml")
