@@ -67,6 +67,11 @@ class ExperienceBuffer(ABC):
     def count(self, status: Optional[str] = None) -> int:
         """How many experiences (of one status)."""
 
+    @abstractmethod
+    def extra_values(self, key: str, status: Optional[str] = None) -> list[Any]:
+        """``extra[key]`` of every experience (of one status; None where absent), in insertion order,
+        without reading the token ids."""
+
     def close(self) -> None:
         """Release connections (the data stays where the backend keeps it)."""
 
@@ -131,11 +136,17 @@ class MemoryBuffer(ExperienceBuffer):
         with self._lock:
             return sum(1 for e in self._items if status is None or e.status == status)
 
-    def forget_taken(self, step: int) -> int:
-        """Remove experiences taken at a step <= ``step`` (a checkpoint made them final), so a long run
-        does not keep every row it trained on; returns how many. Ids stay increasing."""
+    def extra_values(self, key: str, status: Optional[str] = None) -> list[Any]:
+        _check_status(status)
         with self._lock:
-            keep = [e for e in self._items if not (e.status == "taken" and e.taken_step <= step)]
+            return [e.extra.get(key) for e in self._items if status is None or e.status == status]
+
+    def forget_taken(self, step: int) -> int:
+        """Remove experiences taken at a step <= ``step`` (a checkpoint made them final) and dropped
+        ones, so a long run does not keep every row it saw; returns how many. Ids stay increasing."""
+        with self._lock:
+            keep = [e for e in self._items
+                    if e.status == "ready" or (e.status == "taken" and e.taken_step > step)]
             removed, self._items = len(self._items) - len(keep), keep
             return removed
 

@@ -140,5 +140,13 @@ class SQLBuffer(ExperienceBuffer):
         with Session(self.engine) as session:
             return int(session.scalar(query))
 
+    def extra_values(self, key: str, status: Optional[str] = None) -> list:
+        _check_status(status)
+        query = select(_Row.extra).order_by(_Row.id)  # the JSON column only: no token ids, no text
+        if status is not None:
+            query = query.where(_Row.status == status)
+        with Session(self.engine) as session:
+            return [(extra or {}).get(key) for extra in session.scalars(query).all()]
+
     def close(self) -> None:
         self.engine.dispose()

@@ -66,7 +66,10 @@ class ResumableDataLoader:
                  num_workers: int = 0):
         self.dataset = dataset
         self.sampler = sampler
-        self._loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, num_workers=num_workers)
+        # Its own generator: starting an epoch draws a base seed from it, never from the global RNG
+        # (a resumed run starts epochs at other points; the decoupled mode iterates in a thread).
+        self._loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, num_workers=num_workers,
+                                  generator=torch.Generator().manual_seed(sampler.seed))
         self.epoch = 0
         self.batch_in_epoch = 0
 

@@ -26,7 +26,6 @@ import time
 from collections import Counter
 from typing import Any
 
-import ray
 from hybrid_rl.buffer import MemoryBuffer, batch_from_experiences, build_buffer
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.trainer.producer import ProducerState, RolloutProducer
@@ -75,13 +74,16 @@ class DecoupledPPOTrainer(RayPPOTrainer):
             score=self.compute_reward, load_weights=self._load_rollout_weights, buffer=self.buffer,
             tokenizer=self.tokenizer, eta=self.eta, taken_batches=self.global_steps,
             ready_batches=-(-self.buffer.count("ready") // self.rows_per_batch))
-        self.producer.offer_weights(self.actor_rollout_wg.export_rollout_weights(), self.global_steps)
+        self.producer.offer_weights(self._export_weights(), self.global_steps)
         self.producer.start()
         return metrics
 
     def _end_fit(self) -> None:
         if self.producer is not None:
             self.producer.stop()
+            if self.producer.error is not None:  # a failure after the last take: say so, never silently
+                logger.error("the rollout producer had failed after the last step it fed: %r", self.producer.error)
+            self.producer = None  # later validation loads weights inline
         try:
             super()._end_fit()
         finally:
@@ -93,8 +95,12 @@ class DecoupledPPOTrainer(RayPPOTrainer):
         while self.global_steps < self.total_training_steps:
             yield DataProto()
 
+    def _export_weights(self) -> Any:
+        """The trainer's current weights in Ray's object store (a ref; the driver never fetches them)."""
+        return self.actor_rollout_wg.export_rollout_weights()[0]["weights"]
+
     def _load_rollout_weights(self, exported: Any) -> dict[str, float]:
-        outputs = self.workers.rollout.load_rollout_weights(exported.rank_ref(0))
+        outputs = self.workers.rollout.load_rollout_weights(exported)
         return {"timing_s/weight_load": max(o["timing_s/weight_load"] for o in outputs)}
 
     # ------------------------------------------------------------------ the step plan
@@ -117,9 +123,17 @@ class DecoupledPPOTrainer(RayPPOTrainer):
         start = time.perf_counter()
         while self.buffer.count("ready") < self.rows_per_batch:
             self.producer.check()
+            if self.producer.stalled() and self.buffer.count("ready") < self.rows_per_batch:
+                raise RuntimeError(
+                    f"training step {self.global_steps}: the rollout waits for the trainer while the buffer holds "
+                    f"{self.buffer.count('ready')} ready rows, fewer than one batch ({self.rows_per_batch} = "
+                    "data.train_batch_size x rollout.n). Fix: resume with the batch size and rollout.n the buffer "
+                    "was written with, or start over with an empty async_training.buffer.path.")
             time.sleep(_POLL_S)
         experiences = self.buffer.take(self.rows_per_batch, step=self.global_steps)
         self.producer.consumed(1)
+        if self.config.trainer.save_freq <= 0 and isinstance(self.buffer, MemoryBuffer):
+            self.buffer.forget_taken(self.global_steps)  # nothing can resume: no row needs keeping
         metrics["timing_s/trainer_idle"] = time.perf_counter() - start
         response_length = max([self.config.actor_rollout_ref.rollout.response_length]
                               + [len(e.response_ids) for e in experiences])
@@ -134,17 +148,15 @@ class DecoupledPPOTrainer(RayPPOTrainer):
     def sync_rollout_weights(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """Export the new weights from the trainer (the trainer waits only for this copy); the
         rollout loads them between two generations."""
-        exported = self.actor_rollout_wg.export_rollout_weights()
-        ray.wait(exported.refs, num_returns=len(exported.refs))
-        self.producer.offer_weights(exported, self.global_steps)
+        self.producer.offer_weights(self._export_weights(), self.global_steps)
         return batch
 
     def run_validation(self) -> dict[str, float]:
         """Validate the trainer's current weights: load them into the rollout pool first."""
         if self.val_dataset is None:
             return {}
-        exported = self.actor_rollout_wg.export_rollout_weights()
-        if self.producer is None:  # before training starts
+        exported = self._export_weights()
+        if self.producer is None:  # before or after training
             self._load_rollout_weights(exported)
             return super().run_validation()
         self.producer.offer_weights(exported, self.global_steps)
@@ -159,8 +171,15 @@ class DecoupledPPOTrainer(RayPPOTrainer):
             rows = self.buffer.state_dict() if isinstance(self.buffer, MemoryBuffer) else None
         state["dataloader"] = where.loader  # the producer's position, not the trainer's
         state["async"] = {"next_batch": where.next_batch, "skip_through": where.skip_through,
-                          "buffer": rows, "dropped_total": self.dropped_total}
+                          "buffer": rows, "dropped_total": self.dropped_total,
+                          "storage_type": self.config.async_training.buffer.storage_type,
+                          "rows_per_batch": self.rows_per_batch,
+                          "ready_batches": sorted(set(self._batch_indices("ready")))}
         return state
+
+    def _batch_indices(self, status: str | None = None) -> list[int]:
+        """The ``rollout_batch`` of every buffered row (of one status), read without the token ids."""
+        return [int(v) for v in self.buffer.extra_values("rollout_batch", status) if v is not None]
 
     def save_checkpoint(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         batch = super().save_checkpoint(batch, metrics)
@@ -171,10 +190,17 @@ class DecoupledPPOTrainer(RayPPOTrainer):
     def load_checkpoint(self) -> None:
         super().load_checkpoint()
         saved = (self.resumed_state or {}).get("async") or {}
+        self._check_resumable(saved)
         if saved.get("buffer") is not None and isinstance(self.buffer, MemoryBuffer):
             self.buffer.load_state_dict(saved["buffer"])
         released = self.buffer.release_after(self.global_steps)
-        buffered = [int(e.extra.get("rollout_batch", 0)) for e in self.buffer.read()]
+        buffered = self._batch_indices()
+        missing = sorted(set(saved.get("ready_batches", [])) - set(buffered))
+        if missing:
+            raise ValueError(f"the experience buffer ({self._buffer_where()}) lacks the batches {missing} that the "
+                             f"step-{self.global_steps} checkpoint counts as generated: their prompts would be skipped. "
+                             "Fix: resume with the buffer file the run wrote, or start over (trainer.resume_mode=disable "
+                             "with a new async_training.buffer.path).")
         self._producer_state = ProducerState(
             next_batch=int(saved.get("next_batch", self.global_steps + 1)), loader=self.train_dataloader.state_dict(),
             skip_through=max([int(saved.get("skip_through", 0))] + buffered))
@@ -183,3 +209,24 @@ class DecoupledPPOTrainer(RayPPOTrainer):
             logger.info("experience buffer: %d rows taken after step %d are ready again; %d rows buffered",
                         released, self.global_steps, len(buffered))
 
+    def _check_resumable(self, saved: dict) -> None:
+        """One-line errors for a resume that would skip or repeat prompt batches."""
+        a = self.config.async_training
+        if self.resumed_state is None:  # a fresh start
+            if self.config.trainer.resume_mode == "disable" and self.buffer.count():
+                raise ValueError(f"trainer.resume_mode=disable starts over, but {self._buffer_where()} already holds "
+                                 f"{self.buffer.count()} experiences of an earlier run. Fix: delete it or set "
+                                 "async_training.buffer.path to a new file.")
+            return
+        if saved.get("storage_type", a.buffer.storage_type) != a.buffer.storage_type:
+            raise ValueError(f"the checkpoint was written with async_training.buffer.storage_type="
+                             f"{saved['storage_type']} and this run uses {a.buffer.storage_type}. Fix: resume with "
+                             f"async_training.buffer.storage_type={saved['storage_type']}.")
+        if saved.get("rows_per_batch", self.rows_per_batch) != self.rows_per_batch:
+            raise ValueError(f"the checkpoint's batches have {saved['rows_per_batch']} rows and this run's "
+                             f"{self.rows_per_batch} (data.train_batch_size x actor_rollout_ref.rollout.n). Fix: "
+                             "resume with the batch size and rollout.n of the run that wrote it.")
+
+    def _buffer_where(self) -> str:
+        b = self.config.async_training.buffer
+        return "the memory buffer" if b.storage_type == "memory" else f"async_training.buffer.path={b.path or self.run_dir + '/experiences.db'}"

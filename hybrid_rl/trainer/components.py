@@ -203,6 +203,8 @@ def build_worker_groups(
             num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker)
         rollout_cls = RayClassWithInitArgs(actor_cls or ActorRolloutRefWorker, config=cfg.actor_rollout_ref,
                                            role="rollout", rollout_rows_per_call=rollout_rows_per_call, **plugins)
+        if log_dir:  # logs/rollout/worker_<rank>.log, apart from the training ranks' files
+            rollout_cls.update_options({"runtime_env": {"env_vars": {LOG_DIR_ENV: os.path.join(log_dir, "rollout")}}})
         groups.rollout = RayWorkerGroup(groups.rollout_pool, rollout_cls, call_timeout_s=call_timeout_s)
         groups.rollout.init_model()
     return groups

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
-import torch
 
 from hybrid_rl.buffer import ExperienceBuffer, experiences_from_batch
 from hybrid_rl.protocol import DataProto
@@ -144,7 +143,8 @@ class RolloutProducer:
     def call(self, job: Callable[[], Any]) -> Any:
         """Run ``job`` in the generation stage between two generations (after loading offered
         weights) and return its result; inline when the producer is not running."""
-        if not self._threads:
+        if not self._threads or self._stop.is_set():  # not running (or stopped): run it here
+            self.check()
             self._apply_pending()
             return job()
         answer: "queue.Queue" = queue.Queue(maxsize=1)
@@ -179,6 +179,8 @@ class RolloutProducer:
         (seconds the generation stage waited for capacity or weights since the last call)."""
         with self._lock:
             records = [self._metrics.pop(i) for i in sorted(indices) if i in self._metrics]
+            for older in [i for i in self._metrics if indices and i < min(indices)]:  # dropped batches'
+                del self._metrics[older]
             idle, self._idle_s = self._idle_s, 0.0
         out: dict[str, float] = {"timing_s/rollout_idle": idle}
         for key in {k for r in records for k in r}:
@@ -193,6 +195,18 @@ class RolloutProducer:
                 first = min(self._inflight)
                 return ProducerState(first, dict(self._inflight[first]), self._skip_through)
             return ProducerState(self._next_index, dict(self._loader_state), self._skip_through)
+
+    @property
+    def error(self) -> Optional[BaseException]:
+        """The failure that stopped a stage, if any."""
+        return self._error
+
+    def stalled(self) -> bool:
+        """True while the generation stage waits for capacity with nothing in flight and no weights
+        to load: only the trainer taking rows can unblock it."""
+        with self._lock:
+            return (self._threads != [] and self._running == 0 and self._pending is None and self._version is not None
+                    and not may_start_batch(self._taken, self._ready, self._running, self._version, self.eta))
 
     @property
     def rollout_version(self) -> Optional[int]:
@@ -221,8 +235,7 @@ class RolloutProducer:
             batches = iter(self.loader)
             while True:
                 before = self.loader.state_dict()
-                with torch.random.fork_rng(devices=[]):  # as the trainer's loop: off the global RNG
-                    batch_dict = next(batches, None)
+                batch_dict = next(batches, None)  # the loader has its own generator: no global RNG
                 if batch_dict is None:
                     break
                 yield before, batch_dict

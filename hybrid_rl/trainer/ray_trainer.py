@@ -32,7 +32,7 @@ from hybrid_rl.trainer.checkpoint_manager import (CheckpointManager, capture_rng
                                                    restore_rng_state)
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config_loader import to_container, to_ppo_config
-from hybrid_rl.trainer.health import HealthMonitor
+from hybrid_rl.trainer.health import HealthMonitor, memory_hint
 from hybrid_rl.trainer.plotting import PLOT_FILE, plot_run
 from hybrid_rl.trainer.tracking import ProgressBar, Tracking, as_backend_list
 from hybrid_rl.trainer.validate import make_run_plan, resume_point_problems, run_dir, validate_config
@@ -261,16 +261,8 @@ class RayPPOTrainer:
             return getattr(self, name)(batch, metrics)
         except WorkerGroupError as error:
             # Which worker and call the group error names; which training step only the driver knows.
-            hint = self._memory_hint() if isinstance(error, WorkerDiedError) else ""
+            hint = memory_hint(self.config) if isinstance(error, WorkerDiedError) else ""
             raise type(error)(f"training step {self.global_steps}, `{name}`: {error}{hint}") from error
-
-    def _memory_hint(self) -> str:
-        """What to lower when a worker died without a traceback, as the kernel's OOM killer leaves it."""
-        a = self.config.actor_rollout_ref
-        return (f"\nIf it ran out of memory (killed without a traceback), see docs/memory.md: lower "
-                f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu (now {a.actor.ppo_max_token_len_per_gpu}) or "
-                f"the batch, set actor_rollout_ref.model.enable_gradient_checkpointing=true, or train LoRA "
-                f"adapters (actor_rollout_ref.model.lora_rank=32); each run logs perf/peak_rss_gib/<step>.")
 
     def on_step_end(self, metrics: dict[str, float]) -> None:
         """Hook called after each logged step and the built-in health checks (early stopping, ...);

@@ -384,6 +384,13 @@ def resume_point_problems(cfg: PPOConfig, point: Any) -> list[str]:
             f"cannot resume from {point.step_dir}: it has no critic/ folder but algorithm.adv_estimator=gae needs "
             "one; resume a GAE run's checkpoint or set trainer.resume_mode=disable."
         )
+    if point.state.get("async") and not cfg.async_training.enable:
+        errors.append(
+            f"cannot resume from {point.step_dir} in the synchronous mode: the decoupled mode wrote it, and its "
+            "prompt position is the rollout's, ahead of training (the buffered batches would be skipped). Fix: "
+            "resume with async_training.enable=true and the same async_training.buffer, or set "
+            "trainer.resume_mode=disable."
+        )
     return errors
 
 

@@ -17,6 +17,7 @@ import logging
 import time
 from typing import Any, Optional
 
+import ray
 import torch
 
 from hybrid_rl.protocol import DataProto
@@ -196,14 +197,19 @@ class ActorRolloutRefWorker(Worker):
             return iter_full_state(self.actor_module, dtype=dtype, device=self.device)
         return merged_lora_weights(iter_full_state(self.actor_module, device=self.device), self.actor_module, dtype)
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
-    def export_rollout_weights(self) -> Optional[list[tuple[str, torch.Tensor]]]:
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_rollout_weights(self) -> Optional[dict[str, Any]]:
         """The actor's full weights as the rollout engine loads them (rollout dtype, LoRA adapters
-        merged), on CPU. Every rank takes part (FSDP gathers); rank 0 returns them, the others None.
-        Non-blocking: pass the future's ``rank_ref(0)`` to the rollout group's ``load_rollout_weights``."""
+        merged), put into Ray's object store by rank 0: ``{"weights": ObjectRef}`` there, None on the
+        other ranks (they only take part in the FSDP gathers). Pass the ref to the rollout group's
+        ``load_rollout_weights``; the driver never fetches the tensors."""
         self._require("actor", "export_rollout_weights")
+        if self.rank != 0:
+            for _ in self._rollout_weights():  # the collective gathers, nothing kept
+                pass
+            return None
         weights = [(name, tensor.to("cpu", copy=True)) for name, tensor in self._rollout_weights()]
-        return weights if self.rank == 0 else None
+        return {"weights": ray.put(weights)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_rollout_weights(self, weights: list[tuple[str, torch.Tensor]]) -> dict[str, float]:

@@ -90,6 +90,25 @@ def test_take_release_and_drop_bookkeeping(buffer):
         buffer.count("done")
 
 
+def test_extra_values_read_one_column(buffer):
+    buffer.put([Experience(uid="u", data_source="s", prompt_ids=[1], response_ids=[2], response_mask=[1], reward=0.0,
+                           policy_version=0, extra={"rollout_batch": b} if b else {}) for b in (3, 3, 4, None)])
+    buffer.take(2, step=1)
+    assert buffer.extra_values("rollout_batch") == [3, 3, 4, None]
+    assert buffer.extra_values("rollout_batch", "ready") == [4, None]
+
+
+def test_memory_buffer_forgets_rows_final_at_a_checkpoint_and_dropped_ones():
+    buffer = MemoryBuffer()
+    buffer.put([Experience(uid="u", data_source="s", prompt_ids=[1], response_ids=[2], response_mask=[1], reward=0.0,
+                           policy_version=v) for v in (0, 1, 2, 3)])
+    buffer.take(1, step=1)  # version 0
+    buffer.drop_stale(version=3, max_staleness=1)  # version 1
+    buffer.take(1, step=2)  # version 2
+    assert buffer.forget_taken(1) == 2  # step 1's row and the dropped one
+    assert [(e.policy_version, e.status) for e in buffer.read()] == [(2, "taken"), (3, "ready")]
+
+
 def test_sql_buffer_survives_the_process_and_is_readable_with_plain_sqlalchemy(tmp_path, tok):
     path = str(tmp_path / "run" / "exp.db")
     writer = SQLBuffer(path)

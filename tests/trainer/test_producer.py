@@ -252,3 +252,70 @@ def test_slow_reward_scores_batches_in_flight_concurrently_and_puts_them_in_orde
         producer.stop()
     assert [e.extra["rollout_batch"] for e in buffer.read()] == [1] * ROWS + [2] * ROWS + [3] * ROWS
     assert elapsed < 1.4  # serially 1.6 s: batches 2 and 3 were scored while batch 1 was
+
+
+def test_call_after_stop_runs_inline_and_metrics_of_skipped_batches_are_pruned():
+    buffer, loads = MemoryBuffer(), []
+    producer = make_producer(buffer, 1, loads)
+    run_trainer(producer, buffer, steps=3, eta=1)
+    assert producer.call(lambda: "after stop") == "after stop"  # never queued for a stopped thread
+    metrics = producer.pop_metrics({3})  # batches 1-2 were never popped (as if dropped): pruned
+    assert "gen/index" in metrics and all(i >= 3 for i in producer._metrics)
+
+
+def test_stalled_when_the_counts_say_ready_but_the_buffer_has_no_batch():
+    buffer, loads = MemoryBuffer(), []
+    producer = make_producer(buffer, 0, loads, ready=1)  # e.g. a resume with another batch size
+    producer.offer_weights("w0", 0)
+    producer.start()
+    try:
+        deadline = time.time() + 5
+        while not producer.stalled():
+            assert time.time() < deadline
+            time.sleep(0.01)
+        assert buffer.count() == 0
+    finally:
+        producer.stop()
+
+
+def test_resume_checks_refuse_what_would_skip_or_repeat_batches(tmp_path):
+    from types import SimpleNamespace
+
+    from hybrid_rl.trainer import get_config, to_ppo_config
+    from hybrid_rl.trainer.async_trainer import DecoupledPPOTrainer
+
+    cfg = to_ppo_config(get_config(["async_training.enable=true"]))
+    fake = SimpleNamespace(config=cfg, resumed_state={"async": {}}, buffer=MemoryBuffer(), rows_per_batch=128,
+                           run_dir=str(tmp_path))
+    fake._buffer_where = lambda: "the memory buffer"
+    check = DecoupledPPOTrainer._check_resumable
+    check(fake, {"storage_type": "memory", "rows_per_batch": 128})  # the same run: fine
+    with pytest.raises(ValueError, match="storage_type=sql"):
+        check(fake, {"storage_type": "sql", "rows_per_batch": 128})
+    with pytest.raises(ValueError, match="batches have 64 rows and this run's 128"):
+        check(fake, {"storage_type": "memory", "rows_per_batch": 64})
+    fake.resumed_state = None  # a fresh start over a buffer that holds rows
+    fake.buffer.put(make_experiences())
+    check(fake, {})  # resume_mode=auto: the rows of a run that died before its first checkpoint
+    fake.config.trainer.resume_mode = "disable"
+    with pytest.raises(ValueError, match="resume_mode=disable starts over, but the memory buffer already holds"):
+        check(fake, {})
+
+
+def test_a_decoupled_checkpoint_is_refused_in_the_synchronous_mode(tmp_path):
+    from types import SimpleNamespace
+
+    from hybrid_rl.trainer import get_config, to_ppo_config
+    from hybrid_rl.trainer.validate import resume_point_problems
+
+    point = SimpleNamespace(step_dir=str(tmp_path), state={"world_size": 1, "async": {"next_batch": 4}})
+    problems = resume_point_problems(to_ppo_config(get_config([])), point)
+    assert len(problems) == 1 and "async_training.enable=true" in problems[0]
+    assert resume_point_problems(to_ppo_config(get_config(["async_training.enable=true"])), point) == []
+
+
+def make_experiences():
+    from hybrid_rl.buffer import Experience
+
+    return [Experience(uid="u", data_source="d", prompt_ids=[1], response_ids=[2], response_mask=[1], reward=0.0,
+                       policy_version=0, extra={"rollout_batch": 7})]
