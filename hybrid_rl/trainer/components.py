@@ -130,6 +130,51 @@ class WorkerGroups:
             self.rollout_pool.remove()
 
 
+def _start_ray(cfg: PPOConfig, plan: RunPlan, log_dir: Optional[str]) -> None:
+    """Join or start Ray with the workers' environment (CPU threads, allocator, log folder)."""
+    from hybrid_rl.single_controller import init_ray
+
+    # CPU workers get the driver's probe result, so every rank resolves dtype auto the same way.
+    env_vars = ({**cpu_worker_env(os.environ, cfg.trainer.cpu_allocator), **profile_env()}
+                if plan.device == "cpu" else {})
+    env_vars.update(library_env(cfg.trainer.log_level), **({LOG_DIR_ENV: log_dir} if log_dir else {}))
+    init_ray(address=cfg.ray_init.address, num_cpus=cfg.ray_init.num_cpus, runtime_env={"env_vars": env_vars},
+             quiet=effective_level(cfg.trainer.log_level) != "debug")
+
+
+def _agent_plugins(cfg: PPOConfig) -> dict[str, Any]:
+    """Tools and interactions registered in the driver (a notebook), for the rollout workers."""
+    if not cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        return {}
+    from hybrid_rl.agents.plugins import plugin_snapshot
+
+    return {"agent_plugins": plugin_snapshot()}
+
+
+def build_rollout_group(cfg: PPOConfig, plan: RunPlan, process_on_nodes: list[int], *,
+                        worker_cls: Optional[type] = None, rows_per_call: Optional[int] = None,
+                        call_timeout_s: Optional[float] = None, log_dir: Optional[str] = None) -> tuple[Any, Any]:
+    """``(group, pool)``: rollout-only workers (role ``rollout``, no actor or optimizer) in their own
+    pool, for the decoupled mode and for evaluation. Logs go to ``log_dir/rollout/``."""
+    from hybrid_rl.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+    from hybrid_rl.workers import ActorRolloutRefWorker
+
+    _start_ray(cfg, plan, log_dir)
+    pool = RayResourcePool(process_on_nodes, use_gpu=plan.device == "cuda", name_prefix="rollout_",
+                           num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker)
+    worker = RayClassWithInitArgs(worker_cls or ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="rollout",
+                                  rollout_rows_per_call=rows_per_call, **_agent_plugins(cfg))
+    if log_dir:  # apart from the training ranks' worker_<rank>.log files
+        worker.update_options({"runtime_env": {"env_vars": {LOG_DIR_ENV: os.path.join(log_dir, "rollout")}}})
+    try:
+        group = RayWorkerGroup(pool, worker, call_timeout_s=call_timeout_s)
+        group.init_model()
+    except BaseException:
+        pool.remove()
+        raise
+    return group, pool
+
+
 def build_worker_groups(
     cfg: PPOConfig,
     plan: RunPlan,
@@ -148,21 +193,11 @@ def build_worker_groups(
     generate call brings a rollout worker) the CPU engine's KV cache; both are passed to the workers,
     never written into their configs. Each worker writes its full log to ``log_dir/worker_<rank>.log``.
     """
-    from hybrid_rl.single_controller import (
-        RayClassWithInitArgs,
-        RayResourcePool,
-        RayWorkerGroup,
-        create_colocated_worker_cls,
-        init_ray,
-    )
+    from hybrid_rl.single_controller import (RayClassWithInitArgs, RayResourcePool, RayWorkerGroup,
+                                             create_colocated_worker_cls)
     from hybrid_rl.workers import ActorRolloutRefWorker, CriticWorker
 
-    # CPU workers get the driver's probe result, so every rank resolves dtype auto the same way.
-    env_vars = ({**cpu_worker_env(os.environ, cfg.trainer.cpu_allocator), **profile_env()}
-                if plan.device == "cpu" else {})
-    env_vars.update(library_env(cfg.trainer.log_level), **({LOG_DIR_ENV: log_dir} if log_dir else {}))
-    init_ray(address=cfg.ray_init.address, num_cpus=cfg.ray_init.num_cpus, runtime_env={"env_vars": env_vars},
-             quiet=effective_level(cfg.trainer.log_level) != "debug")
+    _start_ray(cfg, plan, log_dir)
     pool = RayResourcePool(
         [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes,
         use_gpu=plan.device == "cuda",
@@ -171,11 +206,6 @@ def build_worker_groups(
     role = "actor_rollout_ref" if plan.use_reference_policy else "actor_rollout"
     if plan.rollout_world_size:
         role = role.replace("_rollout", "")
-    plugins = {}
-    if cfg.actor_rollout_ref.rollout.multi_turn.enable:  # tools registered here (a notebook) reach the workers
-        from hybrid_rl.agents.plugins import plugin_snapshot
-
-        plugins["agent_plugins"] = plugin_snapshot()
     classes = {
         "actor_rollout": RayClassWithInitArgs(
             actor_cls or ActorRolloutRefWorker,
@@ -183,7 +213,7 @@ def build_worker_groups(
             role=role,
             total_training_steps=total_training_steps,
             rollout_rows_per_call=rollout_rows_per_call,
-            **plugins,
+            **_agent_plugins(cfg),
         )
     }
     if plan.use_critic:
@@ -198,15 +228,9 @@ def build_worker_groups(
     views["actor_rollout"].init_model()
     groups = WorkerGroups(actor_rollout=views["actor_rollout"], critic=views.get("critic"), resource_pool=pool)
     if plan.rollout_world_size:
-        groups.rollout_pool = RayResourcePool(
-            [cfg.rollout.n_gpus_per_node] * cfg.rollout.nnodes, use_gpu=plan.device == "cuda", name_prefix="rollout_",
-            num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker)
-        rollout_cls = RayClassWithInitArgs(actor_cls or ActorRolloutRefWorker, config=cfg.actor_rollout_ref,
-                                           role="rollout", rollout_rows_per_call=rollout_rows_per_call, **plugins)
-        if log_dir:  # logs/rollout/worker_<rank>.log, apart from the training ranks' files
-            rollout_cls.update_options({"runtime_env": {"env_vars": {LOG_DIR_ENV: os.path.join(log_dir, "rollout")}}})
-        groups.rollout = RayWorkerGroup(groups.rollout_pool, rollout_cls, call_timeout_s=call_timeout_s)
-        groups.rollout.init_model()
+        groups.rollout, groups.rollout_pool = build_rollout_group(
+            cfg, plan, [cfg.rollout.n_gpus_per_node] * cfg.rollout.nnodes, worker_cls=actor_cls,
+            rows_per_call=rollout_rows_per_call, call_timeout_s=call_timeout_s, log_dir=log_dir)
     return groups
 
 
