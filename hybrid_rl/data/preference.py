@@ -1,0 +1,134 @@
+"""Preference pairs (a prompt, a chosen and a rejected response) from the public file formats.
+
+Accepted row shapes (parquet or JSONL; the column names are keys, as OpenRLHF's ``--prompt_key`` /
+``--chosen_key`` / ``--rejected_key`` and TRL's ``prompt`` / ``chosen`` / ``rejected``):
+
+* **explicit prompt, string responses** (TRL "standard"): ``prompt`` a string or chat messages,
+  ``chosen`` / ``rejected`` the response texts;
+* **chat conversations** (UltraFeedback-binarized, TRL "conversational"): ``chosen`` / ``rejected``
+  message lists that both start with the conversation so far and end with one assistant message;
+  a ``prompt`` column, if present, may be a string (the first user turn) or messages, or absent
+  (the shared prefix of the two conversations is the prompt);
+* **HH-RLHF strings**: ``chosen`` / ``rejected`` whole dialogues ``"\\n\\nHuman: ...\\n\\nAssistant: ..."``
+  without a prompt column; parsed into messages, then as above.
+
+An optional ``margin`` column (TRL's) is kept for the margin Bradley-Terry loss. Every malformed
+row is one ``ValueError`` naming the file, the row and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from hybrid_rl.data.rows import read_rows
+
+__all__ = ["PreferencePair", "load_preference_pairs", "pair_from_row", "parse_hh_dialogue"]
+
+_HH_TURN = re.compile(r"\n\n(Human|Assistant): ")
+
+
+@dataclass
+class PreferencePair:
+    """One comparison: the same prompt, a preferred and a dispreferred response."""
+
+    prompt: list[dict]
+    """Chat messages up to (and including) the last user turn."""
+    chosen: str
+    """The preferred assistant response."""
+    rejected: str
+    """The dispreferred assistant response."""
+    data_source: str = ""
+    """The row's data source, if the file has one."""
+    margin: Optional[float] = None
+    """How much better ``chosen`` is (TRL's ``margin`` column), if given."""
+
+
+def parse_hh_dialogue(text: str) -> list[dict]:
+    """``"\\n\\nHuman: a\\n\\nAssistant: b"`` -> ``[{"role": "user", ...}, {"role": "assistant", ...}]``."""
+    parts = _HH_TURN.split("\n\n" + text.lstrip("\n"))
+    if len(parts) < 3 or parts[0].strip():
+        raise ValueError("not an HH-RLHF dialogue (it must start with '\\n\\nHuman: ')")
+    roles = {"Human": "user", "Assistant": "assistant"}
+    return [{"role": roles[parts[i]], "content": parts[i + 1].strip()} for i in range(1, len(parts), 2)]
+
+
+def _messages(value: Any, what: str) -> list[dict]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if isinstance(value, (list, tuple)) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
+        return [{"role": str(m["role"]), "content": str(m["content"])} for m in value]
+    raise ValueError(f"{what} must be a string or a list of {{role, content}} messages, got {type(value).__name__}")
+
+
+def _split(conversation: list[dict], prefix_len: int, what: str) -> str:
+    rest = conversation[prefix_len:]
+    if len(rest) != 1 or rest[0]["role"] != "assistant":
+        raise ValueError(f"{what} must end with exactly one assistant message after the shared prompt, got "
+                         f"{[m['role'] for m in rest]}")
+    return rest[0]["content"]
+
+
+def _shared_prefix(a: list[dict], b: list[dict]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) - 1 and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def pair_from_row(row: dict, prompt_key: str = "prompt", chosen_key: str = "chosen",
+                  rejected_key: str = "rejected", margin_key: str = "margin") -> PreferencePair:
+    """One :class:`PreferencePair` from a row in any accepted shape (ValueError with the fix otherwise)."""
+    for key, flag in ((chosen_key, "chosen_key"), (rejected_key, "rejected_key")):
+        if row.get(key) is None:
+            raise ValueError(f"no {key!r} column (columns: {sorted(row)}). Fix: name the column with {flag}= "
+                             f"(OpenRLHF --{flag}, TRL 'chosen'/'rejected').")
+    chosen, rejected, prompt = row[chosen_key], row[rejected_key], row.get(prompt_key)
+    if isinstance(chosen, str) and isinstance(rejected, str) and prompt is None:
+        try:
+            chosen, rejected = parse_hh_dialogue(chosen), parse_hh_dialogue(rejected)
+        except ValueError as error:
+            raise ValueError(f"string responses without a {prompt_key!r} column must be HH-RLHF dialogues: "
+                             f"{error}. Fix: add the prompt column (prompt_key=) or use chat messages.") from None
+    if isinstance(chosen, str) and isinstance(rejected, str):
+        prompt_messages, chosen_text, rejected_text = _messages(prompt, f"{prompt_key!r}"), chosen, rejected
+    else:
+        chosen, rejected = _messages(chosen, f"{chosen_key!r}"), _messages(rejected, f"{rejected_key!r}")
+        shared = _shared_prefix(chosen, rejected)
+        if shared == 0 and prompt is not None:  # the responses alone, the prompt in its own column
+            prefix = _messages(prompt, f"{prompt_key!r}")
+            chosen, rejected = prefix + chosen, prefix + rejected
+            shared = _shared_prefix(chosen, rejected)
+        if shared == 0 or chosen[shared - 1]["role"] != "user":
+            raise ValueError(f"{chosen_key!r} and {rejected_key!r} share no conversation ending with a user turn. "
+                             f"Fix: give the prompt in a {prompt_key!r} column.")
+        prompt_messages = chosen[:shared]
+        chosen_text, rejected_text = _split(chosen, shared, chosen_key), _split(rejected, shared, rejected_key)
+    for text, key in ((chosen_text, chosen_key), (rejected_text, rejected_key)):
+        if not str(text).strip():
+            raise ValueError(f"the {key!r} response is empty. Fix: drop the row or fill in the response.")
+    if chosen_text == rejected_text:
+        raise ValueError("the chosen and rejected responses are identical: the pair says nothing. Fix: drop the row.")
+    margin = row.get(margin_key)
+    return PreferencePair(prompt_messages, str(chosen_text), str(rejected_text),
+                          data_source=str(row.get("data_source") or ""),
+                          margin=float(margin) if margin is not None else None)
+
+
+def load_preference_pairs(files: str | os.PathLike | Sequence[str | os.PathLike], prompt_key: str = "prompt",
+                          chosen_key: str = "chosen", rejected_key: str = "rejected",
+                          margin_key: str = "margin") -> list[PreferencePair]:
+    """Every row of the files as a :class:`PreferencePair`; a bad row raises naming file and row."""
+    files = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+    pairs = []
+    for path in files:
+        for index, row in enumerate(read_rows(path)):
+            try:
+                pairs.append(pair_from_row(row, prompt_key, chosen_key, rejected_key, margin_key))
+            except ValueError as error:
+                raise ValueError(f"{os.fspath(path)}, row {index}: {error}") from None
+    if not pairs:
+        raise ValueError(f"no preference pairs in {[os.fspath(f) for f in files]}. Fix: pass non-empty files.")
+    return pairs

@@ -1,0 +1,148 @@
+"""Local data for the SFT -> reward model -> RL pipeline: SFT examples and preference pairs.
+
+Nothing can be downloaded, so the data is made from tasks we have: the synthetic ``arithmetic``
+task and the real GSM8K JSONL (``../shared/data/gsm8k``). For each problem:
+
+* **SFT example**: the chat prompt the RL task uses and a correct worked solution ending in
+  ``#### <answer>`` (arithmetic: ``a op b = c``; GSM8K: the reference reasoning without its
+  ``<<...>>`` calculator annotations);
+* **preference pair**: chosen = that correct solution; rejected = a plausible wrong one, cycling
+  through three kinds: ``wrong_number`` (the same reasoning, a wrong final number),
+  ``truncated`` (the reasoning cut off before the answer) and ``wrong_format`` (the right number
+  without ``####``, which the rule scorer gives 0).
+
+Rows keep ``data_source`` and ``reward_model.ground_truth``, so the rule scorer can judge what an
+SFT or RL model writes on the same prompts. Files: ``sft_{train,test}.parquet`` (``prompt`` messages,
+``response`` text) and ``pairs_{train,test}.parquet`` (``prompt``, ``chosen``, ``rejected``,
+``rejected_kind``), the test splits disjoint from the train splits.
+
+    python -m hybrid_rl.data.rlhf_data --task arithmetic --out_dir data/rlhf_arith
+    python -m hybrid_rl.data.rlhf_data --task gsm8k --gsm8k_dir ../shared/data/gsm8k --out_dir data/rlhf_gsm8k
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+from pathlib import Path
+from typing import Iterable, Optional
+
+from hybrid_rl.data.arithmetic import (DATA_SOURCE as ARITH_SOURCE, OPS, PROMPT_TEMPLATE, _write_parquet,
+                                       operand_range, sample_problems, solve)
+
+__all__ = ["REJECTED_KINDS", "arithmetic_examples", "gsm8k_examples", "write_rlhf_data"]
+
+REJECTED_KINDS = ("wrong_number", "truncated", "wrong_format")
+GSM8K_SOURCE = "openai/gsm8k"
+GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+_ANNOTATION = re.compile(r"<<[^>]*>>")
+_FINAL = re.compile(r"\n?#### *(-?[0-9.,]+)\s*$")
+
+
+def _wrong(number: str, rng: random.Random) -> str:
+    value = int(float(number.replace(",", "")))
+    return str(value + rng.choice([-3, -2, -1, 1, 2, 3, 10]))
+
+
+def _rejected(reasoning: str, answer: str, kind: str, rng: random.Random) -> str:
+    """A plausible wrong solution of the given kind (see the module docstring)."""
+    if kind == "wrong_number":
+        return f"{reasoning}\n#### {_wrong(answer, rng)}".lstrip("\n")
+    if kind == "truncated":
+        lines = reasoning.splitlines()
+        cut = lines[: max(1, len(lines) // 2)] if len(lines) > 1 else [reasoning[: max(1, len(reasoning) // 2)]]
+        return "\n".join(cut)
+    return f"{reasoning}\nThe answer is {answer}.".lstrip("\n")
+
+
+def _rows(prompt: list[dict], reasoning: str, answer: str, source: str, split: str, index: int,
+          rng: random.Random) -> tuple[dict, dict]:
+    chosen = f"{reasoning}\n#### {answer}".lstrip("\n")
+    kind = REJECTED_KINDS[index % len(REJECTED_KINDS)]
+    common = {"data_source": source, "prompt": prompt, "reward_model": {"style": "rule", "ground_truth": answer},
+              "extra_info": {"split": split, "index": index}}
+    return ({**common, "response": chosen},
+            {**common, "chosen": chosen, "rejected": _rejected(reasoning, answer, kind, rng), "rejected_kind": kind})
+
+
+def arithmetic_examples(num_train: int, num_test: int, seed: int = 0, max_digits: int = 1):
+    """``{split: (sft rows, pair rows)}`` for distinct ``a op b`` problems (test disjoint from train)."""
+    lo, hi = operand_range(1, max_digits)
+    problems = sample_problems(num_train + num_test, seed, OPS, lo, hi)
+    rng = random.Random(seed + 1)
+    out = {}
+    for split, chunk in (("train", problems[num_test:]), ("test", problems[:num_test])):
+        rows = [_rows([{"role": "user", "content": PROMPT_TEMPLATE.format(a=a, op=op, b=b)}],
+                      f"{a} {op} {b} = {solve(a, op, b)}", str(solve(a, op, b)), ARITH_SOURCE, split, i, rng)
+                for i, (a, op, b) in enumerate(chunk)]
+        out[split] = ([r[0] for r in rows], [r[1] for r in rows])
+    return out
+
+
+def _gsm8k_lines(path: Path) -> Iterable[dict]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def gsm8k_examples(gsm8k_dir: str, seed: int = 0, limit: Optional[int] = None):
+    """``{split: (sft rows, pair rows)}`` from ``train.jsonl`` / ``test.jsonl`` (question, answer)."""
+    rng = random.Random(seed)
+    out = {}
+    for split in ("train", "test"):
+        path = Path(gsm8k_dir) / f"{split}.jsonl"
+        if not path.is_file():
+            raise ValueError(f"no GSM8K file {path}. Fix: --gsm8k_dir must hold train.jsonl and test.jsonl "
+                             "(../shared/data/gsm8k has them).")
+        rows = []
+        for i, item in enumerate(_gsm8k_lines(path)):
+            if limit is not None and i >= limit:
+                break
+            match = _FINAL.search(item["answer"])
+            if match is None:
+                raise ValueError(f"{path}, row {i}: the answer has no '#### <number>' line.")
+            reasoning = _ANNOTATION.sub("", item["answer"][: match.start()]).strip()
+            answer = match.group(1).replace(",", "")
+            prompt = [{"role": "user", "content": f"{item['question']} {GSM8K_INSTRUCTION}"}]
+            rows.append(_rows(prompt, reasoning, answer, GSM8K_SOURCE, split, i, rng))
+        out[split] = ([r[0] for r in rows], [r[1] for r in rows])
+    return out
+
+
+def write_rlhf_data(examples: dict, out_dir: str) -> dict[str, str]:
+    """Write ``sft_{split}.parquet`` and ``pairs_{split}.parquet``; returns ``{name: path}``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, (sft, pairs) in examples.items():
+        for name, rows in ((f"sft_{split}", sft), (f"pairs_{split}", pairs)):
+            _write_parquet(rows, out / f"{name}.parquet")
+            paths[name] = str(out / f"{name}.parquet")
+    return paths
+
+
+def main(argv=None) -> dict[str, str]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=("arithmetic", "gsm8k"), default="arithmetic")
+    parser.add_argument("--out_dir", required=True)
+    # the RL task's defaults and seed: the same train / held-out problem split as the default run
+    parser.add_argument("--num_train", type=int, default=100, help="arithmetic: training problems")
+    parser.add_argument("--num_test", type=int, default=200, help="arithmetic: held-out problems")
+    parser.add_argument("--max_digits", type=int, default=1, help="arithmetic: operand digits")
+    parser.add_argument("--gsm8k_dir", default="../shared/data/gsm8k")
+    parser.add_argument("--limit", type=int, default=None, help="gsm8k: at most this many rows per split")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    examples = (arithmetic_examples(args.num_train, args.num_test, args.seed, args.max_digits)
+                if args.task == "arithmetic" else gsm8k_examples(args.gsm8k_dir, args.seed, args.limit))
+    paths = write_rlhf_data(examples, args.out_dir)
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    return paths
+
+
+if __name__ == "__main__":
+    main()

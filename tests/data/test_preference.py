@@ -1,0 +1,116 @@
+"""Preference pairs from the public formats (hand-written files in each shape), the bad-input lines,
+and the local SFT / preference-pair generators judged by the rule scorers."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hybrid_rl.data.arithmetic import generate_arithmetic
+from hybrid_rl.data.preference import load_preference_pairs, pair_from_row, parse_hh_dialogue
+from hybrid_rl.data.rlhf_data import REJECTED_KINDS, arithmetic_examples, gsm8k_examples, main
+from hybrid_rl.data.rows import read_rows
+from hybrid_rl.reward.registry import default_compute_score
+
+SHARED_GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k"
+USER = {"role": "user", "content": "What is 2 + 2?"}
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_hh_rlhf_strings(tmp_path):
+    row = {"chosen": "\n\nHuman: hi\n\nAssistant: hello!\n\nHuman: 2+2?\n\nAssistant: 4",
+           "rejected": "\n\nHuman: hi\n\nAssistant: hello!\n\nHuman: 2+2?\n\nAssistant: 5"}
+    (pair,) = load_preference_pairs(_jsonl(tmp_path / "hh.jsonl", [row]))
+    assert pair.prompt == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello!"},
+                           {"role": "user", "content": "2+2?"}]
+    assert (pair.chosen, pair.rejected) == ("4", "5")
+    assert parse_hh_dialogue("Human: a\n\nAssistant: b") == [{"role": "user", "content": "a"},
+                                                            {"role": "assistant", "content": "b"}]
+
+
+def test_ultrafeedback_messages_with_a_prompt_string(tmp_path):
+    row = {"prompt": "What is 2 + 2?", "chosen": [USER, {"role": "assistant", "content": "4"}],
+           "rejected": [USER, {"role": "assistant", "content": "22"}], "score_chosen": 9.0, "score_rejected": 2.0}
+    (pair,) = load_preference_pairs(_jsonl(tmp_path / "uf.jsonl", [row]))
+    assert pair.prompt == [USER] and (pair.chosen, pair.rejected) == ("4", "22")
+
+
+@pytest.mark.parametrize("row", [
+    # TRL conversational, implicit prompt
+    {"chosen": [USER, {"role": "assistant", "content": "4"}], "rejected": [USER, {"role": "assistant", "content": "5"}]},
+    # TRL conversational, explicit prompt
+    {"prompt": [USER], "chosen": [{"role": "assistant", "content": "4"}],
+     "rejected": [{"role": "assistant", "content": "5"}]},
+    # TRL standard, explicit prompt, with a margin
+    {"prompt": "What is 2 + 2?", "chosen": "4", "rejected": "5", "margin": 1.5},
+])
+def test_trl_shapes(row):
+    pair = pair_from_row(row)
+    assert pair.prompt == [USER] and (pair.chosen, pair.rejected) == ("4", "5")
+    assert pair.margin == row.get("margin")
+
+
+def test_openrlhf_style_keys(tmp_path):
+    row = {"question": "What is 2 + 2?", "good": "4", "bad": "5", "data_source": "arith"}
+    (pair,) = load_preference_pairs(_jsonl(tmp_path / "o.jsonl", [row]), prompt_key="question", chosen_key="good",
+                                    rejected_key="bad")
+    assert (pair.chosen, pair.rejected, pair.data_source) == ("4", "5", "arith")
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"prompt": "q", "rejected": "5"}, r"row 0: no 'chosen' column .* chosen_key="),
+    ({"prompt": "q", "chosen": "4"}, r"no 'rejected' column"),
+    ({"prompt": "q", "chosen": "  ", "rejected": "5"}, r"the 'chosen' response is empty"),
+    ({"prompt": "q", "chosen": "4", "rejected": ""}, r"the 'rejected' response is empty"),
+    ({"prompt": "q", "chosen": "4", "rejected": "4"}, r"identical"),
+    ({"chosen": "4", "rejected": "5"}, r"must be HH-RLHF dialogues.*prompt_key="),
+    ({"chosen": [USER, {"role": "assistant", "content": "4"}, {"role": "assistant", "content": "x"}],
+      "rejected": [USER, {"role": "assistant", "content": "5"}]}, r"exactly one assistant message"),
+    ({"chosen": [{"role": "assistant", "content": "4"}], "rejected": [{"role": "assistant", "content": "5"}]},
+     r"share no conversation ending with a user turn"),
+    ({"prompt": 3, "chosen": [{"role": "assistant", "content": "4"}], "rejected": [{"role": "assistant", "content": "5"}]},
+     r"'prompt' must be a string or a list of"),
+    ({"prompt": "q", "chosen": [{"text": "4"}], "rejected": "5"}, r"'chosen' must be a string or a list of"),
+])
+def test_each_bad_row_is_one_line_naming_file_and_row(tmp_path, row, message):
+    path = _jsonl(tmp_path / "bad.jsonl", [row])
+    with pytest.raises(ValueError, match=message) as info:
+        load_preference_pairs(path)
+    assert str(info.value).startswith(f"{path}, row 0: ") and "\n" not in str(info.value)
+
+
+def test_arithmetic_data_shares_the_rl_split_and_the_scorer_agrees(tmp_path):
+    paths = main(["--task", "arithmetic", "--out_dir", str(tmp_path / "rlhf")])
+    _, rl_test = generate_arithmetic(tmp_path / "rl", num_train=100, num_test=200, seed=0, max_digits=1)
+    held_out = {r["prompt"][0]["content"] for r in read_rows(rl_test)}
+    sft_test = read_rows(paths["sft_test"])
+    assert {r["prompt"][0]["content"] for r in sft_test} == held_out  # the RL task's held-out problems
+    train_prompts = {r["prompt"][0]["content"] for r in read_rows(paths["pairs_train"])}
+    assert len(train_prompts) == 100 and not train_prompts & held_out
+    pairs = read_rows(paths["pairs_train"])
+    assert {r["rejected_kind"] for r in pairs} == set(REJECTED_KINDS)
+    for row in pairs + read_rows(paths["pairs_test"]):
+        truth = row["reward_model"]["ground_truth"]
+        assert default_compute_score("arithmetic", row["chosen"], truth) == 1.0
+        assert default_compute_score("arithmetic", row["rejected"], truth) == 0.0, row
+    loaded = load_preference_pairs(paths["pairs_test"])
+    assert len(loaded) == 200 and loaded[0].prompt == sft_test[0]["prompt"]
+    assert all(r["response"] == p["chosen"] for r, p in zip(sft_test, read_rows(paths["pairs_test"])))
+    assert arithmetic_examples(3, 2)["test"][1][0]["chosen"].endswith("#### " + arithmetic_examples(3, 2)["test"][1][0]["reward_model"]["ground_truth"])
+
+
+@pytest.mark.skipif(not (SHARED_GSM8K / "train.jsonl").is_file(), reason=f"no shared GSM8K at {SHARED_GSM8K}")
+def test_gsm8k_pairs_from_the_real_files():
+    examples = gsm8k_examples(str(SHARED_GSM8K), limit=30)
+    sft, pairs = examples["test"]
+    assert len(sft) == len(pairs) == 30 and "<<" not in sft[0]["response"]
+    for row in pairs:
+        truth = row["reward_model"]["ground_truth"]
+        assert default_compute_score("openai/gsm8k", row["chosen"], truth) == 1.0
+        assert default_compute_score("openai/gsm8k", row["rejected"], truth) == 0.0, row
+    with pytest.raises(ValueError, match="no GSM8K file"):
+        gsm8k_examples("/nonexistent")
