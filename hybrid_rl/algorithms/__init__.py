@@ -40,6 +40,7 @@ from hybrid_rl.algorithms.policy_loss import (
     register_policy_loss,
     registered_policy_losses,
 )
+from hybrid_rl.algorithms.reward_loss import bradley_terry_loss, preference_metrics
 from hybrid_rl.algorithms.value_loss import compute_value_loss
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
     "behaviour_weight_stats",
+    "bradley_terry_loss",
     "compute_policy_loss",
     "compute_policy_loss_gspo",
     "compute_policy_loss_vanilla",
@@ -77,6 +79,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "register_adv_est",
+    "preference_metrics",
     "register_policy_loss",
     "registered_adv_estimators",
     "registered_policy_losses",
