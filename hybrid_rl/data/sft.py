@@ -1,0 +1,128 @@
+"""Supervised fine-tuning examples: rows -> chat conversations -> token ids with a loss mask.
+
+Rows (parquet or JSONL) in veRL's SFT shapes, columns named by key:
+
+* ``data.prompt_key`` (a string or chat messages) + ``data.response_key`` (the response text);
+* ``data.multiturn.enable`` with ``data.multiturn.messages_key``: a whole conversation; every
+  assistant turn is trained on.
+
+:func:`tokenize_example` renders the conversation with the tokenizer's chat template piece by
+piece: the text before each assistant turn (rendered with ``add_generation_prompt``, exactly what
+the model sees as a prompt at inference and in RL) and each assistant turn up to its end-of-turn
+token. The loss mask is 1 on the assistant turns' tokens and 0 on everything else.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from hybrid_rl.data.rows import read_rows
+
+__all__ = ["TRUNCATIONS", "SFTExample", "example_from_row", "load_sft_examples", "tokenize_example"]
+
+TRUNCATIONS = ("error", "left", "right")
+"""veRL's ``data.truncation`` for SFT: error, left (keep the end) or right (keep the start)."""
+
+
+@dataclass
+class SFTExample:
+    """One training conversation; the assistant turns are the targets."""
+
+    messages: list[dict]
+    """Chat messages, at least one assistant turn."""
+    data_source: str = ""
+    """The row's data source, if any."""
+    extra: dict = field(default_factory=dict)
+    """``reward_model`` and ``extra_info`` of the row, if any (to judge generations later)."""
+
+
+def _as_messages(value: Any, key: str) -> list[dict]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) and {"role", "content"} <= set(m)
+                                                          for m in value):
+        return [{"role": str(m["role"]), "content": str(m["content"])} for m in value]
+    raise ValueError(f"{key!r} must be a string or a non-empty list of {{role, content}} messages")
+
+
+def example_from_row(row: dict, prompt_key: str = "prompt", response_key: str = "response",
+                     messages_key: Optional[str] = None) -> SFTExample:
+    """One :class:`SFTExample` (ValueError with the fix for a malformed row)."""
+    if messages_key is not None:
+        if row.get(messages_key) is None:
+            raise ValueError(f"no {messages_key!r} column (columns: {sorted(row)}). Fix: set "
+                             "data.multiturn.messages_key to the column holding the conversation.")
+        messages = _as_messages(row[messages_key], messages_key)
+        if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
+            raise ValueError(f"the {messages_key!r} conversation has no non-empty assistant turn to train on.")
+    else:
+        for key, name in ((prompt_key, "data.prompt_key"), (response_key, "data.response_key")):
+            if row.get(key) is None:
+                raise ValueError(f"no {key!r} column (columns: {sorted(row)}). Fix: set {name} to the right column.")
+        response = row[response_key]
+        if not isinstance(response, str) or not response.strip():
+            raise ValueError(f"the {response_key!r} response is empty or not a string. Fix: drop or fill the row.")
+        messages = _as_messages(row[prompt_key], prompt_key) + [{"role": "assistant", "content": response}]
+    extra = {k: row[k] for k in ("reward_model", "extra_info") if row.get(k) is not None}
+    return SFTExample(messages, str(row.get("data_source") or ""), extra)
+
+
+def load_sft_examples(files: str | os.PathLike | Sequence[str | os.PathLike], prompt_key: str = "prompt",
+                      response_key: str = "response", messages_key: Optional[str] = None) -> list[SFTExample]:
+    """Every row of the files as an :class:`SFTExample`; a bad row raises naming file and row."""
+    files = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+    examples = []
+    for path in files:
+        for index, row in enumerate(read_rows(path)):
+            try:
+                examples.append(example_from_row(row, prompt_key, response_key, messages_key))
+            except ValueError as error:
+                raise ValueError(f"{os.fspath(path)}, row {index}: {error}") from None
+    return examples
+
+
+def _render(tokenizer: Any, messages: list[dict], add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def _segments(tokenizer: Any, messages: list[dict]) -> list[tuple[str, int]]:
+    """``(text, is_target)`` pieces whose concatenation is the rendered conversation."""
+    pieces, done = [], ""
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before, after = _render(tokenizer, messages[:i], True), _render(tokenizer, messages[: i + 1], False)
+        if not (before.startswith(done) and after.startswith(before)):
+            raise ValueError("the tokenizer's chat template does not render a conversation as a prefix of its "
+                             "continuation, so assistant turns cannot be masked exactly. Fix: use a chat model's "
+                             "tokenizer (data.tokenizer / model.tokenizer_path) with a ChatML-like template.")
+        pieces += [(before[len(done):], 0), (after[len(before):], 1)]
+        done = after
+    rest = _render(tokenizer, messages, False)[len(done):]
+    return pieces + ([(rest, 0)] if rest else [])
+
+
+def tokenize_example(tokenizer: Any, messages: list[dict], max_length: int,
+                     truncation: str = "error") -> tuple[list[int], list[int]]:
+    """``(input_ids, loss_mask)`` of one conversation, at most ``max_length`` tokens (see the module
+    docstring); ``truncation``: error | left | right (veRL's ``data.truncation``)."""
+    if truncation not in TRUNCATIONS:
+        raise ValueError(f"data.truncation={truncation!r} must be one of {TRUNCATIONS}.")
+    ids: list[int] = []
+    mask: list[int] = []
+    for text, target in _segments(tokenizer, messages):
+        piece = tokenizer.encode(text, add_special_tokens=False)
+        ids += piece
+        mask += [target] * len(piece)
+    if len(ids) > max_length:
+        if truncation == "error":
+            raise ValueError(f"a conversation of {len(ids)} tokens exceeds data.max_length={max_length}. Fix: raise "
+                             "data.max_length or set data.truncation=right (keep the start) or left (keep the end).")
+        ids, mask = (ids[:max_length], mask[:max_length]) if truncation == "right" else (ids[-max_length:],
+                                                                                          mask[-max_length:])
+    if not any(mask):
+        raise ValueError(f"no assistant token is left within data.max_length={max_length}: nothing to train on. "
+                         "Fix: raise data.max_length or truncate from the other side.")
+    return ids, mask
