@@ -156,6 +156,8 @@ class RolloutProducer:
             try:
                 ok, value = answer.get(timeout=0.1)
             except queue.Empty:
+                if self._stop.is_set() and not any(t.is_alive() for t in self._threads):
+                    raise RuntimeError("the rollout producer stopped before it ran the job") from None
                 continue
             if ok:
                 return value
