@@ -19,6 +19,8 @@ call's tokens (for logging, not for summing).
   per-sequence geometric mean ``exp(mean_t(log_prob - old_log_prob))``, applied per token as
   ``sg[s_i] * pi / sg[pi]`` so each token gets the gradient of its own log-prob scaled by ``s_i``.
   veRL recommends ``loss_agg_mode="seq-mean-token-mean"`` with it.
+* ``sft``: the negative log-likelihood of the masked tokens (supervised fine-tuning on the actor's
+  update path: packing, micro-batching, FSDP2, checkpoints).
 * ``decoupled``: AReaL's decoupled PPO for asynchronous (stale) samples: the vanilla surrogate against
   the recomputed proximal policy, weighted per token by the capped behaviour importance weight
   ``pi_prox / pi_behav`` (needs ``rollout_log_probs``; ``behav_imp_weight_cap``).
@@ -175,6 +177,32 @@ def compute_policy_loss_decoupled(
     pg_loss = agg_loss(pg_losses * weight, response_mask, loss_agg_mode, global_batch_num_tokens,
                        global_batch_num_seqs)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
+
+
+@register_policy_loss("sft")
+def compute_policy_loss_sft(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    global_batch_num_tokens: Any = None,
+    global_batch_num_seqs: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Supervised fine-tuning through the actor: the negative log-likelihood of the target tokens
+    (``response_mask`` 1 = an assistant token to learn), aggregated like every loss here (token-mean
+    over the mini-batch's tokens by default, so micro-batch splits are invariant). ``old_log_prob``
+    and ``advantages`` are ignored; the three PPO metrics are 0.
+
+    Args:
+        log_prob: ``[B, R]`` log-probs of the target tokens (with grad).
+        response_mask: ``[B, R]`` the loss mask.
+    """
+    loss = agg_loss(-log_prob, response_mask, loss_agg_mode, global_batch_num_tokens, global_batch_num_seqs)
+    zero = log_prob.new_zeros(())
+    return loss, zero, zero, zero
 
 
 def behaviour_weight_stats(old_log_prob: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor,

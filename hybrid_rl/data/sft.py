@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 
 from hybrid_rl.data.rows import read_rows
 
-__all__ = ["TRUNCATIONS", "SFTExample", "example_from_row", "load_sft_examples", "tokenize_example"]
+__all__ = ["TRUNCATIONS", "SFTExample", "example_from_row", "load_sft_examples", "sft_batch", "tokenize_example"]
 
 TRUNCATIONS = ("error", "left", "right")
 """veRL's ``data.truncation`` for SFT: error, left (keep the end) or right (keep the start)."""
@@ -126,3 +126,37 @@ def tokenize_example(tokenizer: Any, messages: list[dict], max_length: int,
         raise ValueError(f"no assistant token is left within data.max_length={max_length}: nothing to train on. "
                          "Fix: raise data.max_length or truncate from the other side.")
     return ids, mask
+
+
+def sft_batch(rows: Sequence[tuple[list[int], list[int]]], pad_token_id: int) -> dict[str, Any]:
+    """The actor's update tensors for tokenised conversations (``(input_ids, loss_mask)`` pairs):
+    each row split before its first target token into a left-padded prompt ``[B, P]`` and a
+    right-padded response ``[B, R]`` whose ``response_mask`` is the rest of the loss mask (0 on later
+    user turns); ``old_log_probs`` and ``advantages`` are zeros (the ``sft`` policy loss ignores
+    them). Train with ``actor.policy_loss.loss_mode=sft``."""
+    import torch
+
+    if not rows:
+        raise ValueError("sft_batch needs at least one tokenised conversation")
+    splits = [mask.index(1) for _, mask in rows]  # each row has a target token (tokenize_example)
+    width = max(splits)
+    length = max(len(ids) - cut for (ids, _), cut in zip(rows, splits))
+    b = len(rows)
+    prompts = torch.full((b, width), pad_token_id, dtype=torch.long)  # [B, P]
+    prompt_mask = torch.zeros((b, width), dtype=torch.long)
+    responses = torch.full((b, length), pad_token_id, dtype=torch.long)  # [B, R]
+    valid = torch.zeros((b, length), dtype=torch.long)
+    response_mask = torch.zeros((b, length), dtype=torch.long)
+    for i, ((ids, mask), cut) in enumerate(zip(rows, splits)):
+        n = len(ids) - cut
+        prompts[i, width - cut:] = torch.as_tensor(ids[:cut], dtype=torch.long)
+        prompt_mask[i, width - cut:] = 1
+        responses[i, :n] = torch.as_tensor(ids[cut:], dtype=torch.long)
+        valid[i, :n] = 1
+        response_mask[i, :n] = torch.as_tensor(mask[cut:], dtype=torch.long)
+    attention_mask = torch.cat([prompt_mask, valid], dim=1)  # [B, P+R]
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    zeros = torch.zeros((b, length), dtype=torch.float32)
+    return {"prompts": prompts, "responses": responses, "response_mask": response_mask,
+            "input_ids": torch.cat([prompts, responses], dim=1), "attention_mask": attention_mask,
+            "position_ids": position_ids, "old_log_probs": zeros, "advantages": zeros.clone()}

@@ -119,6 +119,17 @@ def test_builtins_registered_and_uniform_signature():
         assert len(out) == 4 and all(t.dim() == 0 and torch.isfinite(t) for t in out)
 
 
+def test_sft_loss_is_the_masked_negative_log_likelihood():
+    log_prob = torch.tensor([[-1.0, -2.0], [-3.0, -9.0]], requires_grad=True)
+    mask = torch.tensor([[1, 1], [1, 0]])
+    loss, clipfrac, kl, lower = get_policy_loss_fn("sft")(torch.zeros(2, 2), log_prob, torch.randn(2, 2), mask)
+    assert loss.item() == pytest.approx((1 + 2 + 3) / 3) and clipfrac == kl == lower == 0
+    loss.backward()
+    assert torch.equal(log_prob.grad, torch.tensor([[-1 / 3, -1 / 3], [-1 / 3, 0.0]]))
+    seq = get_policy_loss_fn("sft")(None, log_prob.detach(), None, mask, loss_agg_mode="seq-mean-token-mean")[0]
+    assert seq.item() == pytest.approx(((1 + 2) / 2 + 3) / 2)
+
+
 def test_registry_errors():
     with pytest.raises(ValueError, match="already registered"):
         register_policy_loss("vanilla")(compute_policy_loss_vanilla)
@@ -130,7 +141,7 @@ def test_registry_errors():
 # ----------------------------------------------------------------------------- split invariance
 
 
-@pytest.mark.parametrize("name", ["vanilla", "gspo", "decoupled"])
+@pytest.mark.parametrize("name", ["vanilla", "gspo", "decoupled", "sft"])
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 def test_split_invariance(name, mode):
     gen = torch.Generator().manual_seed(1)
