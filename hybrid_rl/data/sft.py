@@ -20,7 +20,8 @@ from typing import Any, Optional, Sequence
 
 from hybrid_rl.data.rows import read_rows
 
-__all__ = ["TRUNCATIONS", "SFTExample", "example_from_row", "load_sft_examples", "sft_batch", "tokenize_example"]
+__all__ = ["TRUNCATIONS", "SFTDataset", "SFTExample", "example_from_row", "load_sft_examples", "sft_batch",
+           "tokenize_example"]
 
 TRUNCATIONS = ("error", "left", "right")
 """veRL's ``data.truncation`` for SFT: error, left (keep the end) or right (keep the start)."""
@@ -160,3 +161,37 @@ def sft_batch(rows: Sequence[tuple[list[int], list[int]]], pad_token_id: int) ->
     return {"prompts": prompts, "responses": responses, "response_mask": response_mask,
             "input_ids": torch.cat([prompts, responses], dim=1), "attention_mask": attention_mask,
             "position_ids": position_ids, "old_log_probs": zeros, "advantages": zeros.clone()}
+
+
+class SFTDataset:
+    """Tokenised SFT conversations for the resumable loader: item ``i`` is ``(input_ids, loss_mask)``
+    and ``collate_fn`` builds :func:`sft_batch` tensors plus the ``data_source`` column."""
+
+    def __init__(self, files: Any, tokenizer: Any, prompt_key: str = "prompt", response_key: str = "response",
+                 messages_key: Optional[str] = None, max_length: int = 1024, truncation: str = "error"):
+        self.examples = load_sft_examples(files, prompt_key, response_key, messages_key)
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.rows = []
+        for index, example in enumerate(self.examples):
+            try:
+                self.rows.append(tokenize_example(tokenizer, example.messages, max_length, truncation))
+            except ValueError as error:
+                raise ValueError(f"SFT example {index} of {files}: {error}") from None
+        if not self.rows:
+            raise ValueError(f"no SFT examples in {files}. Fix: pass non-empty data files.")
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict:
+        ids, mask = self.rows[index]
+        return {"ids": ids, "mask": mask, "data_source": self.examples[index].data_source}
+
+    def collate_fn(self, items: Sequence[dict]) -> dict[str, Any]:
+        import numpy as np
+
+        out = sft_batch([(item["ids"], item["mask"]) for item in items], self.pad_token_id)
+        sources = np.empty(len(items), dtype=object)
+        sources[:] = [item["data_source"] for item in items]
+        out["data_source"] = sources
+        return out

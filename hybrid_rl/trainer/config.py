@@ -42,6 +42,16 @@ class ArithmeticDataConfig:
 
 
 @dataclass
+class MultiturnDataConfig:
+    """SFT on whole conversations (veRL's SFT ``data.multiturn.*``)."""
+
+    enable: bool = False
+    """true: each row is a conversation in ``messages_key``; every assistant turn is trained on."""
+    messages_key: str = "messages"
+    """Column holding the conversation (chat messages)."""
+
+
+@dataclass
 class DataConfig:
     """Datasets, prompt/response lengths and batch sizes (veRL ``data.*``)."""
 
@@ -77,6 +87,13 @@ class DataConfig:
     """Keep each prompt's chat messages (untemplated) as ``raw_prompt`` beside the token ids."""
     arithmetic: ArithmeticDataConfig = field(default_factory=ArithmeticDataConfig)
     """Synthetic arithmetic task settings (only used when ``train_files`` is null)."""
+    response_key: str = "response"
+    """SFT (``main_sft``): column holding the target response text."""
+    max_length: int = 1024
+    """SFT: most tokens per conversation (prompt + response); longer ones follow ``truncation``
+    (error, left = keep the end, right = keep the start)."""
+    multiturn: MultiturnDataConfig = field(default_factory=MultiturnDataConfig)
+    """SFT on whole conversations."""
 
 
 @dataclass

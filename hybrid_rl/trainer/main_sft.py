@@ -1,0 +1,120 @@
+"""Supervised fine-tuning: ``python -m hybrid_rl.trainer.main_sft [key=value ...]`` (veRL's SFT keys).
+
+    python -m hybrid_rl.trainer.main_sft                                  # arithmetic SFT data, generated
+    python -m hybrid_rl.trainer.main_sft data.train_files=sft_train.parquet data.val_files=sft_test.parquet \\
+        data.prompt_key=prompt data.response_key=response model.partial_pretrain=HuggingFaceTB/SmolLM2-135M-Instruct \\
+        optim.lr=1e-5 trainer.total_epochs=2
+
+veRL's ``fsdp_sft_trainer`` names are translated onto the RL trainer's config (``SFT_KEY_MAP``):
+``model.partial_pretrain`` is the actor's ``model.path``, ``optim.*`` its optimizer,
+``data.micro_batch_size_per_gpu`` its micro-batch; every other key is the RL trainer's own
+(``data.*``, ``trainer.*``, ``actor_rollout_ref.*``). The run is :class:`SFTTrainer`: the actor
+worker trains with the ``sft`` loss, one optimizer step per ``data.train_batch_size`` conversations;
+checkpoints, resume, trackers and the plot are the RL trainer's. Without ``data.train_files`` it
+trains on the arithmetic task's SFT examples (``hybrid_rl.data.rlhf_data``, the RL task's split),
+validating the held-out loss and the greedy accuracy on the 200 held-out problems.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Optional, Sequence
+
+__all__ = ["SFT_KEY_MAP", "main", "run_sft", "sft_overrides"]
+
+SFT_KEY_MAP = {
+    "model.partial_pretrain": "actor_rollout_ref.model.path",
+    "model.enable_gradient_checkpointing": "actor_rollout_ref.model.enable_gradient_checkpointing",
+    "model.trust_remote_code": "actor_rollout_ref.model.trust_remote_code",
+    "model.lora_rank": "actor_rollout_ref.model.lora_rank",
+    "model.lora_alpha": "actor_rollout_ref.model.lora_alpha",
+    "model.target_modules": "actor_rollout_ref.model.target_modules",
+    "optim.lr": "actor_rollout_ref.actor.optim.lr",
+    "optim.weight_decay": "actor_rollout_ref.actor.optim.weight_decay",
+    "optim.betas": "actor_rollout_ref.actor.optim.betas",
+    "optim.warmup_steps_ratio": "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio",
+    "optim.lr_scheduler": "actor_rollout_ref.actor.optim.lr_scheduler_type",
+    "optim.clip_grad": "actor_rollout_ref.actor.grad_clip",
+    "data.micro_batch_size_per_gpu": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+}
+"""veRL SFT key -> the RL trainer's key."""
+
+SFT_FIXED = ["actor_rollout_ref.actor.policy_loss.loss_mode=sft", "actor_rollout_ref.rollout.n=1",
+             "actor_rollout_ref.actor.use_kl_loss=false", "actor_rollout_ref.actor.entropy_coeff=0",
+             "actor_rollout_ref.actor.ppo_epochs=1", "algorithm.use_kl_in_reward=false",
+             # no advantage is used; a non-group estimator keeps the RL checks quiet about rollout.n=1
+             "algorithm.adv_estimator=reinforce_plus_plus"]
+SFT_DEFAULTS = {"trainer.experiment_name": "sft", "actor_rollout_ref.actor.optim.lr": "1e-5",
+                "trainer.total_training_steps": "null", "trainer.total_epochs": "1"}
+
+
+def _default_data(overrides: list[str]) -> list[str]:
+    """Without train files: the arithmetic task's SFT examples, generated once into its cache dir."""
+    from hybrid_rl.data.rlhf_data import arithmetic_examples, write_rlhf_data
+    from hybrid_rl.trainer.config_loader import get_config
+
+    arith = get_config(overrides).data.arithmetic
+    folder = os.path.join(os.path.expanduser(arith.cache_dir), f"sft-{arith.num_train}-{arith.num_test}-{arith.seed}")
+    paths = {name: os.path.join(folder, f"{name}.parquet") for name in ("sft_train", "sft_test")}
+    if not all(os.path.isfile(p) for p in paths.values()):
+        write_rlhf_data(arithmetic_examples(arith.num_train, arith.num_test, arith.seed, arith.max_digits), folder)
+    return [f"data.train_files={paths['sft_train']}", f"data.val_files={paths['sft_test']}"]
+
+
+def sft_overrides(argv: Sequence[str]) -> list[str]:
+    """The RL trainer's overrides for an SFT command line (see the module docstring)."""
+    out, given = [], set()
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            raise ValueError(f"cannot parse {arg!r}: write key=value (e.g. optim.lr=1e-5).")
+        key = SFT_KEY_MAP.get(key.lstrip("+"), key)
+        given.add(key)
+        out.append(f"{key}={value}")
+        if key == "data.train_batch_size":  # one optimizer step per batch of conversations
+            out.append(f"actor_rollout_ref.actor.ppo_mini_batch_size={value}")
+    defaults = [f"{k}={v}" for k, v in SFT_DEFAULTS.items() if k not in given]
+    out = defaults + out + SFT_FIXED
+    if "data.train_files" not in given:
+        out += _default_data(out)
+    return out
+
+
+def run_sft(argv: Sequence[str] = ()) -> dict[str, float]:
+    """Run an SFT job from veRL-style ``key=value`` arguments; returns the last step's metrics."""
+    from hybrid_rl.trainer.config_loader import check_override_keys, get_config, to_ppo_config
+    from hybrid_rl.trainer.sft_trainer import SFTTrainer
+    from hybrid_rl.trainer.supervisor import run_supervised
+
+    overrides = sft_overrides(argv)
+    check_override_keys(overrides)
+    config = to_ppo_config(get_config(overrides))
+    return run_supervised(SFTTrainer(config), SFTTrainer)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    from hybrid_rl.trainer.main_ppo import _fail, _is_reported_user_error
+    from hybrid_rl.trainer.validate import run_dir
+    from hybrid_rl.utils.log_setup import configure_logging
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        from hybrid_rl.trainer.config_loader import get_config, to_ppo_config
+
+        cfg = to_ppo_config(get_config(sft_overrides(argv)))
+        if not logging.getLogger().handlers:  # the console main_ppo gets from Hydra: messages only
+            console = logging.StreamHandler(sys.stdout)
+            console.setFormatter(logging.Formatter("%(message)s"))
+            logging.getLogger().addHandler(console)
+        configure_logging(cfg.trainer.log_level, os.path.join(run_dir(cfg), "logs", "driver.log"))
+        run_sft(argv)
+    except Exception as error:  # noqa: BLE001 - re-raised unless it is a user mistake
+        if _is_reported_user_error(error):
+            _fail(error)
+        raise
+
+
+if __name__ == "__main__":
+    main()
