@@ -38,6 +38,14 @@ class Tok:
         return " ".join(map(str, ids))
 
 
+def wait_until(condition, timeout_s=10.0):
+    """Poll ``condition`` until it holds; fail the test after ``timeout_s``."""
+    deadline = time.time() + timeout_s
+    while not condition():
+        assert time.time() < deadline, "timed out waiting for the producer"
+        time.sleep(0.01)
+
+
 def fake_generate(batch, index, metrics):
     rows = len(batch)
     metrics["gen/index"] = float(index)
@@ -121,10 +129,7 @@ def test_eta_zero_never_runs_ahead():
     producer.offer_weights("w0", 0)
     producer.start()
     try:
-        deadline = time.time() + 10
-        while buffer.count() < ROWS:
-            assert time.time() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: buffer.count() >= ROWS)
         time.sleep(0.3)
         assert buffer.count() == ROWS  # nothing more until the trainer takes and pushes version 1
         assert producer.state().next_batch == 2
@@ -177,10 +182,7 @@ def test_resume_skips_batches_already_buffered():
     producer.offer_weights("w2", 2)
     producer.start()
     try:
-        deadline = time.time() + 10
-        while buffer.count() < ROWS:
-            assert time.time() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: buffer.count() >= ROWS)
     finally:
         producer.stop()
     rows = buffer.read()
@@ -269,10 +271,7 @@ def test_stalled_when_the_counts_say_ready_but_the_buffer_has_no_batch():
     producer.offer_weights("w0", 0)
     producer.start()
     try:
-        deadline = time.time() + 5
-        while not producer.stalled():
-            assert time.time() < deadline
-            time.sleep(0.01)
+        wait_until(producer.stalled)
         assert buffer.count() == 0
     finally:
         producer.stop()
