@@ -1,4 +1,4 @@
-"""End-of-run plot: training reward, validation score (and correct tool use) per step, as a PNG.
+"""End-of-run plot: training reward (or SFT loss), validation score (and correct tool use) per step, as a PNG.
 
 matplotlib draws it when installed (it is a runtime dependency of hybrid_rl); otherwise a small
 Pillow renderer draws the same two series so a run never ends without its curve.
@@ -15,6 +15,8 @@ logger = logging.getLogger(__name__)
 
 REWARD_KEY = "critic/score/mean"
 PLOT_FILE = "reward_curve.png"
+LOSS_KEYS = {"train/loss": "train loss", "val/sft_loss": "val loss"}
+"""SFT runs plot their loss curves beside the validation score."""
 CORRECT_TOOL_USE_SUFFIX = "/correct"
 """A tool metric named ``correct`` (share of held-out rows that used the tool correctly) is plotted too."""
 
@@ -37,6 +39,8 @@ def read_curves(jsonl_path: str) -> dict[str, list[tuple[int, float]]]:
                     continue
                 if key == REWARD_KEY:
                     by_step.setdefault("train reward", {})[step] = float(value)
+                elif key in LOSS_KEYS:  # SFT (main_sft): the training and held-out loss
+                    by_step.setdefault(LOSS_KEYS[key], {})[step] = float(value)
                 elif key.startswith("val-core/") and "/reward/mean@" in key:
                     name = "val " + key[len("val-core/"):]
                     by_step.setdefault(name, {})[step] = float(value)
@@ -61,7 +65,7 @@ def plot_run(jsonl_path: str, png_path: str, title: str = "") -> str | None:
         _plot_matplotlib(curves, png_path, title)
     except ImportError:
         _plot_pillow(curves, png_path, title)
-    logger.info("Reward curve written to %s", png_path)
+    logger.info("Curves written to %s", png_path)
     return png_path
 
 
@@ -76,7 +80,7 @@ def _plot_matplotlib(curves, png_path: str, title: str) -> None:
         steps, values = zip(*points)
         ax.plot(steps, values, marker="o" if name.startswith("val") else None, label=name)
     ax.set_xlabel("step")
-    ax.set_ylabel("reward / score")
+    ax.set_ylabel("reward / score / loss")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()

@@ -12,13 +12,25 @@ from hybrid_rl.trainer.config_loader import get_config, to_ppo_config
 RECIPES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "recipes", "*", "run.sh")))
 
 
+def recipe_entry(path: str) -> str:
+    """The trainer module a recipe runs (main_ppo or main_sft)."""
+    text = open(path).read()
+    return "hybrid_rl.trainer.main_sft" if "hybrid_rl.trainer.main_sft" in text else "hybrid_rl.trainer.main_ppo"
+
+
 def recipe_overrides(path: str) -> list[str]:
     text = open(path).read().replace("\\\n", " ")
-    command = next(line for line in text.splitlines() if "hybrid_rl.trainer.main_ppo" in line)
+    entry = recipe_entry(path)
+    command = next(line for line in text.splitlines() if entry in line)
     values = {"NGPUS": "2"}
     command = re.sub(r'"\$(\w+)"', lambda m: values.get(m.group(1), f"/placeholder/{m.group(1)}"), command)
-    args = shlex.split(command.split("hybrid_rl.trainer.main_ppo", 1)[1])
-    return [a for a in args if "=" in a]
+    args = shlex.split(command.split(entry, 1)[1])
+    args = [a for a in args if "=" in a]
+    if entry.endswith("main_sft"):  # veRL's SFT keys, as main_sft translates them
+        from hybrid_rl.trainer.main_sft import sft_overrides
+
+        return sft_overrides(args)
+    return args
 
 
 def test_there_are_three_recipes():
@@ -36,6 +48,9 @@ def test_recipe_composes(path):
         assert cfg == to_ppo_config(get_config([]))
     elif "arithmetic_grpo_lora" in path:  # the default run with a LoRA actor
         assert cfg.actor_rollout_ref.model.lora_rank == 32 and cfg.trainer.device == "auto"
+    elif "sft_arithmetic" in path:  # supervised fine-tuning through main_sft
+        assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "sft" and cfg.trainer.total_epochs == 2
+        assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == cfg.data.train_batch_size == 16
     elif "async_arithmetic" in path:  # the default run, decoupled
         assert cfg.async_training.enable and cfg.async_training.max_head_offpolicyness == 1
         assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "decoupled" and cfg.trainer.device == "auto"

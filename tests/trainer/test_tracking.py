@@ -99,6 +99,15 @@ def test_plot_keeps_last_value_of_repeated_step(tmp_path):
     assert plot_run(str(tmp_path / "missing.jsonl"), str(tmp_path / "x.png")) is None
 
 
+def test_sft_runs_plot_their_loss_curves(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": 0, "val/sft_loss": 0.9}, {"step": 1, "train/loss": 0.8},
+            {"step": 2, "train/loss": 0.4, "val/sft_loss": 0.35, "val-core/arithmetic/reward/mean@1": 0.3}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert read_curves(str(path)) == {"val loss": [(0, 0.9), (2, 0.35)], "train loss": [(1, 0.8), (2, 0.4)],
+                                      "val arithmetic/reward/mean@1": [(2, 0.3)]}
+
+
 def test_pillow_fallback_when_matplotlib_is_missing(tmp_path, monkeypatch):
     import hybrid_rl.trainer.plotting as plotting
 
