@@ -16,7 +16,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
+from hybrid_rl.data.layout import prompt_response_tensors
 from hybrid_rl.protocol import DataProto
+from hybrid_rl.protocol_utils import to_object_array
 
 __all__ = ["Experience", "batch_from_experiences", "experiences_from_batch"]
 
@@ -120,53 +122,33 @@ def batch_from_experiences(experiences: Sequence[Experience], pad_token_id: int,
     longest), responses right-padded to ``response_length``; ``token_level_scores`` holds each reward
     on its last model token; non-tensor ``uid``, ``data_source``, ``reward_model``, ``policy_version``,
     plus every ``extra`` column all the experiences have (``extra_info``, ``num_turns``, ...)."""
-    rows = len(experiences)
     longest = max(len(e.prompt_ids) for e in experiences)
     if prompt_length is not None and prompt_length < longest:
         raise ValueError(f"a prompt of {longest} tokens does not fit prompt_length={prompt_length}. Fix: read "
                          "the experiences back with the max_prompt_length they were generated with.")
-    width = prompt_length if prompt_length is not None else longest
-    prompts = torch.full((rows, width), pad_token_id, dtype=torch.long)  # [B, P]
-    prompt_mask = torch.zeros((rows, width), dtype=torch.long)
-    responses = torch.full((rows, response_length), pad_token_id, dtype=torch.long)  # [B, R]
-    valid = torch.zeros((rows, response_length), dtype=torch.long)
-    response_mask = torch.zeros((rows, response_length), dtype=torch.long)
-    log_probs = torch.zeros((rows, response_length), dtype=torch.float32)
-    scores = torch.zeros((rows, response_length), dtype=torch.float32)
+    for e in experiences:
+        if len(e.response_ids) > response_length:
+            raise ValueError(f"experience {e.id}: {len(e.response_ids)} response tokens > response_length="
+                             f"{response_length}. Fix: read it back with the response_length it was generated with.")
+    tensors = prompt_response_tensors([e.prompt_ids for e in experiences], [e.response_ids for e in experiences],
+                                      [e.response_mask for e in experiences], pad_token_id,
+                                      prompt_width=prompt_length, response_width=response_length)
+    log_probs = torch.zeros((len(experiences), response_length), dtype=torch.float32)  # [B, R]
+    scores = torch.zeros((len(experiences), response_length), dtype=torch.float32)
     for i, e in enumerate(experiences):
-        p, n = len(e.prompt_ids), len(e.response_ids)
-        if n > response_length:
-            raise ValueError(f"experience {e.id}: {n} response tokens > response_length={response_length}. "
-                             "Fix: read it back with the response_length it was generated with.")
-        prompts[i, width - p:] = torch.as_tensor(e.prompt_ids, dtype=torch.long)
-        prompt_mask[i, width - p:] = 1
-        responses[i, :n] = torch.as_tensor(e.response_ids, dtype=torch.long)
-        valid[i, :n] = 1
-        response_mask[i, :n] = torch.as_tensor(e.response_mask, dtype=torch.long)
         if e.rollout_log_probs is not None:
-            log_probs[i, :n] = torch.as_tensor(e.rollout_log_probs, dtype=torch.float32)
-        model_tokens = response_mask[i].nonzero()
+            log_probs[i, :len(e.rollout_log_probs)] = torch.as_tensor(e.rollout_log_probs, dtype=torch.float32)
+        model_tokens = tensors["response_mask"][i].nonzero()
         if len(model_tokens):
             scores[i, int(model_tokens[-1])] = e.reward
-    prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P], as the dataset's collate
-    response_pos = prompt_pos[:, -1:] + torch.arange(1, response_length + 1)  # [B, R], as the rollout
-    tensors = {"prompts": prompts, "responses": responses, "response_mask": response_mask,
-               "input_ids": torch.cat([prompts, responses], dim=1),
-               "attention_mask": torch.cat([prompt_mask, valid], dim=1),  # [B, P+R]
-               "position_ids": torch.cat([prompt_pos, response_pos], dim=1), "token_level_scores": scores}
+    tensors["token_level_scores"] = scores
     if all(e.rollout_log_probs is not None for e in experiences):
         tensors["rollout_log_probs"] = log_probs
-    def column(values: list) -> np.ndarray:  # one object per row, even when the values are lists
-        out = np.empty(len(values), dtype=object)
-        for i, value in enumerate(values):
-            out[i] = value
-        return out
-
-    non_tensors = {"uid": column([e.uid for e in experiences]),
-                   "data_source": column([e.data_source for e in experiences]),
-                   "reward_model": column([{"ground_truth": e.ground_truth} for e in experiences]),
-                   "policy_version": column([e.policy_version for e in experiences])}
+    non_tensors = {"uid": to_object_array([e.uid for e in experiences]),
+                   "data_source": to_object_array([e.data_source for e in experiences]),
+                   "reward_model": to_object_array([{"ground_truth": e.ground_truth} for e in experiences]),
+                   "policy_version": to_object_array([e.policy_version for e in experiences])}
     shared = set.intersection(*(set(e.extra) for e in experiences)) - set(non_tensors)
     for key in sorted(shared):
-        non_tensors[key] = column([e.extra[key] for e in experiences])
+        non_tensors[key] = to_object_array([e.extra[key] for e in experiences])
     return DataProto.from_dict(tensors, non_tensors=non_tensors)

@@ -137,31 +137,16 @@ def sft_batch(rows: Sequence[tuple[list[int], list[int]]], pad_token_id: int) ->
     them). Train with ``actor.policy_loss.loss_mode=sft``."""
     import torch
 
+    from hybrid_rl.data.layout import prompt_response_tensors
+
     if not rows:
         raise ValueError("sft_batch needs at least one tokenised conversation")
     splits = [mask.index(1) for _, mask in rows]  # each row has a target token (tokenize_example)
-    width = max(splits)
-    length = max(len(ids) - cut for (ids, _), cut in zip(rows, splits))
-    b = len(rows)
-    prompts = torch.full((b, width), pad_token_id, dtype=torch.long)  # [B, P]
-    prompt_mask = torch.zeros((b, width), dtype=torch.long)
-    responses = torch.full((b, length), pad_token_id, dtype=torch.long)  # [B, R]
-    valid = torch.zeros((b, length), dtype=torch.long)
-    response_mask = torch.zeros((b, length), dtype=torch.long)
-    for i, ((ids, mask), cut) in enumerate(zip(rows, splits)):
-        n = len(ids) - cut
-        prompts[i, width - cut:] = torch.as_tensor(ids[:cut], dtype=torch.long)
-        prompt_mask[i, width - cut:] = 1
-        responses[i, :n] = torch.as_tensor(ids[cut:], dtype=torch.long)
-        valid[i, :n] = 1
-        response_mask[i, :n] = torch.as_tensor(mask[cut:], dtype=torch.long)
-    attention_mask = torch.cat([prompt_mask, valid], dim=1)  # [B, P+R]
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    zeros = torch.zeros((b, length), dtype=torch.float32)
-    return {"prompts": prompts, "responses": responses, "response_mask": response_mask,
-            "input_ids": torch.cat([prompts, responses], dim=1), "attention_mask": attention_mask,
-            "position_ids": position_ids, "old_log_probs": zeros, "advantages": zeros.clone()}
-
+    out = prompt_response_tensors([ids[:cut] for (ids, _), cut in zip(rows, splits)],
+                                  [ids[cut:] for (ids, _), cut in zip(rows, splits)],
+                                  [mask[cut:] for (_, mask), cut in zip(rows, splits)], pad_token_id)
+    zeros = torch.zeros(out["responses"].shape, dtype=torch.float32)  # [B, R]
+    return {**out, "old_log_probs": zeros, "advantages": zeros.clone()}
 
 class SFTDataset:
     """Tokenised SFT conversations for the resumable loader: item ``i`` is ``(input_ids, loss_mask)``
@@ -188,10 +173,8 @@ class SFTDataset:
         return {"ids": ids, "mask": mask, "data_source": self.examples[index].data_source}
 
     def collate_fn(self, items: Sequence[dict]) -> dict[str, Any]:
-        import numpy as np
+        from hybrid_rl.data.dataset import _object_array
 
         out = sft_batch([(item["ids"], item["mask"]) for item in items], self.pad_token_id)
-        sources = np.empty(len(items), dtype=object)
-        sources[:] = [item["data_source"] for item in items]
-        out["data_source"] = sources
+        out["data_source"] = _object_array([item["data_source"] for item in items])
         return out

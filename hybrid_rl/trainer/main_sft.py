@@ -22,7 +22,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
-__all__ = ["SFT_KEY_MAP", "main", "run_sft", "sft_overrides"]
+__all__ = ["SFT_KEY_MAP", "main", "run_sft", "sft_config", "sft_overrides"]
 
 SFT_KEY_MAP = {
     "model.partial_pretrain": "actor_rollout_ref.model.path",
@@ -84,13 +84,22 @@ def sft_overrides(argv: Sequence[str]) -> list[str]:
 
 def run_sft(argv: Sequence[str] = ()) -> dict[str, float]:
     """Run an SFT job from veRL-style ``key=value`` arguments; returns the last step's metrics."""
+    return _run(sft_config(argv))
+
+
+def sft_config(argv: Sequence[str]):
+    """The typed config of an SFT command line (unknown keys: one line naming the nearest)."""
     from hybrid_rl.trainer.config_loader import check_override_keys, get_config, to_ppo_config
-    from hybrid_rl.trainer.sft_trainer import SFTTrainer
-    from hybrid_rl.trainer.supervisor import run_supervised
 
     overrides = sft_overrides(argv)
     check_override_keys(overrides)
-    config = to_ppo_config(get_config(overrides))
+    return to_ppo_config(get_config(overrides))
+
+
+def _run(config) -> dict[str, float]:
+    from hybrid_rl.trainer.sft_trainer import SFTTrainer
+    from hybrid_rl.trainer.supervisor import run_supervised
+
     return run_supervised(SFTTrainer(config), SFTTrainer)
 
 
@@ -101,15 +110,13 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     argv = sys.argv[1:] if argv is None else argv
     try:
-        from hybrid_rl.trainer.config_loader import get_config, to_ppo_config
-
-        cfg = to_ppo_config(get_config(sft_overrides(argv)))
+        cfg = sft_config(argv)
         if not logging.getLogger().handlers:  # the console main_ppo gets from Hydra: messages only
             console = logging.StreamHandler(sys.stdout)
             console.setFormatter(logging.Formatter("%(message)s"))
             logging.getLogger().addHandler(console)
         configure_logging(cfg.trainer.log_level, os.path.join(run_dir(cfg), "logs", "driver.log"))
-        run_sft(argv)
+        _run(cfg)
     except Exception as error:  # noqa: BLE001 - re-raised unless it is a user mistake
         if _is_reported_user_error(error):
             _fail(error)

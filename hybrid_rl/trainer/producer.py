@@ -27,10 +27,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
-import numpy as np
 
 from hybrid_rl.buffer import ExperienceBuffer, experiences_from_batch
 from hybrid_rl.protocol import DataProto
+from hybrid_rl.protocol_utils import to_object_array
 from hybrid_rl.single_controller import WorkerGroupError
 
 __all__ = ["ProducerState", "RolloutProducer", "may_start_batch"]
@@ -331,7 +331,7 @@ class RolloutProducer:
         return batch
 
     def _put(self, item: _Generated, batch: DataProto) -> None:
-        batch.non_tensor_batch["rollout_batch"] = _column(item.index, len(batch))
+        batch.non_tensor_batch["rollout_batch"] = to_object_array([item.index] * len(batch))
         experiences = experiences_from_batch(batch, self.tokenizer, policy_version=item.version)
         with self._lock:
             if self._stop.is_set():
@@ -343,8 +343,3 @@ class RolloutProducer:
             self._metrics[item.index] = item.metrics
             self._lock.notify_all()
 
-
-def _column(value: int, rows: int) -> np.ndarray:
-    out = np.empty(rows, dtype=object)
-    out[:] = [value] * rows
-    return out

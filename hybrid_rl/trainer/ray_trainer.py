@@ -271,9 +271,13 @@ class RayPPOTrainer:
     def _is_last_step(self) -> bool:
         return self.global_steps >= self.total_training_steps
 
+    def _has_validation_data(self) -> bool:
+        """Whether there is anything to validate on (a variant trainer may have more than prompts)."""
+        return self.val_dataset is not None
+
     def _validation_due(self) -> bool:
         t = self.config.trainer
-        if self.val_dataset is None:
+        if not self._has_validation_data():
             return False
         return (t.test_freq > 0 and self.global_steps % t.test_freq == 0) or (self._is_last_step() and t.val_at_end)
 
@@ -483,6 +487,10 @@ class RayPPOTrainer:
             if mfu is not None:
                 metrics["perf/mfu/actor"] = mfu
         metrics.update(metric_fns.areal_aliases(metrics, batch, self.tokenizer.eos_token_id))
+        return self._publish(metrics)
+
+    def _publish(self, metrics: dict[str, Any]) -> dict[str, float]:
+        """Stamp the step and epoch, send ``metrics`` to the trackers and the progress bar."""
         metrics["training/global_step"] = self.global_steps
         metrics["training/epoch"] = self.train_dataloader.epoch
         self.tracker.log(metrics, step=self.global_steps)

@@ -68,11 +68,8 @@ class SFTTrainer(RayPPOTrainer):
             steps.append("save_checkpoint")
         return steps
 
-    def _validation_due(self) -> bool:
-        t = self.config.trainer
-        if self.val_dataset is None and self.sft_val_dataset is None:
-            return False
-        return (t.test_freq > 0 and self.global_steps % t.test_freq == 0) or (self._is_last_step() and t.val_at_end)
+    def _has_validation_data(self) -> bool:
+        return self.val_dataset is not None or self.sft_val_dataset is not None
 
     def run_validation(self) -> dict[str, float]:
         metrics = self.validation_loss()
@@ -102,11 +99,7 @@ class SFTTrainer(RayPPOTrainer):
         metrics["train/target_tokens"] = float(batch.batch["response_mask"].sum())
         metrics.update({f"timing_s/{name}": value for name, value in timing.items()})
         metrics.update(metric_fns.compute_throughput_metrics(batch, timing, self.plan.world_size))
-        metrics["training/global_step"] = self.global_steps
-        metrics["training/epoch"] = self.train_dataloader.epoch
-        self.tracker.log(metrics, step=self.global_steps)
-        self.progress.update(metrics)
-        return metrics
+        return self._publish(metrics)
 
     def _actor_mfu(self, *args: Any, **kwargs: Any) -> None:  # the PPO MFU counts rollout tokens
         return None
