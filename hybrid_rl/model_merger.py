@@ -10,7 +10,8 @@ that rank's FSDP2 shards (dim-0 pieces, ``torch.chunk`` layout, in rank order), 
 along dim 0; the expected full shape of every tensor comes from the model built from the config on
 the meta device, so a replicated tensor is recognised and any mismatch is an error, not a silent
 corruption. The result loads with ``AutoModelForCausalLM.from_pretrained(target_dir)`` (or
-``AutoModelForTokenClassification`` for a critic).
+``AutoModelForTokenClassification`` for a critic, ``AutoModelForSequenceClassification`` for a
+reward model trained by ``main_rm``).
 
 A LoRA actor's checkpoint (``huggingface/adapter_config.json`` present) gives both exports: the
 merged model in ``target_dir`` (peft's ``merge_and_unload``) and the adapter alone in
@@ -66,12 +67,17 @@ def _clean(name: str) -> str:
 def _build_meta_model(hf_dir: Path, kind: str, lora: bool = False):
     """The model class for ``kind`` instantiated on the meta device (shapes only, no memory); with
     ``lora`` wrapped with the checkpoint's LoRA adapters (peft names)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification,
+                              AutoModelForTokenClassification)
+
+    from hybrid_rl.workers.model_loader import is_sequence_classifier
 
     config = AutoConfig.from_pretrained(hf_dir)
     auto_cls = AutoModelForCausalLM if kind == "causal_lm" else AutoModelForTokenClassification
     if kind == "value":
         config.num_labels = 1
+        if is_sequence_classifier(config):  # a reward model (hybrid_rl.workers.rm_worker)
+            auto_cls = AutoModelForSequenceClassification
     with torch.device("meta"):
         model = auto_cls.from_config(config)
         if lora:

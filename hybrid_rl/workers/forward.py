@@ -118,3 +118,30 @@ def response_values(module: nn.Module, batch: dict[str, torch.Tensor],
                  use_cache=False)
     length = input_ids.shape[1]
     return out.logits[:, length - response_length - 1:length - 1, 0].float()  # [B, R]
+
+
+def last_valid_columns(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B]`` long: the column of each row's last valid token (``attention_mask`` ``[B, L]``)."""
+    columns = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    return (columns * attention_mask.bool()).argmax(-1)
+
+
+def sequence_scores(module: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    position_ids: torch.Tensor, use_remove_padding: bool) -> torch.Tensor:
+    """Scalar scores ``[B]`` (float32) of whole sequences: a one-output token-classification
+    model's output at each row's last valid token (veRL's reward-model read-out; what
+    ``AutoModelForSequenceClassification`` pools when that token is not the pad token).
+
+    Rows ``[B, L]`` may be padded on either side. Packed, the valid tokens of all rows form one
+    ``[1, T]`` sequence and row ``i`` ends at packed index ``cumsum(lengths)[i] - 1``.
+    """
+    input_ids, attention_mask, position_ids = trim_left_padding(input_ids, attention_mask, position_ids)
+    if use_remove_padding:
+        packed = pack(input_ids, attention_mask, position_ids, response_length=0)
+        out = module(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
+                     use_cache=False, **packed.attention_kwargs)
+        ends = attention_mask.sum(-1).cumsum(0) - 1  # [B]
+        return out.logits[0, ends, 0].float()
+    out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+    return out.logits[rows, last_valid_columns(attention_mask), 0].float()

@@ -192,17 +192,25 @@ def load_causal_lm(path: str, *, dtype: str = "float32", trust_remote_code: bool
     return model
 
 
+def is_sequence_classifier(config) -> bool:
+    """Whether an HF config names a ``*ForSequenceClassification`` class (a reward model)."""
+    return any(str(a).endswith("ForSequenceClassification") for a in (getattr(config, "architectures", None) or []))
+
+
 def load_value_model(path: str, *, dtype: str = "float32", trust_remote_code: bool = False,
                      override_config: Optional[dict[str, Any]] = None):
     """Critic: ``AutoModelForTokenClassification`` with one label, backbone from ``path``.
 
-    The value head (``score``) is freshly initialised; dropout on it is disabled so values are a
-    deterministic function of the weights.
+    The value head (``score``) is freshly initialised, unless ``path`` is a sequence-classification
+    folder (a reward model), whose bias-free ``score`` is loaded as is; dropout on it is disabled so
+    values are a deterministic function of the weights.
     """
     from transformers import AutoModelForTokenClassification
 
-    overrides = {"num_labels": 1, "classifier_dropout": 0.0, **(override_config or {})}
     config = load_hf_config(path, trust_remote_code=trust_remote_code)
+    overrides = {"num_labels": 1, "classifier_dropout": 0.0, **(override_config or {})}
+    if is_sequence_classifier(config):
+        overrides.setdefault("token_classification_bias", False)  # a reward model: its score has no bias
     for name, value in overrides.items():
         setattr(config, name, value)  # classifier_dropout may be new for this config class
     from transformers.utils import logging as hf_logging

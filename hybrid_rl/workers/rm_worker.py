@@ -1,0 +1,101 @@
+"""The reward-model worker: the critic worker's value model, trained and read as a scalar reward model.
+
+A reward model is the critic's layout (veRL's): the backbone with a one-output token-classification
+head, here built without a bias (``token_classification_bias=False``) so its weights are exactly
+``AutoModelForSequenceClassification``'s (``model.*`` + ``score.weight``). Its HF config names the
+sequence-classification class, so a checkpoint merged by ``python -m hybrid_rl.model_merger``
+loads with ``AutoModelForSequenceClassification`` (TRL, OpenRLHF) and, unchanged, with
+``AutoModelForTokenClassification`` (veRL's reward-model worker). The score normalisation
+statistics (OpenRLHF's ``config.mean`` / ``config.std``) are written into the same config.
+
+Everything else (FSDP2 sharding, AdamW, LR schedule, optimizer offload, atomic checkpoints) is
+:class:`~hybrid_rl.workers.fsdp_workers.CriticWorker`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Optional
+
+import torch
+
+from hybrid_rl.protocol import DataProto
+from hybrid_rl.single_controller import Dispatch, register
+from hybrid_rl.utils.memory import phase_peak
+from hybrid_rl.workers.config import CriticConfig
+from hybrid_rl.workers.fsdp_workers import CriticWorker
+from hybrid_rl.workers.reward_model import DataParallelRewardModel
+
+__all__ = ["RewardModelWorker", "sequence_classification_architecture"]
+
+
+def sequence_classification_architecture(model_type: str) -> Optional[str]:
+    """``LlamaForSequenceClassification`` for ``llama`` etc.; None when transformers has none."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+
+    return MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.get(model_type)
+
+
+class RewardModelWorker(CriticWorker):
+    """One device's reward model: pairwise Bradley-Terry updates and scores.
+
+    Args:
+        config: a critic-shaped section (``main_rm`` maps its keys onto ``critic.*``);
+            ``ppo_micro_batch_size_per_gpu`` counts pairs per micro-batch.
+        total_training_steps: steps of the run, for the LR schedule.
+    """
+
+    def __init__(self, config: CriticConfig, total_training_steps: Optional[int] = None):
+        if isinstance(config, CriticConfig):
+            override = {**config.model.override_config, "token_classification_bias": False}
+            config = dataclasses.replace(config, model=dataclasses.replace(config.model, override_config=override))
+        super().__init__(config, total_training_steps)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """The critic's set-up, then the reward-model view of the same module."""
+        super().init_model()
+        hf_config = self.critic_module.config
+        architecture = sequence_classification_architecture(hf_config.model_type)
+        if architecture:
+            hf_config.architectures = [architecture]
+        if hf_config.pad_token_id is None:
+            hf_config.pad_token_id = self.tokenizer.pad_token_id
+        self.reward_model = DataParallelRewardModel(
+            self.critic_module, self.critic_optimizer,
+            micro_batch_pairs=self.critic.micro_batch_rows, use_remove_padding=self.config.model.use_remove_padding,
+            grad_clip=self.config.grad_clip, pad_token_id=self.tokenizer.pad_token_id, device=self.device)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_reward_model(self, data: DataProto) -> DataProto:
+        """One Bradley-Terry optimizer step on a pair batch; returns ``meta_info["metrics"]``."""
+        start = time.perf_counter()
+        peak: dict[str, float] = {}
+        with phase_peak(peak, "perf/peak_rss_gib/update_reward_model"), self.optimizer_offload:
+            metrics: dict[str, Any] = self.reward_model.update(data)
+        metrics.update(peak)
+        metrics["rm/lr"] = self.critic_lr_scheduler.get_last_lr()[0]
+        self.critic_lr_scheduler.step()
+        metrics["timing_s/update_reward_model_worker"] = time.perf_counter() - start
+        return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_pair_scores(self, data: DataProto) -> DataProto:
+        """``chosen_scores`` and ``rejected_scores`` [B] of a pair batch (no grad)."""
+        chosen, rejected = self.reward_model.compute_pair_scores(data)
+        return DataProto.from_dict({"chosen_scores": chosen, "rejected_scores": rejected})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        """``rm_scores`` [B] of the sequences ``rm_input_ids`` / ``rm_attention_mask`` / ``rm_position_ids``
+        (raw, before any normalisation)."""
+        return DataProto.from_dict({"rm_scores": self.reward_model.compute_scores(data, prefix="rm_")})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def set_score_normalization(self, mean: float, std: float) -> None:
+        """Record the score statistics in the model config (saved with every checkpoint and export)."""
+        if not (std > 0 and torch.isfinite(torch.tensor([mean, std])).all()):
+            raise ValueError(f"score normalisation needs a finite mean and a std > 0, got mean={mean}, std={std}")
+        self.critic_module.config.mean = float(mean)
+        self.critic_module.config.std = float(std)
