@@ -83,7 +83,7 @@ def pair_from_row(row: dict, prompt_key: str = "prompt", chosen_key: str = "chos
     """One :class:`PreferencePair` from a row in any accepted shape (ValueError with the fix otherwise)."""
     for key, flag in ((chosen_key, "chosen_key"), (rejected_key, "rejected_key")):
         if row.get(key) is None:
-            raise ValueError(f"no {key!r} column (columns: {sorted(row)}). Fix: name the column with {flag}= "
+            raise ValueError(f"no {key!r} column (columns: {sorted(row)}). Fix: name the column with data.{flag}= "
                              f"(OpenRLHF --{flag}, TRL 'chosen'/'rejected').")
     chosen, rejected, prompt = row[chosen_key], row[rejected_key], row.get(prompt_key)
     if isinstance(chosen, str) and isinstance(rejected, str) and prompt is None:
@@ -91,7 +91,7 @@ def pair_from_row(row: dict, prompt_key: str = "prompt", chosen_key: str = "chos
             chosen, rejected = parse_hh_dialogue(chosen), parse_hh_dialogue(rejected)
         except ValueError as error:
             raise ValueError(f"string responses without a {prompt_key!r} column must be HH-RLHF dialogues: "
-                             f"{error}. Fix: add the prompt column (prompt_key=) or use chat messages.") from None
+                             f"{error}. Fix: add the prompt column (data.prompt_key=) or use chat messages.") from None
     if isinstance(chosen, str) and isinstance(rejected, str):
         prompt_messages, chosen_text, rejected_text = _messages(prompt, f"{prompt_key!r}"), chosen, rejected
     else:

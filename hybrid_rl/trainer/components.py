@@ -111,8 +111,8 @@ def build_reward_manager(cfg: PPOConfig, tokenizer, num_examine: int):
 class WorkerGroups:
     """Handles on the colocated worker group's role views."""
 
-    actor_rollout: Any
-    """View with the actor / rollout / reference methods."""
+    actor_rollout: Optional[Any]
+    """View with the actor / rollout / reference methods (None in reward-model training)."""
     critic: Optional[Any]
     """View with the critic methods (None without a critic)."""
     resource_pool: Any
@@ -121,9 +121,11 @@ class WorkerGroups:
     """Decoupled mode: the rollout-only group in its own pool (None when colocated)."""
     rollout_pool: Optional[Any] = None
     """Decoupled mode: the rollout group's devices."""
+    reward_model: Optional[Any] = None
+    """View with the reward-model methods (reward-model training; None otherwise)."""
 
     def shutdown(self) -> None:
-        self.actor_rollout.shutdown()
+        (self.actor_rollout or self.reward_model).shutdown()  # the views share the group's processes
         self.resource_pool.remove()
         if self.rollout is not None:
             self.rollout.shutdown()
@@ -234,6 +236,28 @@ def build_worker_groups(
     return groups
 
 
+def build_reward_model_group(cfg: PPOConfig, plan: RunPlan, total_training_steps: int, *,
+                             worker_cls: Optional[type] = None, call_timeout_s: Optional[float] = None,
+                             log_dir: Optional[str] = None) -> WorkerGroups:
+    """Reward-model training (``main_rm``): ``world_size`` processes hosting only a
+    :class:`~hybrid_rl.workers.rm_worker.RewardModelWorker` built from the ``critic`` section."""
+    from hybrid_rl.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+    from hybrid_rl.workers.rm_worker import RewardModelWorker
+
+    _start_ray(cfg, plan, log_dir)
+    pool = RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, use_gpu=plan.device == "cuda",
+                           num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker)
+    worker = RayClassWithInitArgs(worker_cls or RewardModelWorker, config=cfg.critic,
+                                  total_training_steps=total_training_steps)
+    try:
+        group = RayWorkerGroup(pool, worker, call_timeout_s=call_timeout_s)
+        group.init_model()
+    except BaseException:
+        pool.remove()
+        raise
+    return WorkerGroups(actor_rollout=None, critic=None, resource_pool=pool, reward_model=group)
+
+
 def _actor_hf_config(cfg: PPOConfig):
     from hybrid_rl.workers.model_loader import load_hf_config, resolve_model_path
 
@@ -290,22 +314,23 @@ def compute_dtype_fields(cfg: PPOConfig, plan: RunPlan) -> dict[str, str]:
     return fields
 
 
-def report_precision(cfg: PPOConfig, plan: RunPlan) -> str:
+def report_precision(cfg: PPOConfig, plan: RunPlan, fields: Optional[dict[str, str]] = None) -> str:
     """Log the run's compute dtypes and why in one line (and warn about an explicit bf16 on a CPU
-    that emulates it); returns the actor's resolved compute dtype. Resolving runs the CPU probe
-    once here, on the driver, so the workers read its cached result."""
+    that emulates it); returns the resolved compute dtype of the first of ``fields`` (default:
+    :func:`compute_dtype_fields`, the actor's first). Resolving runs the CPU probe once here, on the
+    driver, so the workers read its cached result."""
     from hybrid_rl.utils.precision import describe_choices, resolve_dtype, slow_bf16_warning
 
     def role_of(key: str) -> str:
         return "rollout" if key.endswith("rollout.dtype") else "train"
 
-    fields = compute_dtype_fields(cfg, plan)
+    fields = fields if fields is not None else compute_dtype_fields(cfg, plan)
     with worker_threads(plan):  # probe with the threads one worker computes with
         logger.info(describe_choices(fields, plan.device, role_of))
     warning = slow_bf16_warning(fields, plan.device)
     if warning:
         logger.warning(warning)
-    return resolve_dtype(cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype, plan.device)
+    return resolve_dtype(next(iter(fields.values())), plan.device)
 
 
 def measure_peak_flops(device: str, seconds: float = 0.5, dtype: str = "bfloat16", size: int = 2048,

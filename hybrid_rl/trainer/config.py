@@ -94,6 +94,12 @@ class DataConfig:
     (error, left = keep the end, right = keep the start)."""
     multiturn: MultiturnDataConfig = field(default_factory=MultiturnDataConfig)
     """SFT on whole conversations."""
+    chosen_key: str = "chosen"
+    """Reward-model training (``main_rm``): column of the preferred response (OpenRLHF ``--chosen_key``)."""
+    rejected_key: str = "rejected"
+    """Reward-model training: column of the dispreferred response (OpenRLHF ``--rejected_key``)."""
+    margin_key: str = "margin"
+    """Reward-model training: optional column of how much better chosen is (TRL's ``margin``)."""
 
 
 @dataclass

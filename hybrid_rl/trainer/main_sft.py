@@ -22,7 +22,8 @@ import os
 import sys
 from typing import Optional, Sequence
 
-__all__ = ["SFT_KEY_MAP", "main", "run_sft", "sft_config", "sft_overrides"]
+__all__ = ["SFT_KEY_MAP", "default_data_files", "main", "run_cli", "run_sft", "sft_config", "sft_overrides",
+           "translate_overrides", "typed_config"]
 
 SFT_KEY_MAP = {
     "model.partial_pretrain": "actor_rollout_ref.model.path",
@@ -50,35 +51,44 @@ SFT_DEFAULTS = {"trainer.experiment_name": "sft", "actor_rollout_ref.actor.optim
                 "trainer.total_training_steps": "null", "trainer.total_epochs": "1"}
 
 
-def _default_data(overrides: list[str]) -> list[str]:
-    """Without train files: the arithmetic task's SFT examples, generated once into its cache dir."""
+def default_data_files(overrides: list[str], names: tuple[str, str] = ("sft_train", "sft_test")) -> list[str]:
+    """Without train files: the arithmetic task's SFT examples or preference pairs (``names``),
+    generated once into its cache dir (the RL task's split)."""
     from hybrid_rl.data.rlhf_data import arithmetic_examples, write_rlhf_data
     from hybrid_rl.trainer.config_loader import get_config
 
     arith = get_config(overrides).data.arithmetic
     folder = os.path.join(os.path.expanduser(arith.cache_dir), f"sft-{arith.num_train}-{arith.num_test}-{arith.seed}")
-    paths = {name: os.path.join(folder, f"{name}.parquet") for name in ("sft_train", "sft_test")}
-    if not all(os.path.isfile(p) for p in paths.values()):
+    paths = [os.path.join(folder, f"{name}.parquet") for name in names]
+    if not all(os.path.isfile(p) for p in paths):
         write_rlhf_data(arithmetic_examples(arith.num_train, arith.num_test, arith.seed, arith.max_digits), folder)
-    return [f"data.train_files={paths['sft_train']}", f"data.val_files={paths['sft_test']}"]
+    return [f"data.train_files={paths[0]}", f"data.val_files={paths[1]}"]
 
 
-def sft_overrides(argv: Sequence[str]) -> list[str]:
-    """The RL trainer's overrides for an SFT command line (see the module docstring)."""
+def translate_overrides(argv: Sequence[str], key_map: dict[str, str], defaults: dict[str, str],
+                        fixed: list[str], batch_keys: Sequence[str]) -> tuple[list[str], set[str]]:
+    """``(overrides, keys given)``: ``argv``'s keys renamed by ``key_map`` after ``defaults`` (those
+    not given), then ``fixed``; ``data.train_batch_size`` is copied to each of ``batch_keys`` (one
+    optimizer step per batch)."""
     out, given = [], set()
     for arg in argv:
         key, sep, value = arg.partition("=")
         if not sep:
             raise ValueError(f"cannot parse {arg!r}: write key=value (e.g. optim.lr=1e-5).")
-        key = SFT_KEY_MAP.get(key.lstrip("+"), key)
+        key = key_map.get(key.lstrip("+"), key)
         given.add(key)
         out.append(f"{key}={value}")
-        if key == "data.train_batch_size":  # one optimizer step per batch of conversations
-            out.append(f"actor_rollout_ref.actor.ppo_mini_batch_size={value}")
-    defaults = [f"{k}={v}" for k, v in SFT_DEFAULTS.items() if k not in given]
-    out = defaults + out + SFT_FIXED
+        if key == "data.train_batch_size":
+            out += [f"{k}={value}" for k in batch_keys]
+    return [f"{k}={v}" for k, v in defaults.items() if k not in given] + out + fixed, given
+
+
+def sft_overrides(argv: Sequence[str]) -> list[str]:
+    """The RL trainer's overrides for an SFT command line (see the module docstring)."""
+    out, given = translate_overrides(argv, SFT_KEY_MAP, SFT_DEFAULTS, SFT_FIXED,
+                                     ["actor_rollout_ref.actor.ppo_mini_batch_size"])
     if "data.train_files" not in given:
-        out += _default_data(out)
+        out += default_data_files(out)
     return out
 
 
@@ -89,9 +99,13 @@ def run_sft(argv: Sequence[str] = ()) -> dict[str, float]:
 
 def sft_config(argv: Sequence[str]):
     """The typed config of an SFT command line (unknown keys: one line naming the nearest)."""
+    return typed_config(sft_overrides(argv))
+
+
+def typed_config(overrides: list[str]):
+    """:class:`PPOConfig` of translated overrides (unknown keys: one line naming the nearest)."""
     from hybrid_rl.trainer.config_loader import check_override_keys, get_config, to_ppo_config
 
-    overrides = sft_overrides(argv)
     check_override_keys(overrides)
     return to_ppo_config(get_config(overrides))
 
@@ -104,19 +118,24 @@ def _run(config) -> dict[str, float]:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
+    run_cli(sys.argv[1:] if argv is None else argv, sft_config, _run)
+
+
+def run_cli(argv: Sequence[str], make_config, run) -> None:
+    """Build the config from ``argv``, log to the console and ``logs/driver.log``, run; a user
+    mistake ends in one line (as ``main_ppo``)."""
     from hybrid_rl.trainer.main_ppo import _fail, _is_reported_user_error
     from hybrid_rl.trainer.validate import run_dir
     from hybrid_rl.utils.log_setup import configure_logging
 
-    argv = sys.argv[1:] if argv is None else argv
     try:
-        cfg = sft_config(argv)
+        cfg = make_config(argv)
         if not logging.getLogger().handlers:  # the console main_ppo gets from Hydra: messages only
             console = logging.StreamHandler(sys.stdout)
             console.setFormatter(logging.Formatter("%(message)s"))
             logging.getLogger().addHandler(console)
         configure_logging(cfg.trainer.log_level, os.path.join(run_dir(cfg), "logs", "driver.log"))
-        _run(cfg)
+        run(cfg)
     except Exception as error:  # noqa: BLE001 - re-raised unless it is a user mistake
         if _is_reported_user_error(error):
             _fail(error)

@@ -15,8 +15,10 @@ logger = logging.getLogger(__name__)
 
 REWARD_KEY = "critic/score/mean"
 PLOT_FILE = "reward_curve.png"
-LOSS_KEYS = {"train/loss": "train loss", "val/sft_loss": "val loss"}
-"""SFT runs plot their loss curves beside the validation score."""
+LOSS_KEYS = {"train/loss": "train loss", "val/sft_loss": "val loss", "val/rm/loss": "val loss",
+             "val/rm/accuracy": "val pairwise accuracy"}
+"""SFT and reward-model runs plot their loss curves (and the RM its held-out accuracy) beside the
+validation score."""
 CORRECT_TOOL_USE_SUFFIX = "/correct"
 """A tool metric named ``correct`` (share of held-out rows that used the tool correctly) is plotted too."""
 

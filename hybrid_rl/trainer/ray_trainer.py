@@ -99,7 +99,7 @@ class RayPPOTrainer:
         validate_config(self.config)
         cfg = self.config
         self.plan = make_run_plan(cfg)
-        self.actor_compute_dtype = components.report_precision(cfg, self.plan)
+        self.actor_compute_dtype = self._report_precision()
         self.tokenizer = tokenizer if tokenizer is not None else components.build_tokenizer(cfg)
         self.reward_fn = reward_fn or components.build_reward_manager(cfg, self.tokenizer, cfg.reward_model.num_examine)
         self.val_reward_fn = val_reward_fn or components.build_reward_manager(cfg, self.tokenizer, num_examine=0)
@@ -123,6 +123,10 @@ class RayPPOTrainer:
         self._flops: Optional[tuple[tuple[int, int], Optional[float]]] = None
 
     # ------------------------------------------------------------------ set-up
+    def _report_precision(self) -> str:
+        """Log the compute dtypes of the models this run trains; returns the first one's (the actor's)."""
+        return components.report_precision(self.config, self.plan)
+
     def _datasets(self, train_dataset, val_dataset) -> tuple[Any, Any]:
         """The given datasets, else the ones ``data.*`` describes (val: None when there is none)."""
         if train_dataset is not None and val_dataset is not None:
@@ -380,9 +384,8 @@ class RayPPOTrainer:
         step = self.global_steps
         try:
             self.checkpoints.begin(step)
-            self.actor_rollout_wg.save_checkpoint(self.checkpoints.actor_dir(step), global_step=step)
-            if self.plan.use_critic:
-                self.critic_wg.save_checkpoint(self.checkpoints.critic_dir(step), global_step=step)
+            for name, group in self._checkpoint_parts():
+                group.save_checkpoint(os.path.join(self.checkpoints.step_dir(step), name), global_step=step)
             faults.inject("driver.commit", step)  # no-op unless HYBRID_RL_FAULT (tests)
             self.checkpoints.commit(step, self._driver_state())
         except OSError as error:  # disk full, permissions (a worker's OSError arrives as one too)
@@ -411,6 +414,13 @@ class RayPPOTrainer:
                               num_logged=self.config.trainer.log_val_generations, run_dir=self.run_dir)
 
     # ------------------------------------------------------------------ checkpoints
+    def _checkpoint_parts(self) -> list[tuple[str, Any]]:
+        """``(sub-folder of global_step_N, worker group)`` of every model a checkpoint holds."""
+        parts = [("actor", self.actor_rollout_wg)]
+        if self.plan.use_critic:
+            parts.append(("critic", self.critic_wg))
+        return parts
+
     def _driver_state(self) -> dict[str, Any]:
         return {
             "dataloader": self.train_dataloader.state_dict(),
@@ -431,9 +441,8 @@ class RayPPOTrainer:
         problems = resume_point_problems(self.config, point)
         if problems:
             raise ValueError(" ".join(problems))
-        self.actor_rollout_wg.load_checkpoint(os.path.join(point.step_dir, "actor"))
-        if self.plan.use_critic:
-            self.critic_wg.load_checkpoint(os.path.join(point.step_dir, "critic"))
+        for name, group in self._checkpoint_parts():
+            group.load_checkpoint(os.path.join(point.step_dir, name))
         self.train_dataloader.load_state_dict(point.state["dataloader"])
         restore_rng_state(point.state["rng"])
         if self.kl_ctrl_in_reward is not None and point.state.get("kl_ctrl"):

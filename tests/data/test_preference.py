@@ -62,7 +62,7 @@ def test_openrlhf_style_keys(tmp_path):
 
 
 @pytest.mark.parametrize("row, message", [
-    ({"prompt": "q", "rejected": "5"}, r"row 0: no 'chosen' column .* chosen_key="),
+    ({"prompt": "q", "rejected": "5"}, r"row 0: no 'chosen' column .* data.chosen_key="),
     ({"prompt": "q", "chosen": "4"}, r"no 'rejected' column"),
     ({"prompt": "q", "chosen": "  ", "rejected": "5"}, r"the 'chosen' response is empty"),
     ({"prompt": "q", "chosen": "4", "rejected": ""}, r"the 'rejected' response is empty"),

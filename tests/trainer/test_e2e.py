@@ -63,11 +63,11 @@ def _rows(run_dir):
     return [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
 
 
-def _weights(step_dir):
+def _weights(step_dir, part="actor"):
     tensors = {}
-    for name in sorted(os.listdir(os.path.join(step_dir, "actor"))):
+    for name in sorted(os.listdir(os.path.join(step_dir, part))):
         if name.startswith("model") and name.endswith(".safetensors"):
-            with safe_open(os.path.join(step_dir, "actor", name), framework="pt") as fh:
+            with safe_open(os.path.join(step_dir, part, name), framework="pt") as fh:
                 tensors.update({f"{name}:{k}": fh.get_tensor(k) for k in fh.keys()})
     return tensors
 

@@ -1,0 +1,164 @@
+"""Reward-model training with the RL trainer's machinery: ``RMTrainer`` (``main_rm``).
+
+The same :meth:`RayPPOTrainer.fit`, checkpoints, resume, trackers, progress bar and plot; the
+hook points differ:
+
+* the worker group hosts one :class:`~hybrid_rl.workers.rm_worker.RewardModelWorker` per device
+  (built from the ``critic`` section: the value-model layout, FSDP2, AdamW) and nothing else;
+* the training set is a :class:`~hybrid_rl.data.reward_data.PreferenceDataset` and each step is
+  ``update_reward_model``: one optimizer step on the Bradley-Terry loss of ``data.train_batch_size``
+  pairs (minus a per-pair ``margin`` when the data has one);
+* ``validate`` scores the held-out pairs: ``val/rm/accuracy`` (chosen scored above rejected),
+  ``val/rm/loss``, ``margin``, ``chosen_mean`` / ``rejected_mean`` and the score statistics
+  ``val/rm/score_mean`` / ``score_std`` over all held-out responses, which are also written into
+  the model's config (``mean`` / ``std``, OpenRLHF's names) so RL can normalise the scores the way
+  they were measured;
+* checkpoints hold ``global_step_N/reward_model``; ``python -m hybrid_rl.model_merger`` turns it into
+  a folder ``AutoModelForSequenceClassification`` loads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Optional
+
+import torch
+
+from hybrid_rl.algorithms.reward_loss import bradley_terry_loss, preference_metrics
+from hybrid_rl.protocol import DataProto
+from hybrid_rl.trainer import components, metrics as metric_fns
+from hybrid_rl.trainer.checkpoint_manager import estimate_checkpoint_bytes
+from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
+
+__all__ = ["RMTrainer", "RM_CHECKPOINT_DIR"]
+
+logger = logging.getLogger(__name__)
+
+RM_CHECKPOINT_DIR = "reward_model"
+"""Sub-folder of ``global_step_N`` the reward model is saved in."""
+
+
+class RMTrainer(RayPPOTrainer):
+    """:class:`RayPPOTrainer` whose step is one pairwise reward-model update (see the module docstring)."""
+
+    def __init__(self, config, tokenizer=None, **kwargs: Any):
+        super().__init__(config, tokenizer, **kwargs)
+        self.score_stats: Optional[tuple[float, float]] = None  # (mean, std) of the latest scores
+        self._stats_step: Optional[int] = None
+
+    # ------------------------------------------------------------------ set-up
+    def _report_precision(self) -> str:
+        key = "critic.model.fsdp_config.mixed_precision.param_dtype"
+        return components.report_precision(self.config, self.plan,
+                                           {key: self.config.critic.model.fsdp_config.mixed_precision.param_dtype})
+
+    def _pairs(self, files: list[str]):
+        from hybrid_rl.data.reward_data import PreferenceDataset
+
+        d = self.config.data
+        return PreferenceDataset(files, self.tokenizer, prompt_key=d.prompt_key, chosen_key=d.chosen_key,
+                                 rejected_key=d.rejected_key, margin_key=d.margin_key, max_length=d.max_length,
+                                 truncation=d.truncation)
+
+    def _datasets(self, train_dataset, val_dataset) -> tuple[Any, Any]:
+        train_files, val_files = components.resolve_data_files(self.config)
+        if train_dataset is None:
+            train_dataset = self._pairs(train_files)
+        if val_dataset is None and val_files:
+            val_dataset = self._pairs(val_files)
+        return train_dataset, val_dataset
+
+    def _checkpoint_bytes(self) -> int:
+        return estimate_checkpoint_bytes(components.count_model_params(self.config),
+                                         [list(self.config.critic.checkpoint.save_contents)])
+
+    def init_workers(self) -> None:
+        """Start the reward-model worker group (no actor, rollout or reference)."""
+        self.workers = components.build_reward_model_group(
+            self.config, self.plan, self.total_training_steps, worker_cls=self._worker_classes[1],
+            call_timeout_s=self.config.trainer.worker_call_timeout_s, log_dir=os.path.join(self.run_dir, "logs"))
+
+    @property
+    def rm_wg(self):
+        return self.workers.reward_model
+
+    # ------------------------------------------------------------------ steps
+    def step_plan(self) -> list[str]:
+        steps = ["update_reward_model"]
+        if self._validation_due():
+            steps.append("validate")
+        if self._save_due():
+            steps.append("save_checkpoint")
+        return steps
+
+    def update_reward_model(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+        """One optimizer step on the Bradley-Terry loss of this batch of pairs."""
+        batch.meta_info["global_steps"] = self.global_steps
+        output = self.rm_wg.update_reward_model(batch)
+        metrics.update(metric_fns.reduce_metrics(output.meta_info.get("metrics", {})))
+        return batch
+
+    def _pair_scores(self, dataset) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(chosen [N], rejected [N], margin [N])`` scores of every pair of ``dataset``."""
+        size = self.config.data.val_batch_size or len(dataset)
+        chosen, rejected, margins = [], [], []
+        for start in range(0, len(dataset), size):
+            items = [dataset[i] for i in range(start, min(start + size, len(dataset)))]
+            batch = DataProto.from_single_dict(dataset.collate_fn(items))
+            out = self.rm_wg.compute_pair_scores(batch)
+            chosen.append(out.batch["chosen_scores"])
+            rejected.append(out.batch["rejected_scores"])
+            margins.append(batch.batch["margin"])
+        return torch.cat(chosen), torch.cat(rejected), torch.cat(margins)
+
+    def _record_score_stats(self, scores: torch.Tensor) -> dict[str, float]:
+        """Keep the mean / std of ``scores`` and write them into the model's config."""
+        mean, std = float(scores.mean()), float(scores.std()) if scores.numel() > 1 else 1.0
+        std = std if std > 0 else 1.0
+        self.score_stats, self._stats_step = (mean, std), self.global_steps
+        self.rm_wg.set_score_normalization(mean, std)
+        return {"val/rm/score_mean": mean, "val/rm/score_std": std}
+
+    def run_validation(self) -> dict[str, float]:
+        """Pairwise accuracy, loss and score statistics of the held-out pairs (see the module docstring)."""
+        if self.val_dataset is None:
+            return {}
+        chosen, rejected, margin = self._pair_scores(self.val_dataset)
+        metrics = {f"val/{k}": v for k, v in preference_metrics(chosen, rejected).items()}
+        metrics["val/rm/loss"] = float(bradley_terry_loss(chosen, rejected, margin))
+        sources = [self.val_dataset[i]["data_source"] for i in range(len(self.val_dataset))]
+        for source in sorted(set(sources) - {""}):
+            rows = torch.tensor([s == source for s in sources])
+            metrics[f"val-core/{source}/rm/accuracy"] = preference_metrics(chosen[rows], rejected[rows])["rm/accuracy"]
+        metrics.update(self._record_score_stats(torch.cat([chosen, rejected])))
+        return metrics
+
+    def save_checkpoint(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+        """Score statistics first (from the training pairs when there is no held-out set), then save."""
+        if self._stats_step != self.global_steps and self.val_dataset is None:
+            chosen, rejected, _ = self._pair_scores(self.train_dataset)
+            metrics.update({k.replace("val/", "train/"): v
+                            for k, v in self._record_score_stats(torch.cat([chosen, rejected])).items()})
+        return super().save_checkpoint(batch, metrics)
+
+    def _checkpoint_parts(self) -> list[tuple[str, Any]]:
+        return [(RM_CHECKPOINT_DIR, self.rm_wg)]
+
+    def _driver_state(self) -> dict[str, Any]:
+        return {**super()._driver_state(), "rm_score_stats": self.score_stats}
+
+    def load_checkpoint(self) -> None:
+        super().load_checkpoint()
+        stats = (self.resumed_state or {}).get("rm_score_stats")
+        if stats:
+            self.score_stats = (float(stats[0]), float(stats[1]))
+            self.rm_wg.set_score_normalization(*self.score_stats)
+
+    # ------------------------------------------------------------------ logging
+    def log(self, batch: DataProto, metrics: dict[str, Any], timing: dict[str, float]) -> dict[str, float]:
+        """``train/loss`` (the Bradley-Terry loss), pairs, timings; then the trackers."""
+        metrics["train/loss"] = metrics.get("rm/loss", float("nan"))
+        metrics["train/pairs"] = float(len(batch))
+        metrics.update({f"timing_s/{name}": value for name, value in timing.items()})
+        return self._publish(metrics)
