@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hybrid_rl.buffer.base import BufferConfig
-from hybrid_rl.workers.config import ActorRolloutRefConfig, CriticConfig
+from hybrid_rl.workers.config import ActorRolloutRefConfig, CriticConfig, CriticModelConfig, FSDPConfig
 
 
 @dataclass
@@ -147,11 +147,51 @@ class CustomRewardFunctionConfig:
 
 
 @dataclass
+class RewardModelModelConfig:
+    """The learned reward model (veRL ``reward_model.model.*``)."""
+
+    path: Optional[str] = None
+    """HF folder of a reward model (``AutoModelForSequenceClassification`` layout: a ``main_rm`` export,
+    a TRL or OpenRLHF reward model), or the ``http(s)://`` URL of a remote reward service."""
+    input_tokenizer: Optional[str] = None
+    """The policy's tokenizer, which decodes the responses before the reward model's own chat template
+    renders them (veRL's key); null = the actor's."""
+    trust_remote_code: bool = False
+    """Allow custom model code in the reward model's folder."""
+    use_remove_padding: bool = True
+    """Pack the valid tokens of a micro-batch instead of running on padding."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """Sharding and compute dtype; ``param_offload`` keeps it on CPU between uses on GPU."""
+
+    def as_critic_model(self) -> CriticModelConfig:
+        """The value-model config the reward-model worker is built from."""
+        return CriticModelConfig(path=self.path, trust_remote_code=self.trust_remote_code,
+                                 use_remove_padding=self.use_remove_padding, fsdp_config=self.fsdp_config)
+
+
+@dataclass
 class RewardModelConfig:
-    """How rewards are computed (veRL ``reward_model.*``; only rule/function rewards here)."""
+    """How rewards are computed (veRL ``reward_model.*``): rule / function scorers, and optionally a
+    learned reward model (``enable``) whose score is combined with them (docs/rlhf_pipeline.md)."""
 
     enable: bool = False
-    """A learned reward model. Not supported: must stay False (rewards are functions)."""
+    """Score responses with the learned reward model at ``model.path`` (a colocated worker, or a remote
+    service when it is a URL)."""
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    """The reward model, its tokenizer and its sharding."""
+    micro_batch_size_per_gpu: int = 8
+    """Sequences per reward-model forward on one worker (rows per request for a remote service)."""
+    max_length: Optional[int] = None
+    """Most tokens of one rendered conversation; longer ones keep their end (where the score is read).
+    null = no limit."""
+    normalize: Optional[bool] = None
+    """Score as trained: ``(score - mean) / std`` with the ``mean`` / ``std`` saved in the reward
+    model's config (``main_rm`` writes them; OpenRLHF's ``--normalize_reward``). null = when present."""
+    rm_weight: float = 1.0
+    """reward = rm_weight x (normalised) reward-model score + rule_weight x rule score."""
+    rule_weight: float = 0.0
+    """Weight of the rule / function scorer's score (0 = the reward model alone; it is still computed
+    and logged beside the reward model's when the data has a rule scorer, so reward hacking shows)."""
     reward_manager: str = "naive"
     """naive (one call per sample) | batch (one call per batch) | any registered manager."""
     timeout: float = 10.0

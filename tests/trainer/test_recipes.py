@@ -13,9 +13,12 @@ RECIPES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "
 
 
 def recipe_entry(path: str) -> str:
-    """The trainer module a recipe runs (main_ppo or main_sft)."""
+    """The trainer module a recipe runs (main_ppo, main_sft or main_rm)."""
     text = open(path).read()
-    return "hybrid_rl.trainer.main_sft" if "hybrid_rl.trainer.main_sft" in text else "hybrid_rl.trainer.main_ppo"
+    for entry in ("hybrid_rl.trainer.main_sft", "hybrid_rl.trainer.main_rm"):
+        if entry in text:
+            return entry
+    return "hybrid_rl.trainer.main_ppo"
 
 
 def recipe_overrides(path: str) -> list[str]:
@@ -30,6 +33,10 @@ def recipe_overrides(path: str) -> list[str]:
         from hybrid_rl.trainer.main_sft import sft_overrides
 
         return sft_overrides(args)
+    if entry.endswith("main_rm"):  # the same keys, applied to the reward model
+        from hybrid_rl.trainer.main_rm import rm_overrides
+
+        return rm_overrides(args)
     return args
 
 
@@ -51,6 +58,9 @@ def test_recipe_composes(path):
     elif "sft_arithmetic" in path:  # supervised fine-tuning through main_sft
         assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "sft" and cfg.trainer.total_epochs == 2
         assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == cfg.data.train_batch_size == 16
+    elif "rm_arithmetic" in path:  # reward-model training through main_rm
+        assert cfg.critic.ppo_mini_batch_size == cfg.data.train_batch_size == 16 and cfg.trainer.total_epochs == 3
+        assert cfg.critic.model.path == cfg.actor_rollout_ref.model.path
     elif "async_arithmetic" in path:  # the default run, decoupled
         assert cfg.async_training.enable and cfg.async_training.max_head_offpolicyness == 1
         assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "decoupled" and cfg.trainer.device == "auto"
