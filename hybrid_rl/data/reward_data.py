@@ -26,18 +26,19 @@ TRUNCATIONS = ("error", "left", "right")
 SIDES = ("chosen", "rejected")
 
 
-def rm_sequence_ids(tokenizer: Any, prompt: list[dict], response: str, max_length: int,
-                    truncation: str = "error") -> list[int]:
+def rm_sequence_ids(tokenizer: Any, prompt: list[dict], response: str, max_length: Optional[int],
+                    truncation: str = "error", allow_empty: bool = False) -> list[int]:
     """Token ids of ``prompt + [assistant: response]`` through the chat template, at most
-    ``max_length`` (``truncation``: error | left (keep the end, where the score is read) | right)."""
+    ``max_length`` (None: no limit; ``truncation``: error | left (keep the end, where the score is
+    read) | right). An empty response is an error unless ``allow_empty`` (a policy's sample)."""
     if truncation not in TRUNCATIONS:
         raise ValueError(f"data.truncation={truncation!r} must be one of {TRUNCATIONS}.")
-    if not str(response).strip():
+    if not allow_empty and not str(response).strip():
         raise ValueError("the response is empty; a reward model scores a response. Fix: drop the row.")
     text = tokenizer.apply_chat_template(list(prompt) + [{"role": "assistant", "content": str(response)}],
                                          tokenize=False, add_generation_prompt=False)
     ids = tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) > max_length:
+    if max_length is not None and len(ids) > max_length:
         if truncation == "error":
             raise ValueError(f"a conversation of {len(ids)} tokens exceeds data.max_length={max_length}. Fix: "
                              "raise data.max_length or set data.truncation=left (keep the end, where the "

@@ -107,6 +107,18 @@ def build_reward_manager(cfg: PPOConfig, tokenizer, num_examine: int):
     )
 
 
+def build_remote_reward_model(cfg: PPOConfig):
+    """The remote reward service of ``reward_model.model.path=http(s)://...`` (None otherwise)."""
+    from hybrid_rl.trainer.reward_model import is_remote
+
+    rm = cfg.reward_model
+    if not (rm.enable and is_remote(rm.model.path)):
+        return None
+    from hybrid_rl.reward.remote import RemoteRewardModel
+
+    return RemoteRewardModel(rm.model.path, timeout_s=rm.timeout, batch_size=rm.micro_batch_size_per_gpu)
+
+
 @dataclass
 class WorkerGroups:
     """Handles on the colocated worker group's role views."""
@@ -222,18 +234,37 @@ def build_worker_groups(
         classes["critic"] = RayClassWithInitArgs(
             critic_cls or CriticWorker, config=cfg.critic, total_training_steps=total_training_steps
         )
+    if plan.use_reward_model:
+        classes["rm"] = _reward_model_worker(cfg, plan)
     group = RayWorkerGroup(pool, create_colocated_worker_cls(classes), call_timeout_s=call_timeout_s)
     views = group.spawn(list(classes))
-    # The critic first: the actor's rollout engine sizes its cache from what memory is left.
-    if plan.use_critic:
-        views["critic"].init_model()
+    # The critic and reward model first: the rollout engine sizes its cache from what memory is left.
+    for role in ("critic", "rm"):
+        if role in views:
+            views[role].init_model()
     views["actor_rollout"].init_model()
-    groups = WorkerGroups(actor_rollout=views["actor_rollout"], critic=views.get("critic"), resource_pool=pool)
+    groups = WorkerGroups(actor_rollout=views["actor_rollout"], critic=views.get("critic"), resource_pool=pool,
+                          reward_model=views.get("rm"))
     if plan.rollout_world_size:
         groups.rollout, groups.rollout_pool = build_rollout_group(
             cfg, plan, [cfg.rollout.n_gpus_per_node] * cfg.rollout.nnodes, worker_cls=actor_cls,
             rows_per_call=rollout_rows_per_call, call_timeout_s=call_timeout_s, log_dir=log_dir)
     return groups
+
+
+def _reward_model_worker(cfg: PPOConfig, plan: RunPlan):
+    """The colocated reward-model worker of RL (role ``rm``): scoring only, responses decoded with the
+    policy's tokenizer (``reward_model.model.input_tokenizer``, default the actor's)."""
+    from hybrid_rl.single_controller import RayClassWithInitArgs
+    from hybrid_rl.trainer.reward_model import rm_worker_config
+    from hybrid_rl.workers.model_loader import resolve_tokenizer_path
+    from hybrid_rl.workers.rm_worker import RewardModelWorker
+
+    model = cfg.actor_rollout_ref.model
+    policy_tokenizer = cfg.reward_model.model.input_tokenizer or cfg.data.tokenizer or model.tokenizer_path or model.path
+    return RayClassWithInitArgs(RewardModelWorker, config=rm_worker_config(cfg, plan.world_size),
+                                input_tokenizer=resolve_tokenizer_path(policy_tokenizer, key="reward_model.model.input_tokenizer"),
+                                max_length=cfg.reward_model.max_length, normalize=cfg.reward_model.normalize)
 
 
 def build_reward_model_group(cfg: PPOConfig, plan: RunPlan, total_training_steps: int, *,
@@ -311,6 +342,9 @@ def compute_dtype_fields(cfg: PPOConfig, plan: RunPlan) -> dict[str, str]:
     if plan.use_critic:
         fields["critic.model.fsdp_config.mixed_precision.param_dtype"] = \
             cfg.critic.model.fsdp_config.mixed_precision.param_dtype
+    if plan.use_reward_model:
+        fields["reward_model.model.fsdp_config.mixed_precision.param_dtype"] = \
+            cfg.reward_model.model.fsdp_config.mixed_precision.param_dtype
     return fields
 
 

@@ -27,7 +27,7 @@ from codetiming import Timer
 from hybrid_rl.algorithms import get_kl_controller, masked_mean
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.single_controller import WorkerDiedError, WorkerGroupError
-from hybrid_rl.trainer import components, metrics as metric_fns, ppo_ops
+from hybrid_rl.trainer import components, metrics as metric_fns, ppo_ops, reward_model
 from hybrid_rl.trainer.checkpoint_manager import (CheckpointManager, capture_rng_state, estimate_checkpoint_bytes,
                                                    restore_rng_state)
 from hybrid_rl.trainer.config import PPOConfig
@@ -103,6 +103,7 @@ class RayPPOTrainer:
         self.tokenizer = tokenizer if tokenizer is not None else components.build_tokenizer(cfg)
         self.reward_fn = reward_fn or components.build_reward_manager(cfg, self.tokenizer, cfg.reward_model.num_examine)
         self.val_reward_fn = val_reward_fn or components.build_reward_manager(cfg, self.tokenizer, num_examine=0)
+        self.remote_rm = components.build_remote_reward_model(cfg)  # None unless reward_model.model.path is a URL
         self.train_dataset, self.val_dataset = self._datasets(train_dataset, val_dataset)
         self.train_dataloader = components.build_train_dataloader(self.train_dataset, cfg)
         self.total_training_steps = self._count_training_steps()
@@ -229,6 +230,8 @@ class RayPPOTrainer:
         steps = ["generate"]
         if cfg.algorithm.adv_estimator == "remax":
             steps.append("compute_reward_baseline")
+        if cfg.reward_model.enable:
+            steps.append("compute_rm_score")
         steps.append("compute_reward")
         # on-policy: the actor uses its own detached log-probs; the in-reward KL still needs them
         if not (update_is_on_policy(cfg.actor_rollout_ref.actor, cfg.data.train_batch_size)
@@ -326,15 +329,36 @@ class RayPPOTrainer:
         batch.batch["reward_baselines"] = baseline.repeat_interleave(n)  # [B]
         return batch
 
+    def compute_rm_score(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+        """Learned reward model: ``rm_scores`` [B, R] (normalised as trained) and ``rm_raw_scores`` [B]
+        from the colocated reward-model workers, or from the remote service (docs/rlhf_pipeline.md)."""
+        if self.remote_rm is not None:
+            return _absorb(batch, reward_model.remote_scores(self.remote_rm, batch, self.tokenizer), metrics)
+        return _absorb(batch, self.workers.reward_model.compute_rm_score(batch), metrics)
+
     def compute_reward(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
-        """``token_level_scores`` from the reward manager (on the driver); failure counts to metrics."""
-        result = self.reward_fn(batch, return_dict=True)
-        batch.batch["token_level_scores"] = result["reward_tensor"]
-        metrics.update(result.get("reward_metrics", {}))
-        for key, values in result.get("reward_extra_info", {}).items():
-            column = np.empty(len(values), dtype=object)
-            column[:] = list(values)
-            batch.non_tensor_batch[f"reward_extra_{key}"] = column
+        """``token_level_scores`` from the reward manager (on the driver; failure counts to metrics),
+        combined with the learned reward model's ``rm_scores`` when there are any."""
+        keys = batch.batch.keys()
+        rm_scores = batch.batch.pop("rm_scores") if "rm_scores" in keys else None
+        raw_rm = batch.batch.pop("rm_raw_scores") if "rm_raw_scores" in keys else None
+        rule = None
+        if rm_scores is None or reward_model.rule_scores_wanted(self.config, self.reward_fn, batch):
+            result = self.reward_fn(batch, return_dict=True)
+            rule = result["reward_tensor"]
+            metrics.update(result.get("reward_metrics", {}))
+            for key, values in result.get("reward_extra_info", {}).items():
+                column = np.empty(len(values), dtype=object)
+                column[:] = list(values)
+                batch.non_tensor_batch[f"reward_extra_{key}"] = column
+        if rm_scores is None:
+            batch.batch["token_level_scores"] = rule
+            return batch
+        rm = self.config.reward_model
+        batch.batch["token_level_scores"] = reward_model.combine_scores(rm_scores, rule, rm.rm_weight, rm.rule_weight)
+        metrics.update(reward_model.score_metrics(rm_scores, rule, raw_rm))
+        if metrics.get("reward/rm_all_failed", 0.0) > 0:  # the health check's streak counts it
+            metrics["reward/all_failed"] = 1.0
         return batch
 
     def compute_old_log_prob(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:

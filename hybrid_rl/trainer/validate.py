@@ -38,6 +38,8 @@ class RunPlan:
     """CPU threads each worker process uses (cores split evenly among workers)."""
     rollout_world_size: int = 0
     """Decoupled mode: rollout workers in their own pool (rollout.nnodes * n_gpus_per_node); 0 = colocated."""
+    use_reward_model: bool = False
+    """A colocated reward-model worker scores responses (reward_model.enable with a local model)."""
 
 
 def as_file_list(files: Any) -> list[str]:
@@ -80,6 +82,8 @@ def make_run_plan(cfg: PPOConfig) -> RunPlan:
         use_reference_policy=cfg.algorithm.use_kl_in_reward or actor.use_kl_loss,
         threads_per_worker=max(1, cores // per_node),
         rollout_world_size=cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node if decoupled else 0,
+        use_reward_model=cfg.reward_model.enable and not str(cfg.reward_model.model.path or "").startswith(
+            ("http://", "https://")),
     )
 
 
@@ -340,12 +344,12 @@ def _check_trainer(cfg: PPOConfig) -> list[str]:
 
 
 def _check_reward(cfg: PPOConfig) -> list[str]:
-    errors = []
-    if cfg.reward_model.enable:
-        errors.append(
-            "reward_model.enable=true asks for a learned reward model, which hybrid_rl does not run; "
-            "set it to false and score with a rule (data_source) or custom_reward_function.path."
-        )
+    from hybrid_rl.trainer.reward_model import check_reward_model
+
+    errors = check_reward_model(cfg)
+    if cfg.reward_model.enable and cfg.async_training.enable:
+        errors.append("reward_model.enable=true with async_training.enable=true: the decoupled mode scores with rules "
+                      "and functions only so far. Fix: run the learned reward model in the synchronous mode.")
     if cfg.reward_model.timeout <= 0:
         errors.append(f"reward_model.timeout={cfg.reward_model.timeout} must be > 0 seconds.")
     return errors

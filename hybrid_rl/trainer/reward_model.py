@@ -1,0 +1,164 @@
+"""A learned reward model in RL (``reward_model.enable=true``): checks, the worker's config, and how
+its scores combine with the rule scorer's.
+
+The reward model runs either in the colocated worker group (a
+:class:`~hybrid_rl.workers.rm_worker.RewardModelWorker` per device, role ``rm``: batched,
+micro-batched, no grad, ``fsdp_config.param_offload`` on GPU) or, when ``reward_model.model.path`` is
+an ``http(s)://`` URL, as a remote service called from the driver
+(:class:`~hybrid_rl.reward.remote.RemoteRewardModel`). Either way each response gets one score at
+its last token, and::
+
+    token_level_scores = rm_weight x rm_score + rule_weight x rule_score
+
+where ``rm_score`` is normalised with the ``mean`` / ``std`` the reward model was trained with when
+``reward_model.normalize`` allows it. The rule score is computed whenever the data has a rule
+scorer, so ``critic/rm_score/mean`` and ``critic/rule_score/mean`` sit side by side in the metrics
+and reward hacking (the first rising while the second does not) is visible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional
+
+import torch
+
+from hybrid_rl.trainer.config import PPOConfig
+from hybrid_rl.workers.config import CriticConfig
+
+__all__ = ["check_reward_model", "combine_scores", "is_remote", "rm_worker_config", "score_metrics"]
+
+_SEQUENCE_HEADS = ("ForSequenceClassification", "ForTokenClassification")
+
+
+def is_remote(path: Optional[str]) -> bool:
+    """Whether ``reward_model.model.path`` names a remote reward service."""
+    return bool(path) and str(path).startswith(("http://", "https://"))
+
+
+def _folder_problems(rm) -> list[str]:
+    """Why ``reward_model.model.path`` is not a usable reward-model folder (empty when it is)."""
+    path = os.path.expanduser(rm.model.path)
+    key = "reward_model.model.path"
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        return [f"{key}={rm.model.path!r} is not a model folder (no config.json). Fix: point it at a reward model's "
+                "HF folder (python -m hybrid_rl.model_merger on a main_rm checkpoint writes one) or an http(s):// "
+                "reward service."]
+    try:
+        hf_config = json.load(open(config_file, encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        return [f"{key}={rm.model.path!r}: {config_file} is not readable JSON ({error})."]
+    architectures = [str(a) for a in hf_config.get("architectures") or []]
+    labels = len(hf_config.get("id2label") or {}) or 2  # PretrainedConfig defaults to two labels
+    if not any(a.endswith(_SEQUENCE_HEADS) for a in architectures) or labels != 1:
+        return [f"{key}={rm.model.path!r} holds {architectures or 'an unknown architecture'}, not a reward model (a "
+                "one-output *ForSequenceClassification head). Fix: train one with python -m hybrid_rl.trainer.main_rm "
+                "and export it with python -m hybrid_rl.model_merger, or use a TRL / OpenRLHF reward model."]
+    if rm.normalize and not ("mean" in hf_config and "std" in hf_config):
+        return [f"reward_model.normalize=true but {config_file} has no mean / std (main_rm writes them). Fix: set "
+                "reward_model.normalize=null (normalise when present) or false."]
+    return []
+
+
+def check_reward_model(cfg: PPOConfig) -> list[str]:
+    """One line per problem of the ``reward_model`` section (empty when it is usable)."""
+    rm = cfg.reward_model
+    if not rm.enable:
+        return []
+    errors = []
+    if not rm.model.path:
+        errors.append("reward_model.enable=true needs reward_model.model.path: a reward model's HF folder (python -m "
+                      "hybrid_rl.trainer.main_rm trains one) or the http(s):// URL of a reward service.")
+    elif not is_remote(rm.model.path):
+        errors += _folder_problems(rm)
+    if rm.micro_batch_size_per_gpu < 1:
+        errors.append(f"reward_model.micro_batch_size_per_gpu={rm.micro_batch_size_per_gpu} must be >= 1.")
+    if rm.max_length is not None and rm.max_length < 2:
+        errors.append(f"reward_model.max_length={rm.max_length} must be >= 2 tokens or null (no limit).")
+    if rm.rm_weight == 0 and rm.rule_weight == 0:
+        errors.append("reward_model.rm_weight and rule_weight are both 0: every reward would be 0. Fix: set "
+                      "reward_model.rm_weight=1.0 (or reward_model.enable=false for rules alone).")
+    if not cfg.data.return_raw_chat:
+        errors.append("reward_model.enable=true renders each prompt through the reward model's chat template and "
+                      "needs the prompts' messages: set data.return_raw_chat=true.")
+    return errors
+
+
+def rm_worker_config(cfg: PPOConfig, world_size: int) -> CriticConfig:
+    """The value-model config a :class:`~hybrid_rl.workers.rm_worker.RewardModelWorker` is built from
+    (scoring only: its optimizer never steps, so it holds no state)."""
+    rm = cfg.reward_model
+    return CriticConfig(model=rm.model.as_critic_model(), rollout_n=1, ppo_mini_batch_size=world_size,
+                        ppo_micro_batch_size_per_gpu=rm.micro_batch_size_per_gpu)
+
+
+def combine_scores(rm_scores: torch.Tensor, rule_scores: Optional[torch.Tensor], rm_weight: float,
+                   rule_weight: float) -> torch.Tensor:
+    """``rm_weight x rm_scores + rule_weight x rule_scores``, both token-level ``[B, R]`` (a missing
+    rule score counts 0; it is only missing when ``rule_weight`` is 0)."""
+    out = rm_weight * rm_scores
+    if rule_scores is not None and rule_weight:
+        out = out + rule_weight * rule_scores
+    return out
+
+
+def score_metrics(rm_scores: torch.Tensor, rule_scores: Optional[torch.Tensor],
+                  raw_rm_scores: Optional[torch.Tensor] = None) -> dict[str, Any]:
+    """``critic/rm_score/{mean,max,min}`` (normalised), ``critic/rm_score_raw/mean`` and
+    ``critic/rule_score/mean`` from token-level ``[B, R]`` scores (sequence sums)."""
+    rm = rm_scores.sum(-1).float()
+    metrics = {"critic/rm_score/mean": float(rm.mean()), "critic/rm_score/max": float(rm.max()),
+               "critic/rm_score/min": float(rm.min())}
+    if raw_rm_scores is not None:
+        metrics["critic/rm_score_raw/mean"] = float(raw_rm_scores.float().mean())
+    if rule_scores is not None:
+        rule = rule_scores.sum(-1).float()
+        metrics["critic/rule_score/mean"] = float(rule.mean())
+        if rule.std() > 0 and rm.std() > 0:
+            metrics["critic/rm_rule_corr"] = float(torch.corrcoef(torch.stack([rm, rule]))[0, 1])
+    return metrics
+
+
+def rule_scores_wanted(cfg: PPOConfig, reward_fn: Any, batch: Any) -> bool:
+    """Whether the rule / function scorer runs beside the reward model: always when it is weighted,
+    else when it can score every data source of the batch (a custom function always can)."""
+    if cfg.reward_model.rule_weight:
+        return True
+    if not getattr(reward_fn, "uses_default_scorer", False):
+        return True
+    from hybrid_rl.reward.registry import check_data_sources
+
+    sources = batch.non_tensor_batch.get(cfg.data.reward_fn_key)
+    if sources is None or "reward_model" not in batch.non_tensor_batch:
+        return False
+    try:
+        check_data_sources(list(sources))
+    except ValueError:
+        return False
+    return True
+
+
+def remote_scores(remote: Any, batch: Any, tokenizer: Any) -> Any:
+    """Score a rollout batch with a :class:`~hybrid_rl.reward.remote.RemoteRewardModel`: the same
+    ``rm_scores`` [B, R] / ``rm_raw_scores`` [B] a reward-model worker returns, metrics in meta_info."""
+    from hybrid_rl.protocol import DataProto
+
+    responses, prompts = batch.batch["responses"], batch.batch["prompts"]
+    mask = batch.batch["attention_mask"]
+    lengths = mask[:, -responses.shape[1]:].sum(-1)  # [B]
+    prompt_texts = [tokenizer.decode(prompts[i][mask[i, :prompts.shape[1]].bool()].tolist(), skip_special_tokens=False)
+                    for i in range(len(batch))]
+    response_texts = tokenizer.batch_decode([responses[i, :n].tolist() for i, n in enumerate(lengths.tolist())],
+                                            skip_special_tokens=True)
+    info = batch.non_tensor_batch.get("reward_model")
+    labels = [r.get("ground_truth") if isinstance(r, dict) else None for r in info] if info is not None else []
+    raw_prompts = batch.non_tensor_batch.get("raw_prompt")
+    messages = ([[dict(m) for m in raw_prompts[i]] + [{"role": "assistant", "content": response_texts[i]}]
+                 for i in range(len(batch))] if raw_prompts is not None else [])
+    rewards, metrics = remote.score(prompt_texts, response_texts, labels, messages)
+    raw = torch.tensor(rewards, dtype=torch.float32)  # [B]
+    token_level = torch.zeros(responses.shape, dtype=torch.float32)
+    token_level[torch.arange(len(batch)), (lengths - 1).clamp(min=0)] = raw
+    return DataProto.from_dict({"rm_scores": token_level, "rm_raw_scores": raw}, meta_info={"metrics": metrics})
