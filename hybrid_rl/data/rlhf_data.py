@@ -7,9 +7,11 @@ task and the real GSM8K JSONL (``../shared/data/gsm8k``). For each problem:
   ``#### <answer>`` (arithmetic: ``a op b = c``; GSM8K: the reference reasoning without its
   ``<<...>>`` calculator annotations);
 * **preference pair**: chosen = that correct solution; rejected = a plausible wrong one, cycling
-  through three kinds: ``wrong_number`` (the same reasoning, a wrong final number),
-  ``truncated`` (the reasoning cut off before the answer) and ``wrong_format`` (the right number
-  without ``####``, which the rule scorer gives 0).
+  through four kinds: ``wrong_number`` (the same reasoning, a wrong final number),
+  ``truncated`` (the reasoning cut off before the answer), ``wrong_format`` (the right number
+  without ``####``, which the rule scorer gives 0) and ``wrong_arithmetic`` (a wrong result carried
+  consistently into the final line, e.g. ``3 + 4 = 8`` then ``#### 8``: the mistake a policy
+  actually makes, which a reward model must catch or RL against it learns nothing about correctness).
 
 Rows keep ``data_source`` and ``reward_model.ground_truth``, so the rule scorer can judge what an
 SFT or RL model writes on the same prompts. Files: ``sft_{train,test}.parquet`` (``prompt`` messages,
@@ -34,7 +36,7 @@ from hybrid_rl.data.arithmetic import (DATA_SOURCE as ARITH_SOURCE, OPS, PROMPT_
 
 __all__ = ["REJECTED_KINDS", "arithmetic_examples", "gsm8k_examples", "write_rlhf_data"]
 
-REJECTED_KINDS = ("wrong_number", "truncated", "wrong_format")
+REJECTED_KINDS = ("wrong_number", "truncated", "wrong_format", "wrong_arithmetic")
 GSM8K_SOURCE = "openai/gsm8k"
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 _ANNOTATION = re.compile(r"<<[^>]*>>")
@@ -50,6 +52,12 @@ def _rejected(reasoning: str, answer: str, kind: str, rng: random.Random) -> str
     """A plausible wrong solution of the given kind (see the module docstring)."""
     if kind == "wrong_number":
         return f"{reasoning}\n#### {_wrong(answer, rng)}".lstrip("\n")
+    if kind == "wrong_arithmetic":  # the last result in the reasoning and the final line agree, both wrong
+        wrong = _wrong(answer, rng)
+        found = list(re.finditer(rf"(?<![\d.]){re.escape(answer)}(?![\d.])", reasoning))  # the number, not a digit of one
+        if found:
+            reasoning = reasoning[:found[-1].start()] + wrong + reasoning[found[-1].end():]
+        return f"{reasoning}\n#### {wrong}".lstrip("\n")
     if kind == "truncated":
         lines = reasoning.splitlines()
         cut = lines[: max(1, len(lines) // 2)] if len(lines) > 1 else [reasoning[: max(1, len(reasoning) // 2)]]

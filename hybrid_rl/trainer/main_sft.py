@@ -54,11 +54,12 @@ SFT_DEFAULTS = {"trainer.experiment_name": "sft", "actor_rollout_ref.actor.optim
 def default_data_files(overrides: list[str], names: tuple[str, str] = ("sft_train", "sft_test")) -> list[str]:
     """Without train files: the arithmetic task's SFT examples or preference pairs (``names``),
     generated once into its cache dir (the RL task's split)."""
-    from hybrid_rl.data.rlhf_data import arithmetic_examples, write_rlhf_data
+    from hybrid_rl.data.rlhf_data import REJECTED_KINDS, arithmetic_examples, write_rlhf_data
     from hybrid_rl.trainer.config_loader import get_config
 
     arith = get_config(overrides).data.arithmetic
-    folder = os.path.join(os.path.expanduser(arith.cache_dir), f"sft-{arith.num_train}-{arith.num_test}-{arith.seed}")
+    version = f"{arith.num_train}-{arith.num_test}-{arith.seed}-{arith.max_digits}-k{len(REJECTED_KINDS)}"
+    folder = os.path.join(os.path.expanduser(arith.cache_dir), f"rlhf-{version}")
     paths = [os.path.join(folder, f"{name}.parquet") for name in names]
     if not all(os.path.isfile(p) for p in paths):
         write_rlhf_data(arithmetic_examples(arith.num_train, arith.num_test, arith.seed, arith.max_digits), folder)

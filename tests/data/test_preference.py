@@ -97,6 +97,9 @@ def test_arithmetic_data_shares_the_rl_split_and_the_scorer_agrees(tmp_path):
         truth = row["reward_model"]["ground_truth"]
         assert default_compute_score("arithmetic", row["chosen"], truth) == 1.0
         assert default_compute_score("arithmetic", row["rejected"], truth) == 0.0, row
+    for row in (r for r in pairs if r["rejected_kind"] == "wrong_arithmetic"):  # wrong, and consistently so
+        equation, final = row["rejected"].split("\n#### ")
+        assert equation.split(" = ")[1] == final != row["reward_model"]["ground_truth"]
     loaded = load_preference_pairs(paths["pairs_test"])
     assert len(loaded) == 200 and loaded[0].prompt == sft_test[0]["prompt"]
     assert all(r["response"] == p["chosen"] for r, p in zip(sft_test, read_rows(paths["pairs_test"])))

@@ -76,7 +76,7 @@ def test_rm_learns_exports_and_resumes_bit_exactly(tmp_path, tiny_model_dir):
     assert config["architectures"] == ["LlamaForSequenceClassification"]
     assert config["mean"] == pytest.approx(val[-1]["val/rm/score_mean"], rel=1e-6)
     assert config["std"] == pytest.approx(val[-1]["val/rm/score_std"], rel=1e-6)
-    pairs_file = next((tmp_path / "data").glob("sft-*/pairs_test.parquet"))
+    pairs_file = next((tmp_path / "data").glob("rlhf-*/pairs_test.parquet"))
     scores = _hf_pair_scores(folder, pairs_file)
     assert float(scores[:, 0].mean()) == pytest.approx(val[-1]["val/rm/chosen_mean"], abs=1e-4)
     assert float(scores[:, 1].mean()) == pytest.approx(val[-1]["val/rm/rejected_mean"], abs=1e-4)
