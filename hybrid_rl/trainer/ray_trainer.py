@@ -339,9 +339,7 @@ class RayPPOTrainer:
     def compute_reward(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """``token_level_scores`` from the reward manager (on the driver; failure counts to metrics),
         combined with the learned reward model's ``rm_scores`` when there are any."""
-        keys = batch.batch.keys()
-        rm_scores = batch.batch.pop("rm_scores") if "rm_scores" in keys else None
-        raw_rm = batch.batch.pop("rm_raw_scores") if "rm_raw_scores" in keys else None
+        rm_scores, raw_rm = reward_model.pop_rm_scores(batch)
         rule = None
         if rm_scores is None or reward_model.rule_scores_wanted(self.config, self.reward_fn, batch):
             result = self.reward_fn(batch, return_dict=True)
@@ -351,14 +349,8 @@ class RayPPOTrainer:
                 column = np.empty(len(values), dtype=object)
                 column[:] = list(values)
                 batch.non_tensor_batch[f"reward_extra_{key}"] = column
-        if rm_scores is None:
-            batch.batch["token_level_scores"] = rule
-            return batch
-        rm = self.config.reward_model
-        batch.batch["token_level_scores"] = reward_model.combine_scores(rm_scores, rule, rm.rm_weight, rm.rule_weight)
-        metrics.update(reward_model.score_metrics(rm_scores, rule, raw_rm))
-        if metrics.get("reward/rm_all_failed", 0.0) > 0:  # the health check's streak counts it
-            metrics["reward/all_failed"] = 1.0
+        batch.batch["token_level_scores"] = rule if rm_scores is None else reward_model.rewards_with_rm(
+            self.config.reward_model, rm_scores, rule, raw_rm, metrics)
         return batch
 
     def compute_old_log_prob(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:

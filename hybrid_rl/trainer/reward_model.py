@@ -27,7 +27,8 @@ import torch
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.workers.config import CriticConfig
 
-__all__ = ["check_reward_model", "combine_scores", "is_remote", "rm_worker_config", "score_metrics"]
+__all__ = ["check_reward_model", "combine_scores", "is_remote", "pop_rm_scores", "remote_scores", "rewards_with_rm",
+           "rm_worker_config", "rule_scores_wanted", "score_metrics"]
 
 _SEQUENCE_HEADS = ("ForSequenceClassification", "ForTokenClassification")
 
@@ -102,6 +103,23 @@ def combine_scores(rm_scores: torch.Tensor, rule_scores: Optional[torch.Tensor],
     if rule_scores is not None and rule_weight:
         out = out + rule_weight * rule_scores
     return out
+
+
+def pop_rm_scores(batch: Any) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Remove and return ``(rm_scores [B, R], rm_raw_scores [B])`` from a batch (None when absent),
+    so the reward manager scores the rows by rule rather than returning the reward model's scores."""
+    keys = batch.batch.keys()
+    return tuple(batch.batch.pop(k) if k in keys else None for k in ("rm_scores", "rm_raw_scores"))
+
+
+def rewards_with_rm(rm_cfg: Any, rm_scores: torch.Tensor, rule_scores: Optional[torch.Tensor],
+                    raw_rm_scores: Optional[torch.Tensor], metrics: dict[str, Any]) -> torch.Tensor:
+    """The combined token-level reward; adds the side-by-side metrics (and counts a step where the
+    remote reward model failed on every row as a failed reward step for the health check)."""
+    metrics.update(score_metrics(rm_scores, rule_scores, raw_rm_scores))
+    if metrics.get("reward/rm_all_failed", 0.0) > 0:
+        metrics["reward/all_failed"] = 1.0
+    return combine_scores(rm_scores, rule_scores, rm_cfg.rm_weight, rm_cfg.rule_weight)
 
 
 def score_metrics(rm_scores: torch.Tensor, rule_scores: Optional[torch.Tensor],

@@ -12,32 +12,37 @@ from hybrid_rl.trainer.config_loader import get_config, to_ppo_config
 RECIPES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "recipes", "*", "run.sh")))
 
 
-def recipe_entry(path: str) -> str:
-    """The trainer module a recipe runs (main_ppo, main_sft or main_rm)."""
-    text = open(path).read()
-    for entry in ("hybrid_rl.trainer.main_sft", "hybrid_rl.trainer.main_rm"):
-        if entry in text:
-            return entry
-    return "hybrid_rl.trainer.main_ppo"
+ENTRIES = ("hybrid_rl.trainer.main_sft", "hybrid_rl.trainer.main_rm", "hybrid_rl.trainer.main_ppo")
+
+
+def recipe_commands(path: str) -> list[tuple[str, list[str]]]:
+    """``(trainer module, overrides as the trainer sees them)`` of each training command of a recipe
+    (a pipeline recipe runs several), in script order; ``$VAR`` becomes a placeholder path."""
+    text = open(path).read().replace("\\\n", " ")
+    values = {"NGPUS": "2"}
+    commands = []
+    for line in text.splitlines():
+        entry = next((e for e in ENTRIES if re.search(rf"python3? -m {re.escape(e)}(\s|$)", line)), None)
+        if entry is None:
+            continue
+        line = re.sub(r'"\$(\w+)(/[^"]*)?"', lambda m: values.get(m.group(1), f"/placeholder/{m.group(1)}{m.group(2) or ''}"),
+                      line)
+        args = [a for a in shlex.split(line.split(entry, 1)[1]) if "=" in a]
+        if entry.endswith("main_sft"):  # veRL's SFT keys, as main_sft translates them
+            from hybrid_rl.trainer.main_sft import sft_overrides
+
+            args = sft_overrides(args)
+        elif entry.endswith("main_rm"):  # the same keys, applied to the reward model
+            from hybrid_rl.trainer.main_rm import rm_overrides
+
+            args = rm_overrides(args)
+        commands.append((entry, args))
+    return commands
 
 
 def recipe_overrides(path: str) -> list[str]:
-    text = open(path).read().replace("\\\n", " ")
-    entry = recipe_entry(path)
-    command = next(line for line in text.splitlines() if entry in line)
-    values = {"NGPUS": "2"}
-    command = re.sub(r'"\$(\w+)"', lambda m: values.get(m.group(1), f"/placeholder/{m.group(1)}"), command)
-    args = shlex.split(command.split(entry, 1)[1])
-    args = [a for a in args if "=" in a]
-    if entry.endswith("main_sft"):  # veRL's SFT keys, as main_sft translates them
-        from hybrid_rl.trainer.main_sft import sft_overrides
-
-        return sft_overrides(args)
-    if entry.endswith("main_rm"):  # the same keys, applied to the reward model
-        from hybrid_rl.trainer.main_rm import rm_overrides
-
-        return rm_overrides(args)
-    return args
+    """The overrides of a recipe's last training command."""
+    return recipe_commands(path)[-1][1]
 
 
 def test_there_are_three_recipes():
@@ -47,7 +52,10 @@ def test_there_are_three_recipes():
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: os.path.basename(os.path.dirname(p)))
 def test_recipe_composes(path):
-    overrides = recipe_overrides(path)
+    commands = recipe_commands(path)
+    for _, earlier in commands[:-1]:  # a pipeline's earlier stages
+        to_ppo_config(get_config(earlier))
+    overrides = commands[-1][1]
     # those two are the default run plus LoRA / plus the decoupled mode
     assert len(overrides) > (4 if "arithmetic_grpo_lora" in path or "async_arithmetic" in path else 10)
     cfg = to_ppo_config(get_config(overrides))
@@ -61,6 +69,11 @@ def test_recipe_composes(path):
     elif "rm_arithmetic" in path:  # reward-model training through main_rm
         assert cfg.critic.ppo_mini_batch_size == cfg.data.train_batch_size == 16 and cfg.trainer.total_epochs == 3
         assert cfg.critic.model.path == cfg.actor_rollout_ref.model.path
+    elif "sft_rm_ppo" in path:  # SFT -> reward model -> GRPO with the reward model as the only reward
+        assert [e.rsplit(".", 1)[1] for e, _ in commands] == ["main_sft", "main_rm", "main_ppo"]
+        rm = cfg.reward_model
+        assert rm.enable and rm.model.path.endswith("rm_hf") and rm.rule_weight == 0 and rm.rm_weight == 1
+        assert cfg.actor_rollout_ref.model.path.endswith("sft_hf") and cfg.data.arithmetic.num_shots == 0
     elif "async_arithmetic" in path:  # the default run, decoupled
         assert cfg.async_training.enable and cfg.async_training.max_head_offpolicyness == 1
         assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "decoupled" and cfg.trainer.device == "auto"
