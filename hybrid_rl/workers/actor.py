@@ -52,13 +52,16 @@ class DataParallelPPOActor:
             rollout.n / dp_size, computed by the worker); None = ``config.ppo_mini_batch_size``.
         use_remove_padding: pack valid tokens instead of running on padding.
         device: where micro-batches are moved for compute.
+        attn_implementation: ``*.model.attn_implementation``, the packed-attention kernel
+            (:mod:`hybrid_rl.workers.attention_backend`); None = this process's current choice.
     """
 
     def __init__(self, config: ActorConfig, actor_module: nn.Module,
                  actor_optimizer: Optional[torch.optim.Optimizer] = None, *,
                  ppo_mini_batch_size_per_gpu: Optional[int] = None,
                  ppo_micro_batch_size_per_gpu: Optional[int] = None,
-                 use_remove_padding: bool = False, device: torch.device | str = "cpu"):
+                 use_remove_padding: bool = False, device: torch.device | str = "cpu",
+                 attn_implementation: Optional[str] = None):
         self.config = config
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
@@ -66,7 +69,9 @@ class DataParallelPPOActor:
         # per-rank rows of a micro-batch (derive_batch_sizes: also from veRL's global micro-batch key)
         self.micro_batch_rows = ppo_micro_batch_size_per_gpu or config.ppo_micro_batch_size_per_gpu
         self.use_remove_padding = use_remove_padding
-        varlen = use_remove_padding and use_varlen_attention(actor_module)  # per-row attention, no [T, T] mask
+        # per-row attention, no [T, T] mask; its kernel chosen by device (attention_backend)
+        varlen = use_remove_padding and use_varlen_attention(actor_module, attn_implementation, device,
+                                                             "actor_rollout_ref.model.attn_implementation")
         # prefix grouper: one copy of each shared prompt per micro-batch (needs the varlen attention)
         self.group_prompts = config.use_prefix_grouper and varlen
         self.token_counts = [0.0, 0.0]  # computed, valid tokens (since the last pop)

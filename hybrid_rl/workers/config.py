@@ -17,6 +17,8 @@ from hybrid_rl.utils.precision import COMPUTE_DTYPES, CONCRETE_DTYPES
 from hybrid_rl.workers.rollout.config import RolloutConfig
 
 DEFAULT_MODEL_PATH = "HuggingFaceTB/SmolLM2-135M-Instruct"
+#: Packed-attention kernels a model section may name (hybrid_rl/workers/attention_backend.py).
+ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "flex_attention", "flash_attention_2", "varlen_attn")
 _DTYPES = CONCRETE_DTYPES
 
 
@@ -53,6 +55,11 @@ class ModelConfig:
     """Pack the valid tokens of a micro-batch into one sequence (no compute on padding, one
     attention call per row); with the actor's/critic's use_prefix_grouper a prompt shared by
     several rows is computed once. false = padded ``[B, L]`` micro-batches."""
+    attn_implementation: str = "auto"
+    """Packed-attention kernel (with use_remove_padding; veRL's name): auto | sdpa | flex_attention |
+    flash_attention_2 | varlen_attn. auto = sdpa on CPU (batched small blocks, else one SDPA call
+    per block); on CUDA flash-attn's varlen kernel when installed, else torch's varlen_attn, else
+    FlexAttention, with FlexAttention for prefix-grouped layouts (docs/gpu.md)."""
     override_config: dict[str, Any] = field(default_factory=dict)
     """Entries that override the HF ``config.json`` (e.g. ``{attention_dropout: 0.0}``)."""
     dtype: str = "float32"
@@ -71,6 +78,8 @@ class ModelConfig:
         _check(bool(self.path), "model.path", self.path, "must name a model",
                "set it to a local HF folder or to " + DEFAULT_MODEL_PATH)
         _check_dtype("model.dtype", self.dtype)
+        _check(self.attn_implementation in ATTN_IMPLEMENTATIONS, "model.attn_implementation",
+               self.attn_implementation, f"must be one of {list(ATTN_IMPLEMENTATIONS)}", "use auto")
         _check(type(self.lora_rank) is int and self.lora_rank >= 0, "model.lora_rank", self.lora_rank,
                "must be 0 (full fine-tuning) or a positive rank", "use 0, or e.g. 32 for LoRA")
         _check(self.lora_alpha > 0, "model.lora_alpha", self.lora_alpha, "must be > 0", "use e.g. 16")

@@ -38,20 +38,25 @@ class DataParallelPPOCritic:
             rollout_n / dp_size); None = ``config.ppo_mini_batch_size * config.rollout_n``.
         use_remove_padding: pack valid tokens instead of running on padding.
         device: where micro-batches are moved for compute.
+        attn_implementation: ``*.model.attn_implementation``, the packed-attention kernel
+            (:mod:`hybrid_rl.workers.attention_backend`); None = this process's current choice.
     """
 
     def __init__(self, config: CriticConfig, critic_module: nn.Module,
                  critic_optimizer: Optional[torch.optim.Optimizer] = None, *,
                  ppo_mini_batch_size_per_gpu: Optional[int] = None,
                  ppo_micro_batch_size_per_gpu: Optional[int] = None,
-                 use_remove_padding: bool = False, device: torch.device | str = "cpu"):
+                 use_remove_padding: bool = False, device: torch.device | str = "cpu",
+                 attn_implementation: Optional[str] = None):
         self.config = config
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
         self.mini_batch_rows = ppo_mini_batch_size_per_gpu or config.ppo_mini_batch_size * config.rollout_n
         self.micro_batch_rows = ppo_micro_batch_size_per_gpu or config.ppo_micro_batch_size_per_gpu
         self.use_remove_padding = use_remove_padding
-        varlen = use_remove_padding and use_varlen_attention(critic_module)  # per-row attention, no [T, T] mask
+        # per-row attention, no [T, T] mask; its kernel chosen by device (attention_backend)
+        varlen = use_remove_padding and use_varlen_attention(critic_module, attn_implementation, device,
+                                                             "critic.model.attn_implementation")
         self.group_prompts = config.use_prefix_grouper and varlen  # one copy of each shared prompt
         self.device = torch.device(device)
         self.rank, self.dp_size = dp_world()

@@ -112,7 +112,8 @@ class ActorRolloutRefWorker(Worker):
                           build_causal_lm(cfg.model, self.model_path, cfg.ref.fsdp_config, self.device,
                                           trainable=False))
             self.ref_policy = DataParallelPPOActor(cfg.actor, ref_module, use_remove_padding=use_rmpad,
-                                                   device=self.device)
+                                                   device=self.device,
+                                                   attn_implementation=cfg.model.attn_implementation)
         if self._is_rollout:
             from hybrid_rl.workers.rollout import build_rollout
 
@@ -147,7 +148,7 @@ class ActorRolloutRefWorker(Worker):
             cfg.actor, self.actor_module, self.actor_optimizer,
             ppo_mini_batch_size_per_gpu=self.batch_sizes.ppo_mini_batch_size_per_gpu,
             ppo_micro_batch_size_per_gpu=self.batch_sizes.ppo_micro_batch_size_per_gpu,
-            use_remove_padding=use_rmpad, device=self.device)
+            use_remove_padding=use_rmpad, device=self.device, attn_implementation=cfg.model.attn_implementation)
         self.optimizer_offload.offload()
 
     def _require(self, part: str, method: str) -> None:
@@ -370,7 +371,8 @@ class CriticWorker(Worker):
                                             ppo_mini_batch_size_per_gpu=sizes.ppo_mini_batch_size_per_gpu,
                                             ppo_micro_batch_size_per_gpu=sizes.ppo_micro_batch_size_per_gpu,
                                             use_remove_padding=cfg.model.use_remove_padding,
-                                            device=self.device)
+                                            device=self.device,
+                                            attn_implementation=cfg.model.attn_implementation)
         self.optimizer_offload.offload()
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

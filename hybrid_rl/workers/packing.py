@@ -138,7 +138,8 @@ def _grouped(input_ids, attention_mask, position_ids, response_length,
             flat_src.append(row * length + rcols)
             response_lengths.append(len(rcols))
             cursor += len(rcols)
-        blocks.append(PackedBlock(block_start, cursor, group_mask(len(cols), response_lengths)))
+        blocks.append(PackedBlock(block_start, cursor, group_mask(len(cols), response_lengths),
+                                  (len(cols), *response_lengths)))
     src = torch.cat(flat_src)
     ids = input_ids.reshape(-1)[src].unsqueeze(0)  # [1, T]
     pos = position_ids.reshape(-1)[src].unsqueeze(0)  # [1, T]

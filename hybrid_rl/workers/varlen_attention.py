@@ -23,7 +23,7 @@ SDPA call per block (flash attention, memory linear in the tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -31,6 +31,8 @@ from torch.nn import functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from hybrid_rl.workers import attention_backend
 
 VARLEN_ATTENTION = "hybrid_rl_varlen_sdpa"
 
@@ -48,6 +50,19 @@ class PackedBlock:
     start: int
     end: int
     mask: Optional[torch.Tensor] = None
+    segments: Optional[tuple[int, ...]] = None
+    """A prompt group's ``(prompt length, response lengths...)`` (what ``mask`` was built from:
+    :func:`~hybrid_rl.workers.packing.group_mask`); the FlexAttention path reads these instead of
+    the mask. None = one causal segment."""
+
+    def flex_segments(self, first: int) -> list[tuple[int, Optional[int]]]:
+        """This block's segments as ``(length, prefix segment index or None)``, numbered from
+        ``first`` (:func:`hybrid_rl.workers.flex_attention.segment_ids`)."""
+        if self.segments is None:
+            assert self.mask is None, "a masked block names its segments"
+            return [(self.end - self.start, None)]
+        prompt, *responses = self.segments
+        return [(prompt, None)] + [(n, first) for n in responses]
 
 
 @dataclass
@@ -113,14 +128,38 @@ class PackedLayout:
     all its layers, so the batched form is built once per forward."""
 
     blocks: list[PackedBlock]
+    cu_seq_lens: Optional[torch.Tensor] = None
+    """``[num_rows + 1]`` int32 row bounds when every block is a causal row (the varlen kernels'
+    input); None for prompt-grouped layouts."""
+    max_length: int = 0
+    """The longest row (with ``cu_seq_lens``)."""
     _dense: Optional[DenseBlocks] = field(default=None, repr=False)
     _width: int = field(default=0, repr=False)
+    _flex: Any = field(default=None, repr=False)
 
     @classmethod
     def from_cu_seq_lens(cls, cu_seq_lens_q: torch.Tensor) -> "PackedLayout":
         """One causal block per packed row (``cu_seq_lens_q [num_rows + 1]``)."""
         bounds = cu_seq_lens_q.tolist()
-        return cls([PackedBlock(start, end) for start, end in zip(bounds[:-1], bounds[1:]) if end > start])
+        blocks = [PackedBlock(start, end) for start, end in zip(bounds[:-1], bounds[1:]) if end > start]
+        return cls(blocks, cu_seq_lens_q, max((b.end - b.start for b in blocks), default=0))
+
+    @property
+    def grouped(self) -> bool:
+        """Whether some block is a prompt group (not a plain causal row)."""
+        return any(b.mask is not None for b in self.blocks)
+
+    def flex(self, device: torch.device) -> Any:
+        """The FlexAttention block mask of this layout (:class:`~hybrid_rl.workers.flex_attention.FlexLayout`),
+        built on first use and shared by every layer of the forward."""
+        if self._flex is None:
+            from hybrid_rl.workers.flex_attention import flex_layout
+
+            segments: list[tuple[int, Optional[int]]] = []
+            for block in self.blocks:
+                segments += block.flex_segments(len(segments))
+            self._flex = flex_layout(segments, device)
+        return self._flex
 
     def dense(self, heads: int, device: torch.device, dtype: torch.dtype) -> Optional[DenseBlocks]:
         """The batched form, or None when its scores would exceed :data:`DENSE_MAX_SCORES`."""
@@ -163,11 +202,29 @@ def varlen_sdpa_attention_forward(module: nn.Module, query: torch.Tensor, key: t
     assert query.shape[0] == 1, "packed sequences come as one row"
     layout = packed_layout or PackedLayout.from_cu_seq_lens(cu_seq_lens_q)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    choice = attention_backend.current_choice()
+    kernel = choice.groups if layout.grouped else choice.rows
+    if kernel != "sdpa" and dropout == 0.0:
+        return _kernel_attention(kernel, query, key, value, layout, scaling), None
     dense = layout.dense(query.shape[1], query.device, query.dtype) if dropout == 0.0 else None
     if dense is not None:
         return _dense_attention(query, key, value, dense, scaling), None
     out = _blocks_attention(query, key, value, layout.blocks, dropout, scaling)  # [1, H, T, D]
     return out.transpose(1, 2).contiguous(), None
+
+
+def _kernel_attention(kernel: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      layout: PackedLayout, scaling: float) -> torch.Tensor:
+    """``[1, T, H, D]`` attention of the packed layout by one fused kernel per layer
+    (:mod:`hybrid_rl.workers.attention_backend` chose it)."""
+    if kernel == "flex_attention":
+        from hybrid_rl.workers.flex_attention import flex_packed_attention
+
+        return flex_packed_attention(query, key, value, layout.flex(query.device), scaling)
+    assert layout.cu_seq_lens is not None, f"{kernel} computes row-packed layouts only"
+    fn = (attention_backend.flash_varlen_attention if kernel == "flash_attention_2"
+          else attention_backend.torch_varlen_attention)
+    return fn(query, key, value, layout.cu_seq_lens, layout.max_length, scaling)
 
 
 def cu_seq_lens(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -176,14 +233,22 @@ def cu_seq_lens(attention_mask: torch.Tensor) -> torch.Tensor:
     return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(torch.int32)
 
 
-def use_varlen_attention(module: nn.Module) -> bool:
+def use_varlen_attention(module: nn.Module, attn_implementation: Optional[str] = None,
+                         device: Optional[torch.device] = None,
+                         key: str = "actor_rollout_ref.model.attn_implementation") -> bool:
     """Switch an HF model from ``sdpa`` to the varlen attention (other implementations are kept).
 
-    Returns whether the model now uses it.
+    ``attn_implementation`` (``*.model.attn_implementation``; None = keep this process's current
+    choice) picks the packed kernels for ``device`` (where the forward computes; default: where
+    ``module``'s parameters are) (:func:`~hybrid_rl.workers.attention_backend.resolve_attention`). Returns whether the model
+    now uses the varlen attention.
     """
     config = getattr(module, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) not in ("sdpa", VARLEN_ATTENTION):
         return False
+    if attn_implementation is not None:
+        device = torch.device(device) if device is not None else next(module.parameters()).device
+        attention_backend.set_attention(attention_backend.resolve_attention(attn_implementation, device.type, key))
     module.set_attn_implementation(VARLEN_ATTENTION)
     return True
 
