@@ -34,7 +34,7 @@ import statistics
 import tempfile
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import psutil
 
@@ -124,20 +124,32 @@ def lora_overrides(rank: int) -> list[str]:
             "actor_rollout_ref.model.target_modules=all-linear", "actor_rollout_ref.actor.optim.lr=1e-4"]
 
 
-def fit_monitored(trainer, monitor: threading.Thread) -> float:
-    """``trainer.fit()`` with ``monitor`` polling throughout; the trainer is shut down after. Returns
+def fit_monitored(trainer, *monitors: threading.Thread) -> float:
+    """``trainer.fit()`` with ``monitors`` polling throughout; the trainer is shut down after. Returns
     the wall seconds of the fit."""
-    monitor.start()
+    for monitor in monitors:
+        monitor.start()
     start = time.perf_counter()
     try:
         trainer.fit()
     finally:
         trainer.shutdown()
-        monitor.stop()
+        for monitor in monitors:
+            monitor.stop()
     return time.perf_counter() - start
 
 
-def run(args: argparse.Namespace) -> dict:
+def run_dir_overrides(steps: int, prefix: str = "bench_step_") -> list[str]:
+    """``steps`` training steps into a fresh temporary run folder."""
+    return [f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={tempfile.mkdtemp(prefix=prefix)}"]
+
+
+def measure_steps(overrides: list[str], warmup: int, peak_size: int = 2048,
+                  monitors: Sequence[threading.Thread] = (), on_step: Optional[Callable[[dict], None]] = None) -> dict:
+    """Run the trainer with ``overrides`` and return every step's :func:`step_figures`, the matmul peaks
+    (``peak_size``-square matmuls on the run's device) and the peak RSS of the process tree.
+    ``monitors`` (threads with a ``stop()``) poll during the fit beside the RSS monitor; ``on_step`` is
+    called with each step's logged metrics."""
     import torch
 
     from hybrid_rl.trainer import get_config
@@ -146,32 +158,40 @@ def run(args: argparse.Namespace) -> dict:
     from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
     from hybrid_rl.trainer.validate import make_run_plan
 
-    run_dir = tempfile.mkdtemp(prefix="bench_step_")
-    overrides = (DEFAULT_OVERRIDES + [f"trainer.total_training_steps={args.steps}", f"trainer.default_local_dir={run_dir}"]
-                 + lora_overrides(args.lora_rank) + args.overrides)
     cfg = get_config(overrides)
     steps: list[dict] = []
 
     class Recording(RayPPOTrainer):
         def on_step_end(self, metrics: dict) -> None:
             steps.append(dict(metrics))
+            if on_step is not None:
+                on_step(metrics)
 
     trainer = build_trainer(cfg, Recording)
     plan = make_run_plan(trainer.config)
     torch.set_num_threads(plan.threads_per_worker)
     dtype = trainer.actor_compute_dtype
-    peaks = {d: measure_peak_flops(plan.device, 1.0, d) for d in dict.fromkeys(("float32", "bfloat16", dtype))}
+    peaks = {d: measure_peak_flops(plan.device, 1.0, d, size=peak_size)
+             for d in dict.fromkeys(("float32", "bfloat16", dtype))}
+    if plan.device == "cuda":
+        torch.cuda.empty_cache()  # the driver keeps no matmul buffers on the workers' GPU
     sizes = model_param_split(trainer.config)
     rows = trainer.config.data.train_batch_size * trainer.config.actor_rollout_ref.rollout.n
     monitor = RssMonitor()
-    wall_s = fit_monitored(trainer, monitor)
+    wall_s = fit_monitored(trainer, monitor, *monitors)
     epochs = trainer.config.actor_rollout_ref.actor.ppo_epochs
     figures = [step_figures(m, sizes, rows, peaks, epochs, dtype) for m in steps]
-    return {"overrides": overrides, "peak_flops": peaks, "compute_dtype": dtype,
+    return {"overrides": overrides, "peak_flops": peaks, "compute_dtype": dtype, "device": plan.device,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads_per_worker": plan.threads_per_worker,
-            "steps": figures, "wall_s": wall_s,
+            "params": {"body": sizes[0], "head": sizes[1]}, "steps": figures, "wall_s": wall_s,
             "peak_rss_gib": monitor.peak_total / 2**30, "peak_rss_one_process_gib": monitor.peak_single / 2**30,
-            "load_avg": os.getloadavg(), "warmup": args.warmup}
+            "load_avg": os.getloadavg(), "warmup": warmup}
+
+
+def run(args: argparse.Namespace) -> dict:
+    overrides = (DEFAULT_OVERRIDES + run_dir_overrides(args.steps) + lora_overrides(args.lora_rank)
+                 + args.overrides)
+    return measure_steps(overrides, args.warmup)
 
 
 def median_figures(result: dict) -> dict:
@@ -182,6 +202,18 @@ def median_figures(result: dict) -> dict:
 def _pct(share: float) -> str:
     """A share as a percentage; ``n/a`` where no peak was measurable (an emulated dtype)."""
     return "n/a" if share != share else f"{share:.0%}"
+
+
+def write_json(path: Optional[str], result: dict) -> None:
+    """All figures to ``path`` (nothing when None); what JSON cannot hold is written as its ``str``."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+
+
+def rss_line(result: dict) -> str:
+    return (f"peak RSS {result['peak_rss_gib']:.2f} GiB (process tree), largest process "
+            f"{result['peak_rss_one_process_gib']:.2f} GiB")
 
 
 def print_table(result: dict) -> None:
@@ -207,8 +239,7 @@ def print_table(result: dict) -> None:
                   f"{med[f'{label}_computed_token_frac']:.2f}")
     print(f"  driver/Ray overhead {med['overhead_s']:.2f} s ({med['overhead_frac']:.1%} of the step), "
           f"of which dispatch + serialization {med['dispatch_s']:.2f} s ({med['dispatch_frac']:.1%})")
-    print(f"  peak RSS {result['peak_rss_gib']:.2f} GiB (process tree), largest process "
-          f"{result['peak_rss_one_process_gib']:.2f} GiB")
+    print(f"  {rss_line(result)}")
     print(f"median step: {med['step_s']:.2f}")
 
 
@@ -222,9 +253,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra key=value overrides")
     args = parser.parse_args()
     result = run(args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
     print(json.dumps({"median": median_figures(result)}))
     print_table(result)
 

@@ -3,10 +3,14 @@
 For measuring what a model size costs (memory, step time) without fetching weights:
 
     python scripts/make_random_model.py --out /tmp/llama-0.7b                 # ~0.68B parameters
+    python scripts/make_random_model.py --out /tmp/llama-1b --preset llama-1b  # ~1.07B (benchmarks/bench_gpu.py)
     python benchmarks/bench_step.py --lora-rank 32 actor_rollout_ref.model.path=/tmp/llama-0.7b
 
-The default shape (hidden 1536, 24 layers, MLP 4096, 24 heads of 64, 8 KV heads, SmolLM2's 49152-token
-vocabulary, tied embeddings) has 0.68B parameters; weights are N(0, 0.02), saved in ``--dtype``.
+Presets (SmolLM2's 49152-token vocabulary, tied embeddings, heads of 64):
+- ``llama-0.7b`` (the default): hidden 1536, 24 layers, MLP 4096, 24 heads, 8 KV heads: 0.68B parameters.
+- ``llama-1b``: TinyLlama-1.1B's shape (hidden 2048, 22 layers, MLP 5632, 32 heads, 4 KV heads): 1.07B.
+
+Weights are N(0, 0.02), saved in ``--dtype``.
 """
 
 from __future__ import annotations
@@ -17,20 +21,33 @@ from pathlib import Path
 
 logger = logging.getLogger("make_random_model")
 
+PRESETS = {
+    "llama-0.7b": {"hidden": 1536, "layers": 24, "mlp": 4096, "heads": 24, "kv_heads": 8},
+    "llama-1b": {"hidden": 2048, "layers": 22, "mlp": 5632, "heads": 32, "kv_heads": 4},
+}
+
+
+def llama_config(vocab_size: int, hidden: int, layers: int, mlp: int, heads: int, kv_heads: int,
+                 dtype: str = "float32", bos_token_id=None, eos_token_id=None, pad_token_id=None):
+    """The ``LlamaConfig`` of a random model of this shape (tied embeddings, head_dim = hidden / heads)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
+                       num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
+                       max_position_embeddings=2048, tie_word_embeddings=True, rope_theta=10000.0,
+                       bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id, dtype=dtype)
+
 
 def build(out: Path, hidden: int, layers: int, mlp: int, heads: int, kv_heads: int, dtype: str, seed: int) -> int:
     """Write the model and tokenizer into ``out``; returns the parameter count."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM
 
     from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path
 
     tokenizer = load_tokenizer(resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct"))
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
-                         max_position_embeddings=2048, tie_word_embeddings=True, rope_theta=10000.0,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, dtype=dtype)
+    config = llama_config(len(tokenizer), hidden, layers, mlp, heads, kv_heads, dtype, tokenizer.bos_token_id,
+                          tokenizer.eos_token_id, tokenizer.pad_token_id)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -43,16 +60,16 @@ def build(out: Path, hidden: int, layers: int, mlp: int, heads: int, kv_heads: i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder to write (an HF model folder)")
-    parser.add_argument("--hidden", type=int, default=1536)
-    parser.add_argument("--layers", type=int, default=24)
-    parser.add_argument("--mlp", type=int, default=4096)
-    parser.add_argument("--heads", type=int, default=24)
-    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="llama-0.7b",
+                        help="the shape; --hidden/--layers/... override single fields of it")
+    for name in ("hidden", "layers", "mlp", "heads", "kv-heads"):
+        parser.add_argument(f"--{name}", type=int, default=None)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    count = build(Path(args.out), args.hidden, args.layers, args.mlp, args.heads, args.kv_heads, args.dtype, args.seed)
+    shape = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in PRESETS[args.preset].items()}
+    count = build(Path(args.out), **shape, dtype=args.dtype, seed=args.seed)
     logger.info("wrote a random %.2fB-parameter Llama to %s", count / 1e9, args.out)
 
 
