@@ -22,10 +22,10 @@ from hybrid_rl.utils.memory import grad_bytes
 from hybrid_rl.workers.batching import all_reduce_sum, restore_order, split_micro_batches
 from hybrid_rl.workers.config import ActorConfig
 from hybrid_rl.workers.forward import padding_fraction, response_log_probs
-from hybrid_rl.workers.fsdp_utils import dp_world
+from hybrid_rl.workers.fsdp_utils import dp_world, to_device
 from hybrid_rl.workers.packing import batch_prompt_groups, computed_tokens
 from hybrid_rl.workers.varlen_attention import use_varlen_attention
-from hybrid_rl.workers.update_utils import check_mini_batch_rows, mini_batches, optimizer_step
+from hybrid_rl.workers.update_utils import check_mini_batch_rows, extend_metrics, mini_batches, optimizer_step
 
 logger = logging.getLogger(__name__)
 
@@ -99,16 +99,17 @@ class DataParallelPPOActor:
             group_prompts=self.group_prompts)
         self.actor_module.eval()
         log_probs, entropys = [], []
-        for micro in micro_batches:
-            batch = {k: v.to(self.device) for k, v in micro.batch.items()}
+        for micro in micro_batches:  # host tensors: layouts are built here, inputs copied asynchronously
+            batch = dict(micro.batch.items())
             groups = batch_prompt_groups(batch, self.group_prompts)
             self._count_tokens(batch, groups)
-            lp, ent = response_log_probs(self.actor_module, batch, meta["temperature"],
-                                         self.use_remove_padding, calculate_entropy, groups=groups)
-            log_probs.append(lp.cpu())
-            entropys.append(ent.cpu() if ent is not None else None)
-        log_prob = restore_order(torch.cat(log_probs), order)
-        entropy = restore_order(torch.cat(entropys), order) if calculate_entropy else None
+            lp, ent = response_log_probs(self.actor_module, batch, meta["temperature"], self.use_remove_padding,
+                                         calculate_entropy, groups=groups, device=self.device)
+            log_probs.append(lp)
+            entropys.append(ent)
+        # one copy back to the host per call, not one per micro-batch
+        log_prob = restore_order(torch.cat(log_probs).cpu(), order)
+        entropy = restore_order(torch.cat(entropys).cpu(), order) if calculate_entropy else None
         return log_prob, entropy
 
     def _count_tokens(self, batch: dict[str, torch.Tensor], groups: Optional[list[list[int]]]) -> None:
@@ -177,19 +178,22 @@ class DataParallelPPOActor:
             key="actor.ppo_max_token_len_per_gpu", device=self.device,
             group_prompts=self.group_prompts)
         self.actor_optimizer.zero_grad(set_to_none=True)
-        totals = torch.zeros(3, dtype=torch.float64)  # pg_loss, entropy, kl_loss contributions
-        for micro in micro_batches:
-            batch = {k: v.to(self.device) for k, v in micro.batch.items()}
+        # pg_loss, entropy, kl_loss contributions, summed where they are computed
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
+        stats: dict[str, list] = defaultdict(list)
+        for micro in micro_batches:  # host tensors: no per-micro-batch synchronisation of the device
+            batch = dict(micro.batch.items())
             metrics["actor/padding_frac"].append(padding_fraction(batch["attention_mask"],
                                                                   self.use_remove_padding))
             groups = batch_prompt_groups(batch, self.group_prompts)
             self._count_tokens(batch, groups)
-            loss, parts, stats = self._micro_loss(batch, temperature, denoms, detach_old, groups)
+            loss, parts, micro_stats = self._micro_loss(batch, temperature, denoms, detach_old, groups)
             # FSDP averages gradients over ranks; the global denominators need their sum.
             (loss * self.dp_size).backward()
             totals += parts
-            for name, value in stats.items():
-                metrics[name].append(value)
+            for name, value in micro_stats.items():
+                stats[name].append(value)
+        extend_metrics(metrics, stats)
         totals = all_reduce_sum(totals, self.device)
         metrics["actor/pg_loss"].append(float(totals[0]))
         metrics["actor/entropy"].append(float(totals[1]))
@@ -206,11 +210,13 @@ class DataParallelPPOActor:
                     groups: Optional[list[list[int]]]) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Loss of one micro-batch (its share of the mini-batch loss) and its metrics."""
         cfg = self.config
-        mask = batch["response_mask"]
         # entropy is always reported; it only needs a gradient when it is part of the loss
         log_prob, entropy = response_log_probs(self.actor_module, batch, temperature,
                                                self.use_remove_padding, calculate_entropy=True,
-                                               entropy_grad=cfg.entropy_coeff != 0, groups=groups)
+                                               entropy_grad=cfg.entropy_coeff != 0, groups=groups,
+                                               device=self.device)
+        batch = {k: to_device(v, self.device) for k, v in batch.items() if k not in _MODEL_INPUTS}
+        mask = batch["response_mask"]
         old_log_prob = log_prob.detach() if detach_old else batch["old_log_probs"]
         agg = dict(loss_agg_mode=cfg.loss_agg_mode, **denoms)
         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = self.policy_loss_fn(
@@ -228,9 +234,9 @@ class DataParallelPPOActor:
             kl_term = agg_loss(kl, mask, cfg.loss_agg_mode, denoms["global_batch_num_tokens"],
                                denoms["global_batch_num_seqs"])
             loss = loss + cfg.kl_loss_coef * kl_term
-        parts = torch.stack([pg_loss.detach(), entropy_term.detach(), kl_term.detach()]).double().cpu()
-        stats = {"actor/pg_clipfrac": pg_clipfrac.item(), "actor/ppo_kl": ppo_kl.item(),
-                 "actor/pg_clipfrac_lower": pg_clipfrac_lower.item()}
+        parts = torch.stack([pg_loss.detach(), entropy_term.detach(), kl_term.detach()]).double()
+        stats = {"actor/pg_clipfrac": pg_clipfrac.detach(), "actor/ppo_kl": ppo_kl.detach(),
+                 "actor/pg_clipfrac_lower": pg_clipfrac_lower.detach()}  # to the host once per mini-batch
         if "rollout_log_probs" in batch:  # how far the sampling engine's policy is from the proximal one
             weights = behaviour_weight_stats(old_log_prob, batch["rollout_log_probs"], mask,
                                              cfg.policy_loss.behav_imp_weight_cap)

@@ -20,8 +20,8 @@ from hybrid_rl.workers.batching import all_reduce_sum, restore_order, split_micr
 from hybrid_rl.workers.config import CriticConfig
 from hybrid_rl.workers.forward import response_values
 from hybrid_rl.workers.packing import batch_prompt_groups
-from hybrid_rl.workers.fsdp_utils import dp_world
-from hybrid_rl.workers.update_utils import check_mini_batch_rows, mini_batches, optimizer_step
+from hybrid_rl.workers.fsdp_utils import dp_world, to_device
+from hybrid_rl.workers.update_utils import check_mini_batch_rows, extend_metrics, mini_batches, optimizer_step
 from hybrid_rl.workers.varlen_attention import use_varlen_attention
 
 _MODEL_INPUTS = ["responses", "input_ids", "attention_mask", "position_ids", "response_mask"]
@@ -73,12 +73,12 @@ class DataParallelPPOCritic:
             key="critic.ppo_max_token_len_per_gpu", device=self.device, group_prompts=self.group_prompts)
         self.critic_module.eval()
         values = []
-        for micro in micro_batches:
-            batch = {k: v.to(self.device) for k, v in micro.batch.items()}
+        for micro in micro_batches:  # host tensors: layouts built here, inputs copied asynchronously
+            batch = dict(micro.batch.items())
             groups = batch_prompt_groups(batch, self.group_prompts)
-            values.append((response_values(self.critic_module, batch, self.use_remove_padding, groups)
-                           * batch["response_mask"]).cpu())
-        return restore_order(torch.cat(values), order)
+            vpreds = response_values(self.critic_module, batch, self.use_remove_padding, groups, self.device)
+            values.append(vpreds * to_device(batch["response_mask"], self.device))
+        return restore_order(torch.cat(values).cpu(), order)
 
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
         """Clipped value-loss update over ``data``; needs ``values`` and ``returns`` [B, R]."""
@@ -110,19 +110,22 @@ class DataParallelPPOCritic:
             max_token_len=cfg.ppo_max_token_len_per_gpu, key="critic.ppo_max_token_len_per_gpu",
             device=self.device, group_prompts=self.group_prompts)
         self.critic_optimizer.zero_grad(set_to_none=True)
-        vf_loss_total = torch.zeros((), dtype=torch.float64)
-        for micro in micro_batches:
-            batch = {k: v.to(self.device) for k, v in micro.batch.items()}
+        vf_loss_total = torch.zeros((), dtype=torch.float64, device=self.device)
+        stats: dict[str, list] = defaultdict(list)
+        for micro in micro_batches:  # host tensors: no per-micro-batch synchronisation of the device
+            host = dict(micro.batch.items())
+            vpreds = response_values(self.critic_module, host, self.use_remove_padding,
+                                     batch_prompt_groups(host, self.group_prompts), self.device)  # [b, R]
+            batch = {k: to_device(host[k], self.device) for k in ("response_mask", "returns", "values")}
             mask = batch["response_mask"]
-            vpreds = response_values(self.critic_module, batch, self.use_remove_padding,
-                                     batch_prompt_groups(batch, self.group_prompts))  # [b, R]
             vf_loss, vf_clipfrac = compute_value_loss(
                 vpreds, batch["returns"], batch["values"], mask, cfg.cliprange_value,
                 loss_agg_mode=cfg.loss_agg_mode, **denoms)
             (vf_loss * self.dp_size).backward()  # FSDP averages over ranks; the loss needs the sum
-            vf_loss_total += vf_loss.detach().double().cpu()
-            metrics["critic/vf_clipfrac"].append(vf_clipfrac.item())
-            metrics["critic/vpred_mean"].append(masked_mean(vpreds.detach(), mask).item())
+            vf_loss_total += vf_loss.detach().double()
+            stats["critic/vf_clipfrac"].append(vf_clipfrac.detach())
+            stats["critic/vpred_mean"].append(masked_mean(vpreds.detach(), mask))
+        extend_metrics(metrics, stats)  # one copy to the host for the mini-batch
         metrics["critic/vf_loss"].append(float(all_reduce_sum(vf_loss_total, self.device)))
         grad_norm, skipped = optimizer_step(self.critic_module, self.critic_optimizer, cfg.grad_clip, "critic")
         self.num_skipped_steps += int(skipped)

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from hybrid_rl.algorithms import entropy_from_logits, logprobs_and_entropy_from_logits, logprobs_from_logits
+from hybrid_rl.workers.fsdp_utils import to_device
 from hybrid_rl.workers.packing import PackedBatch, computed_tokens, first_valid_column, pack
 
 
@@ -50,74 +51,80 @@ def _pack(batch: dict[str, torch.Tensor], groups: Optional[list[list[int]]]) -> 
     return pack(input_ids, attention_mask, position_ids, batch["responses"].shape[1], groups)
 
 
-def response_logits(module: nn.Module, batch: dict[str, torch.Tensor], use_remove_padding: bool,
-                    groups: Optional[list[list[int]]] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Logits predicting each response token (before the sampling temperature is applied).
-
-    Returns ``(logits, window)``: padded path ``logits`` is ``[B, R, V]`` and ``window`` None;
-    packed path ``logits`` is ``[N, V]`` for the valid positions marked by ``window [B, R]``.
-    ``groups`` (:func:`~hybrid_rl.workers.packing.prompt_groups`; packed path, varlen attention
-    only) runs each shared prompt once.
-    """
-    response_length = batch["responses"].shape[1]
-    if use_remove_padding:
-        packed = _pack(batch, groups)
-        out = module(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
-                     use_cache=False, logits_to_keep=packed.keep, **packed.attention_kwargs)
-        return out.logits[0], packed.window  # [N, V]
-    input_ids, attention_mask, position_ids = trim_left_padding(
-        batch["input_ids"], batch["attention_mask"], batch["position_ids"])
-    out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                 use_cache=False, logits_to_keep=response_length + 1)
-    return out.logits[:, :-1, :], None  # [B, R, V]
+def _packed_inputs(batch: dict[str, torch.Tensor], groups: Optional[list[list[int]]],
+                   device: torch.device) -> tuple[PackedBatch, torch.Tensor, torch.Tensor]:
+    """``(packed batch, window index [N], labels [N])`` on ``device``, built where ``batch`` lives
+    (the host, in the workers: the layout's bookkeeping never waits on the accelerator)."""
+    packed = _pack(batch, groups)
+    index = packed.window_index  # [N] flat [B * R] positions of the predicted response tokens
+    labels = batch["responses"].reshape(-1)[index]  # [N]
+    return packed.to(device), to_device(index, device), to_device(labels, device)
 
 
-def _unpack(values: torch.Tensor, window: Optional[torch.Tensor]) -> torch.Tensor:
-    """``[N]`` packed values -> ``[B, R]`` with zeros outside the window (padded path: as is)."""
-    if window is None:
-        return values
-    out = values.new_zeros(window.shape)
-    out[window] = values
-    return out
+def _padded_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """``(input_ids, attention_mask, position_ids)`` ``[B, L']`` on ``device``, leading all-padding
+    columns dropped on the host."""
+    trimmed = trim_left_padding(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+    return tuple(to_device(t, device) for t in trimmed)
+
+
+def _unpack(values: torch.Tensor, index: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """``[N]`` packed values -> ``shape`` ``[B, R]`` with zeros outside the window (``index``: the
+    flat positions of the values; a scatter, differentiable in ``values``)."""
+    return values.new_zeros(shape.numel()).scatter(0, index, values).view(shape)
 
 
 def response_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float,
                        use_remove_padding: bool, calculate_entropy: bool, entropy_grad: bool = True,
-                       groups: Optional[list[list[int]]] = None
+                       groups: Optional[list[list[int]]] = None, device: Optional[torch.device] = None
                        ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(log_probs [B, R], entropy [B, R] | None)`` of the response tokens (float32) under
-    ``softmax(logits / temperature)``.
+    ``softmax(logits / temperature)``, on ``device`` (default: where ``batch`` is).
 
-    ``entropy_grad=False`` computes the entropy outside autograd (a metric only), in the same pass
-    over the logits as the log-probs; its backward, a second vocab-sized pass per response token,
-    is then skipped.
+    The model inputs are packed (``use_remove_padding``; ``groups``: the prefix grouper runs each
+    shared prompt once, varlen attention only) or trimmed where ``batch`` lives and then moved, so
+    a host batch costs the device no synchronisation. Only the columns predicting a response token
+    go through the LM head (``logits_to_keep``). ``entropy_grad=False`` computes the entropy outside
+    autograd (a metric only), in the same pass over the logits as the log-probs; its backward, a
+    second vocab-sized pass per response token, is then skipped.
     """
-    logits, window = response_logits(module, batch, use_remove_padding, groups)
-    labels = batch["responses"] if window is None else batch["responses"][window]
+    device = torch.device(device) if device is not None else batch["input_ids"].device
+    shape = batch["responses"].shape
+    if use_remove_padding:
+        packed, index, labels = _packed_inputs(batch, groups, device)
+        logits = module(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
+                        use_cache=False, logits_to_keep=packed.keep, **packed.attention_kwargs).logits[0]  # [N, V]
+        place = lambda values: _unpack(values, index, shape)  # noqa: E731
+    else:
+        input_ids, attention_mask, position_ids = _padded_inputs(batch, device)
+        logits = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        use_cache=False, logits_to_keep=shape[1] + 1).logits[:, :-1, :]  # [B, R, V]
+        labels, place = to_device(batch["responses"], device), lambda values: values
     if calculate_entropy and not (entropy_grad and torch.is_grad_enabled()):
         log_probs, entropy = logprobs_and_entropy_from_logits(logits, labels, temperature=temperature)
-        return _unpack(log_probs, window), _unpack(entropy, window)
-    log_probs = _unpack(logprobs_from_logits(logits, labels, temperature=temperature), window)
-    entropy = _unpack(entropy_from_logits(logits, temperature=temperature), window) if calculate_entropy else None
+        return place(log_probs), place(entropy)
+    log_probs = place(logprobs_from_logits(logits, labels, temperature=temperature))
+    entropy = place(entropy_from_logits(logits, temperature=temperature)) if calculate_entropy else None
     return log_probs, entropy
 
 
-def response_values(module: nn.Module, batch: dict[str, torch.Tensor],
-                    use_remove_padding: bool, groups: Optional[list[list[int]]] = None) -> torch.Tensor:
-    """Critic values ``[B, R]`` (float32): the value head at the columns predicting each response
-    token, i.e. the value of the state before that token is generated."""
-    response_length = batch["responses"].shape[1]
+def response_values(module: nn.Module, batch: dict[str, torch.Tensor], use_remove_padding: bool,
+                    groups: Optional[list[list[int]]] = None, device: Optional[torch.device] = None) -> torch.Tensor:
+    """Critic values ``[B, R]`` (float32, on ``device``; default: where ``batch`` is): the value head
+    at the columns predicting each response token, i.e. the value of the state before that token
+    is generated. Inputs are prepared on the host as in :func:`response_log_probs`."""
+    device = torch.device(device) if device is not None else batch["input_ids"].device
+    shape = batch["responses"].shape
     if use_remove_padding:
-        packed = _pack(batch, groups)
+        packed, index, _ = _packed_inputs(batch, groups, device)
         out = module(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
                      use_cache=False, **packed.attention_kwargs)
-        return _unpack(out.logits[0, packed.keep, 0].float(), packed.window)
-    input_ids, attention_mask, position_ids = trim_left_padding(
-        batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+        return _unpack(out.logits[0, packed.keep, 0].float(), index, shape)
+    input_ids, attention_mask, position_ids = _padded_inputs(batch, device)
     out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                  use_cache=False)
     length = input_ids.shape[1]
-    return out.logits[:, length - response_length - 1:length - 1, 0].float()  # [B, R]
+    return out.logits[:, length - shape[1] - 1:length - 1, 0].float()  # [B, R]
 
 
 def last_valid_columns(attention_mask: torch.Tensor) -> torch.Tensor:

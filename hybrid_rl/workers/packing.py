@@ -44,6 +44,28 @@ class PackedBatch:
     attention_kwargs: dict
     """Model-call kwargs describing the segments for the varlen attention."""
 
+    @property
+    def window_index(self) -> torch.Tensor:
+        """``[N]`` long: the flat ``[B * R]`` index of each window position (row-major), to place
+        per-token results without a boolean-mask index (which would sync a GPU)."""
+        return self.window.reshape(-1).nonzero().squeeze(-1)
+
+    def to(self, device: torch.device | str) -> "PackedBatch":
+        """This batch with every tensor on ``device`` (layouts are built on the host, so the
+        model's device never waits on host-side bookkeeping)."""
+        from hybrid_rl.workers.fsdp_utils import to_device
+
+        kwargs = {k: to_device(v, device) if isinstance(v, torch.Tensor) else v
+                  for k, v in self.attention_kwargs.items()}
+        layout = kwargs.get("packed_layout")
+        if layout is not None:
+            if layout.cu_seq_lens is not None:
+                layout.cu_seq_lens = to_device(layout.cu_seq_lens, device)
+            for block in layout.blocks:  # moved once, used by every layer
+                block.mask = None if block.mask is None else to_device(block.mask, device)
+        return PackedBatch(to_device(self.input_ids, device), to_device(self.position_ids, device),
+                           to_device(self.window, device), to_device(self.keep, device), kwargs)
+
 
 def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor,
                   response_length: int) -> list[list[int]]:
@@ -159,11 +181,7 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
         return _row_packed(input_ids, attention_mask, position_ids, response_length)
     device = input_ids.device
     packed = _grouped(input_ids.cpu(), attention_mask.cpu(), position_ids.cpu(), response_length, groups)
-    packed.input_ids, packed.position_ids = packed.input_ids.to(device), packed.position_ids.to(device)
-    packed.window, packed.keep = packed.window.to(device), packed.keep.to(device)
-    for block in packed.attention_kwargs["packed_layout"].blocks:  # moved once, used by every layer
-        block.mask = block.mask.to(device)
-    return packed
+    return packed if device.type == "cpu" else packed.to(device)
 
 
 def computed_tokens(attention_mask: torch.Tensor, response_length: int, packed: bool,

@@ -33,6 +33,17 @@ def mini_batches(data: DataProto, mini_batch_rows: int, shuffle: bool, epoch: in
     return data.split(mini_batch_rows)
 
 
+def extend_metrics(metrics: dict[str, list[float]], values: dict[str, list]) -> None:
+    """Append ``values`` (per-micro-batch numbers: floats or 0-dim tensors on the compute device)
+    to ``metrics`` as floats, with one device-to-host copy for all the tensors (a ``.item()`` per
+    micro-batch would stall a GPU each time)."""
+    pending = [(name, i) for name, vals in values.items() for i, v in enumerate(vals) if isinstance(v, torch.Tensor)]
+    host = torch.stack([values[n][i].float() for n, i in pending]).tolist() if pending else []
+    resolved = {key: value for key, value in zip(pending, host)}
+    for name, vals in values.items():
+        metrics.setdefault(name, []).extend(resolved.get((name, i), v) for i, v in enumerate(vals))
+
+
 def optimizer_step(module: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: Optional[float],
                    role: str) -> tuple[float, bool]:
     """Clip and step; skip the step when the global gradient norm is not finite.
