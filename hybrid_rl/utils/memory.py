@@ -64,12 +64,22 @@ def peak_rss() -> int:
 @contextmanager
 def phase_peak(metrics: dict, key: str) -> Iterator[None]:
     """Record the process's peak RSS inside the block as ``metrics[key]`` in GiB (the lifetime
-    peak where the OS cannot reset the high-water mark)."""
+    peak where the OS cannot reset the high-water mark). With CUDA, also the peak GPU memory of
+    this process inside the block: ``perf/max_memory_allocated_gib/<phase>`` (tensors) and
+    ``perf/max_memory_reserved_gib/<phase>`` (held by the caching allocator), ``<phase>`` being
+    the last part of ``key``."""
     reset_peak_rss()
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     try:
         yield
     finally:
         metrics[key] = peak_rss() / GIB
+        if cuda:
+            phase = key.rsplit("/", 1)[-1]
+            metrics[f"perf/max_memory_allocated_gib/{phase}"] = torch.cuda.max_memory_allocated() / GIB
+            metrics[f"perf/max_memory_reserved_gib/{phase}"] = torch.cuda.max_memory_reserved() / GIB
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

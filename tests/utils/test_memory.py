@@ -47,3 +47,15 @@ def test_phase_peak_sees_a_transient_allocation_and_resets():
     # 64 MiB is above glibc's largest mmap threshold (32 MiB): freed at once, so the reset peak drops
     assert metrics["small"] * GIB < metrics["big"] * GIB - 32 * 2**20
     assert peak_rss() >= current_rss() - 2**20
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_phase_peak_reports_the_phase_gpu_memory():
+    torch.zeros(1, device="cuda")  # CUDA initialised, as in a worker
+    metrics = {}
+    with phase_peak(metrics, "perf/peak_rss_gib/update_actor"):
+        block = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")  # 0.25 GiB
+        del block
+    assert metrics["perf/max_memory_allocated_gib/update_actor"] >= 0.25
+    assert metrics["perf/max_memory_reserved_gib/update_actor"] >= 0.25
