@@ -82,9 +82,12 @@ def flex_layout(segments: list[tuple[int, Optional[int]]], device: torch.device)
     """The :class:`FlexLayout` of ``segments`` (see :func:`segment_ids`) on ``device``."""
     from torch.nn.attention.flex_attention import create_block_mask
 
+    from hybrid_rl.workers.fsdp_utils import to_device
+
     length = sum(n for n, _ in segments)
     padded = bucket_length(length) if device.type == "cuda" else length
-    seg, prefix = segment_ids(segments, padded, device)
+    # built on the host and copied asynchronously: the forward never waits for the device here
+    seg, prefix = (to_device(t, device) for t in segment_ids(segments, padded, torch.device("cpu")))
     kwargs = {}
     if device.type == "cuda" and "_compile" in inspect.signature(create_block_mask).parameters:
         kwargs["_compile"] = True  # never materialises the [T, T] mask

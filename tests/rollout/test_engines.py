@@ -188,3 +188,24 @@ def test_shared_prefix_blocks_give_exact_log_probs_before_and_after_sync(engine,
                 torch.testing.assert_close(out.batch["rollout_log_probs"], expected, atol=1e-4, rtol=0)
     finally:
         engine.update_weights(iter(state_dict.items()))
+
+
+def test_hf_static_kv_cache_generates_what_the_dynamic_cache_does(tiny_model_dir):
+    """The HF rollout's static cache (auto on CUDA, where transformers CUDA-graphs the decode step)
+    gives the same greedy tokens and log-probs as the dynamic cache; tried here on CPU, uncompiled."""
+    from hybrid_rl.workers.model_loader import load_tokenizer
+
+    outputs = []
+    for cache in ("dynamic", "static"):
+        cfg = RolloutConfig(name="hf", dtype="float32", response_length=R, prompt_length=40, calculate_log_probs=True,
+                            max_num_seqs=16, seed=0, hf_cache_implementation=cache)
+        rollout = build_rollout(cfg, tiny_model_dir, load_tokenizer(tiny_model_dir), "cpu")
+        assert rollout._cache_settings() == ({} if cache == "dynamic" else
+                                             {"cache_implementation": "static", "disable_compile": False})
+        outputs.append(rollout.generate_sequences(_prompts(ROWS, do_sample=False)).batch)
+        rollout.shutdown()
+    dynamic, static = outputs
+    assert torch.equal(static["responses"], dynamic["responses"])
+    torch.testing.assert_close(static["rollout_log_probs"], dynamic["rollout_log_probs"], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="rollout.hf_cache_implementation='paged' is invalid"):
+        RolloutConfig(hf_cache_implementation="paged")

@@ -19,6 +19,7 @@ from hybrid_rl.utils.precision import COMPUTE_DTYPES
 
 ROLLOUT_NAMES = ("vllm", "hf")
 ROLLOUT_MODES = ("sync", "async")
+HF_CACHE_IMPLEMENTATIONS = ("auto", "static", "dynamic")
 LOAD_FORMATS = ("dummy", "auto", "hf", "safetensors")
 ROLLOUT_DTYPES = COMPUTE_DTYPES
 
@@ -137,6 +138,10 @@ class RolloutConfig:
     own default on GPU. On CPU it must be a multiple of 32."""
     max_num_seqs: int = 1024
     """Most sequences generated at once (vLLM scheduler limit; the HF micro-batch size)."""
+    hf_cache_implementation: str = "auto"
+    """HF rollout: the KV cache of ``generate``. auto = static on CUDA (preallocated, so transformers
+    compiles the decode step with CUDA graphs unless enforce_eager is true), dynamic elsewhere;
+    static | dynamic to choose."""
     max_num_batched_tokens: int = 8192
     """vLLM: most tokens processed in one engine step (raised to the context length if lower)."""
     cpu_kvcache_space_gib: Optional[float] = None
@@ -178,6 +183,9 @@ class RolloutConfig:
                "use null (sized from the batch) or e.g. 0.5")
         _check(self.dtype in ROLLOUT_DTYPES, "rollout.dtype", self.dtype, f"must be one of {ROLLOUT_DTYPES}",
                "use auto (bf16 where the device computes it natively), bfloat16 or float32 (exact log-probs)")
+        _check(self.hf_cache_implementation in HF_CACHE_IMPLEMENTATIONS, "rollout.hf_cache_implementation",
+               self.hf_cache_implementation, f"must be one of {HF_CACHE_IMPLEMENTATIONS}",
+               "use auto (static on CUDA, dynamic elsewhere)")
         _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization",
                self.gpu_memory_utilization, "must be in (0, 1]", "use e.g. 0.5")
         _check(self.sleep_level in (1, 2), "rollout.sleep_level", self.sleep_level, "must be 1 or 2",

@@ -155,7 +155,7 @@ class HFRollout(BaseRollout):
         gen_config = GenerationConfig(
             max_new_tokens=params.response_length, do_sample=params.do_sample, temperature=1.0,
             top_k=0, top_p=1.0, eos_token_id=list(params.eos_token_ids), pad_token_id=params.pad_token_id,
-            bos_token_id=None, use_cache=True)
+            bos_token_id=None, use_cache=True, **self._cache_settings())
         output = self.model.generate(
             input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
             generation_config=gen_config,
@@ -164,6 +164,16 @@ class HFRollout(BaseRollout):
         if recorder is None:
             return new_tokens, torch.zeros(new_tokens.shape, dtype=torch.float32)
         return new_tokens, recorder.log_probs(new_tokens.to(self.device)).cpu()
+
+    def _cache_settings(self) -> dict:
+        """``generate``'s cache kwargs: a static (preallocated) KV cache on CUDA under ``auto``, which
+        transformers decodes with a compiled, CUDA-graphed step (``enforce_eager=true`` keeps it eager)."""
+        choice = self.config.hf_cache_implementation
+        if choice == "auto":
+            choice = "static" if self.device.type == "cuda" else "dynamic"
+        if choice == "dynamic":
+            return {}
+        return {"cache_implementation": "static", "disable_compile": bool(self.config.enforce_eager)}
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy the streamed full state dict into the inference model (names and shapes checked)."""
