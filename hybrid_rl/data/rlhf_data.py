@@ -6,12 +6,18 @@ task and the real GSM8K JSONL (``../shared/data/gsm8k``). For each problem:
 * **SFT example**: the chat prompt the RL task uses and a correct worked solution ending in
   ``#### <answer>`` (arithmetic: ``a op b = c``; GSM8K: the reference reasoning without its
   ``<<...>>`` calculator annotations);
-* **preference pair**: chosen = that correct solution; rejected = a plausible wrong one, cycling
-  through four kinds: ``wrong_number`` (the same reasoning, a wrong final number),
+* **preference pairs**: chosen = that correct solution; rejected = a plausible wrong one of four
+  kinds (a training problem gets one pair of each kind; a held-out problem one pair, the kinds
+  cycling): ``wrong_number`` (the same reasoning, a wrong final number),
   ``truncated`` (the reasoning cut off before the answer), ``wrong_format`` (the right number
-  without ``####``, which the rule scorer gives 0) and ``wrong_arithmetic`` (a wrong result carried
+  in a form the rule scorer gives 0: ``The answer is 7.``, ``#### = 7`` or ``Answer: 7``) and
+  ``wrong_arithmetic`` (a wrong result carried
   consistently into the final line, e.g. ``3 + 4 = 8`` then ``#### 8``: the mistake a policy
   actually makes, which a reward model must catch or RL against it learns nothing about correctness).
+  Half of the wrong numbers are *distractors* from the prompt (an operand, the instruction's example
+  ``#### 42``, a number of the GSM8K question): copying one is how a policy games a reward model
+  that never saw it rejected (measured: GRPO against such a reward model learned to answer
+  ``#### 42`` to everything, docs/rlhf_pipeline.md).
 
 Rows keep ``data_source`` and ``reward_model.ground_truth``, so the rule scorer can judge what an
 SFT or RL model writes on the same prompts. Files: ``sft_{train,test}.parquet`` (``prompt`` messages,
@@ -41,19 +47,27 @@ GSM8K_SOURCE = "openai/gsm8k"
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 _ANNOTATION = re.compile(r"<<[^>]*>>")
 _FINAL = re.compile(r"\n?#### *(-?[0-9.,]+)\s*$")
+#: wrong_format's final lines (the right number, unscored): ``#### = N`` is what GRPO learned to write
+#: against a reward model that had seen only the first form rejected (docs/rlhf_pipeline.md)
+_UNSCORED_FORMS = ("The answer is {}.", "#### = {}", "Answer: {}")
 
 
-def _wrong(number: str, rng: random.Random) -> str:
+def _wrong(number: str, rng: random.Random, distractors: tuple[str, ...] = ()) -> str:
+    """A wrong final number: half the time one of ``distractors`` (numbers of the prompt) when
+    there are any, else the answer off by a little."""
     value = int(float(number.replace(",", "")))
+    candidates = [d for d in distractors if d != str(value)]
+    if candidates and rng.random() < 0.5:
+        return rng.choice(candidates)
     return str(value + rng.choice([-3, -2, -1, 1, 2, 3, 10]))
 
 
-def _rejected(reasoning: str, answer: str, kind: str, rng: random.Random) -> str:
+def _rejected(reasoning: str, answer: str, kind: str, rng: random.Random, distractors: tuple[str, ...] = ()) -> str:
     """A plausible wrong solution of the given kind (see the module docstring)."""
     if kind == "wrong_number":
-        return f"{reasoning}\n#### {_wrong(answer, rng)}".lstrip("\n")
+        return f"{reasoning}\n#### {_wrong(answer, rng, distractors)}".lstrip("\n")
     if kind == "wrong_arithmetic":  # the last result in the reasoning and the final line agree, both wrong
-        wrong = _wrong(answer, rng)
+        wrong = _wrong(answer, rng, distractors)
         found = list(re.finditer(rf"(?<![\d.]){re.escape(answer)}(?![\d.])", reasoning))  # the number, not a digit of one
         if found:
             reasoning = reasoning[:found[-1].start()] + wrong + reasoning[found[-1].end():]
@@ -62,17 +76,21 @@ def _rejected(reasoning: str, answer: str, kind: str, rng: random.Random) -> str
         lines = reasoning.splitlines()
         cut = lines[: max(1, len(lines) // 2)] if len(lines) > 1 else [reasoning[: max(1, len(reasoning) // 2)]]
         return "\n".join(cut)
-    return f"{reasoning}\nThe answer is {answer}.".lstrip("\n")
+    form = rng.choice(_UNSCORED_FORMS)  # the right number, in a form the rule scorer rejects
+    return f"{reasoning}\n{form.format(answer)}".lstrip("\n")
 
 
 def _rows(prompt: list[dict], reasoning: str, answer: str, source: str, split: str, index: int,
-          rng: random.Random) -> tuple[dict, dict]:
+          rng: random.Random) -> tuple[dict, list[dict]]:
+    """The SFT row of one problem and its preference pairs (every kind in training, one held out)."""
     chosen = f"{reasoning}\n#### {answer}".lstrip("\n")
-    kind = REJECTED_KINDS[index % len(REJECTED_KINDS)]
+    kinds = REJECTED_KINDS if split == "train" else (REJECTED_KINDS[index % len(REJECTED_KINDS)],)
+    distractors = tuple(dict.fromkeys(re.findall(r"\d+", prompt[-1]["content"])))  # in order, once each
     common = {"data_source": source, "prompt": prompt, "reward_model": {"style": "rule", "ground_truth": answer},
               "extra_info": {"split": split, "index": index}}
-    return ({**common, "response": chosen},
-            {**common, "chosen": chosen, "rejected": _rejected(reasoning, answer, kind, rng), "rejected_kind": kind})
+    pairs = [{**common, "chosen": chosen, "rejected": _rejected(reasoning, answer, kind, rng, distractors),
+              "rejected_kind": kind} for kind in kinds]
+    return {**common, "response": chosen}, pairs
 
 
 def arithmetic_examples(num_train: int, num_test: int, seed: int = 0, max_digits: int = 1):
@@ -85,7 +103,7 @@ def arithmetic_examples(num_train: int, num_test: int, seed: int = 0, max_digits
         rows = [_rows([{"role": "user", "content": PROMPT_TEMPLATE.format(a=a, op=op, b=b)}],
                       f"{a} {op} {b} = {solve(a, op, b)}", str(solve(a, op, b)), ARITH_SOURCE, split, i, rng)
                 for i, (a, op, b) in enumerate(chunk)]
-        out[split] = ([r[0] for r in rows], [r[1] for r in rows])
+        out[split] = ([r[0] for r in rows], [p for r in rows for p in r[1]])
     return out
 
 
@@ -116,7 +134,7 @@ def gsm8k_examples(gsm8k_dir: str, seed: int = 0, limit: Optional[int] = None):
             answer = match.group(1).replace(",", "")
             prompt = [{"role": "user", "content": f"{item['question']} {GSM8K_INSTRUCTION}"}]
             rows.append(_rows(prompt, reasoning, answer, GSM8K_SOURCE, split, i, rng))
-        out[split] = ([r[0] for r in rows], [r[1] for r in rows])
+        out[split] = ([r[0] for r in rows], [p for r in rows for p in r[1]])
     return out
 
 

@@ -58,7 +58,7 @@ def default_data_files(overrides: list[str], names: tuple[str, str] = ("sft_trai
     from hybrid_rl.trainer.config_loader import get_config
 
     arith = get_config(overrides).data.arithmetic
-    version = f"{arith.num_train}-{arith.num_test}-{arith.seed}-{arith.max_digits}-k{len(REJECTED_KINDS)}"
+    version = f"{arith.num_train}-{arith.num_test}-{arith.seed}-{arith.max_digits}-k{len(REJECTED_KINDS)}-v3"  # v3: every kind per training problem, distractors, unscored forms
     folder = os.path.join(os.path.expanduser(arith.cache_dir), f"rlhf-{version}")
     paths = [os.path.join(folder, f"{name}.parquet") for name in names]
     if not all(os.path.isfile(p) for p in paths):

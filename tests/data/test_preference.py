@@ -4,6 +4,8 @@ and the local SFT / preference-pair generators judged by the rule scorers."""
 import json
 from pathlib import Path
 
+import re
+
 import pytest
 
 from hybrid_rl.data.arithmetic import generate_arithmetic
@@ -92,7 +94,12 @@ def test_arithmetic_data_shares_the_rl_split_and_the_scorer_agrees(tmp_path):
     train_prompts = {r["prompt"][0]["content"] for r in read_rows(paths["pairs_train"])}
     assert len(train_prompts) == 100 and not train_prompts & held_out
     pairs = read_rows(paths["pairs_train"])
-    assert {r["rejected_kind"] for r in pairs} == set(REJECTED_KINDS)
+    assert len(pairs) == 400  # every kind for every training problem
+    assert all(r["rejected_kind"] == k for r, k in zip(pairs, REJECTED_KINDS * 100))
+    finals = [r["rejected"].rsplit("#### ", 1)[-1] for r in pairs if r["rejected_kind"] == "wrong_number"]
+    prompts = [p["prompt"][0]["content"] for p in pairs if p["rejected_kind"] == "wrong_number"]
+    copied = sum(f in re.findall(r"\d+", text) for f, text in zip(finals, prompts))  # an operand or the example's 42
+    assert 30 < copied < 70, copied  # half the wrong numbers are distractors from the prompt
     for row in pairs + read_rows(paths["pairs_test"]):
         truth = row["reward_model"]["ground_truth"]
         assert default_compute_score("arithmetic", row["chosen"], truth) == 1.0

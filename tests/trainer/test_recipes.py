@@ -67,7 +67,7 @@ def test_recipe_composes(path):
         assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "sft" and cfg.trainer.total_epochs == 2
         assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == cfg.data.train_batch_size == 16
     elif "rm_arithmetic" in path:  # reward-model training through main_rm
-        assert cfg.critic.ppo_mini_batch_size == cfg.data.train_batch_size == 16 and cfg.trainer.total_epochs == 3
+        assert cfg.critic.ppo_mini_batch_size == cfg.data.train_batch_size == 16 and cfg.trainer.total_epochs == 2
         assert cfg.critic.model.path == cfg.actor_rollout_ref.model.path
     elif "sft_rm_ppo" in path:  # SFT -> reward model -> GRPO with the reward model as the only reward
         assert [e.rsplit(".", 1)[1] for e, _ in commands] == ["main_sft", "main_rm", "main_ppo"]
