@@ -18,7 +18,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers.config import FSDPConfig, ModelConfig, OptimConfig
-from hybrid_rl.workers.fsdp_utils import apply_fsdp2, dp_world, param_offloaded
+from hybrid_rl.workers.fsdp_utils import apply_fsdp2, decoder_layers, dp_world, param_offloaded
 from hybrid_rl.workers.lora import apply_lora, lora_enabled
 from hybrid_rl.workers.model_loader import load_causal_lm, load_value_model, torch_dtype
 
@@ -72,6 +72,18 @@ def _lora_base_dtype(model_config: ModelConfig, fsdp_config: FSDPConfig, device:
     return compute if narrower else model_config.dtype
 
 
+def compile_decoder_layers(model: nn.Module, backend: str = "inductor") -> nn.Module:
+    """``torch.compile`` the forward of each decoder layer in place (``model.use_torch_compile``).
+
+    The module objects stay (checkpoints, LoRA and FSDP2's per-layer hooks see the same modules);
+    only ``forward`` is replaced by its compiled version, compiled on first use with dynamic
+    shapes so packed micro-batches of other lengths do not recompile.
+    """
+    for layer in decoder_layers(model):
+        layer.forward = torch.compile(layer.forward, dynamic=True, backend=backend)
+    return model
+
+
 def build_causal_lm(model_config: ModelConfig, path: str, fsdp_config: FSDPConfig,
                     device: torch.device, *, trainable: bool) -> nn.Module:
     """Policy or reference model from the local folder ``path`` (already resolved).
@@ -95,6 +107,8 @@ def build_causal_lm(model_config: ModelConfig, path: str, fsdp_config: FSDPConfi
     model.requires_grad_(trainable)
     if trainable and lora_enabled(model_config):
         model = apply_lora(model, model_config)  # freezes the base, adapters trainable
+    if model_config.use_torch_compile:
+        compile_decoder_layers(model)
     return _place(model, fsdp_config, device, frozen=not trainable)
 
 
@@ -108,6 +122,8 @@ def build_value_model(model_config: ModelConfig, path: str, fsdp_config: FSDPCon
                                  override_config=model_config.override_config)
     if model_config.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if model_config.use_torch_compile:
+        compile_decoder_layers(model)
     return _place(model, fsdp_config, device)
 
 
