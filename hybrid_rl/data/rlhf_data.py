@@ -56,7 +56,7 @@ def _wrong(number: str, rng: random.Random, distractors: tuple[str, ...] = ()) -
     """A wrong final number: half the time one of ``distractors`` (numbers of the prompt) when
     there are any, else the answer off by a little."""
     value = int(float(number.replace(",", "")))
-    candidates = [d for d in distractors if d != str(value)]
+    candidates = [d for d in distractors if int(d) != value]  # "05" is the answer 5, not a distractor
     if candidates and rng.random() < 0.5:
         return rng.choice(candidates)
     return str(value + rng.choice([-3, -2, -1, 1, 2, 3, 10]))

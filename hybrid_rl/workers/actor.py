@@ -170,7 +170,8 @@ class DataParallelPPOActor:
                            metrics: dict[str, list[float]], detach_old: bool) -> None:
         """Accumulate gradients over the micro-batches of ``mini`` and take one optimizer step."""
         cfg = self.config
-        denoms = {k: all_reduce_sum(v, self.device)
+        # on the compute device once per mini-batch: a host scalar would be copied in every loss term
+        denoms = {k: to_device(all_reduce_sum(v, self.device), self.device)
                   for k, v in global_batch_denominators(mini.batch["response_mask"]).items()}
         micro_batches, _ = split_micro_batches(
             mini, micro_batch_size=self.micro_batch_rows,

@@ -50,14 +50,17 @@ _logged: set[AttentionChoice] = set()
 
 
 def has_flash_attn() -> bool:
+    """Whether flash-attn is installed (``flash_attn_varlen_func``)."""
     return importlib.util.find_spec("flash_attn") is not None
 
 
 def has_torch_varlen() -> bool:
+    """Whether this torch has ``torch.nn.attention.varlen`` (torch >= 2.9)."""
     return importlib.util.find_spec("torch.nn.attention.varlen") is not None
 
 
 def has_flex() -> bool:
+    """Whether this torch has FlexAttention."""
     return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 
 
@@ -103,6 +106,7 @@ def set_attention(choice: AttentionChoice) -> None:
 
 
 def current_choice() -> AttentionChoice:
+    """This process's packed-attention kernels (``sdpa`` until a model chose otherwise)."""
     return _current
 
 
@@ -125,8 +129,10 @@ def torch_varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
     from torch.nn.attention.varlen import varlen_attn
 
     params = inspect.signature(varlen_attn).parameters
+    if "scale" not in params:  # torch 2.9's varlen_attn scales by 1/sqrt(D) only: fold the rest into q
+        query = query * (scaling * query.shape[-1] ** 0.5)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
-    kwargs = {"scale": scaling}
+    kwargs = {"scale": scaling} if "scale" in params else {}
     if "window_size" in params:
         kwargs["window_size"] = (-1, 0)  # causal
     else:

@@ -73,14 +73,19 @@ def _lora_base_dtype(model_config: ModelConfig, fsdp_config: FSDPConfig, device:
 
 
 def compile_decoder_layers(model: nn.Module, backend: str = "inductor") -> nn.Module:
-    """``torch.compile`` the forward of each decoder layer in place (``model.use_torch_compile``).
+    """``torch.compile`` the parts of each decoder layer around attention, in place
+    (``model.use_torch_compile``): its MLP and norms, where the elementwise ops fuse.
 
-    The module objects stay (checkpoints, LoRA and FSDP2's per-layer hooks see the same modules);
-    only ``forward`` is replaced by its compiled version, compiled on first use with dynamic
-    shapes so packed micro-batches of other lengths do not recompile.
+    Attention is left out: the packed layout it reads is a Python object whose block count changes
+    from micro-batch to micro-batch, which would recompile the graph every time (its kernels are
+    fused already). The module objects stay (checkpoints, LoRA and FSDP2's per-layer hooks see the
+    same modules); only each child's ``forward`` is replaced by its compiled version, compiled on
+    first use with dynamic shapes so packed micro-batches of other lengths reuse it.
     """
     for layer in decoder_layers(model):
-        layer.forward = torch.compile(layer.forward, dynamic=True, backend=backend)
+        for name, child in layer.named_children():
+            if "attn" not in name and "attention" not in name:
+                child.forward = torch.compile(child.forward, dynamic=True, backend=backend)
     return model
 
 

@@ -61,9 +61,9 @@ class ModelConfig:
     per block); on CUDA flash-attn's varlen kernel when installed, else torch's varlen_attn, else
     FlexAttention, with FlexAttention for prefix-grouped layouts (docs/gpu.md)."""
     use_torch_compile: bool = False
-    """torch.compile each decoder layer's forward (dynamic shapes, so packed micro-batches of any
-    length reuse one graph; FSDP2's hooks stay outside it). The first passes pay the compile
-    (tens of seconds); worth it on GPUs, where it fuses the norms, rotary and MLP elementwise ops."""
+    """torch.compile the MLP and norms of each decoder layer (dynamic shapes, so packed micro-batches
+    of any length reuse one graph; attention and FSDP2's hooks stay outside). The first passes pay
+    the compile (tens of seconds); meant for GPUs, where the elementwise ops fuse."""
     override_config: dict[str, Any] = field(default_factory=dict)
     """Entries that override the HF ``config.json`` (e.g. ``{attention_dropout: 0.0}``)."""
     dtype: str = "float32"

@@ -24,6 +24,7 @@ from torch import nn
 from hybrid_rl.algorithms import entropy_from_logits, logprobs_and_entropy_from_logits, logprobs_from_logits
 from hybrid_rl.workers.fsdp_utils import to_device
 from hybrid_rl.workers.packing import PackedBatch, computed_tokens, first_valid_column, pack
+from hybrid_rl.workers.varlen_attention import VARLEN_ATTENTION
 
 
 def trim_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -68,6 +69,18 @@ def _padded_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> tupl
     return tuple(to_device(t, device) for t in trimmed)
 
 
+def packed_attention_mask(module: nn.Module, device: torch.device) -> Optional[torch.Tensor]:
+    """The ``attention_mask`` of a packed forward: for a model on the varlen attention (which reads
+    the layout from ``packed_layout`` / ``cu_seq_lens_q``) an empty 4-D mask, which HF passes through
+    as is, so it neither builds a ``[1, 1, T, T]`` mask nobody reads nor checks the positions for
+    packed rows (a device sync); None for a model on another attention, which needs HF's mask
+    rebuilt from the restarting ``position_ids``."""
+    config = getattr(module, "config", None)
+    if getattr(config, "_attn_implementation", None) != VARLEN_ATTENTION:
+        return None
+    return torch.ones(1, 1, 0, 0, dtype=torch.bool, device=device)
+
+
 def _unpack(values: torch.Tensor, index: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """``[N]`` packed values -> ``shape`` ``[B, R]`` with zeros outside the window (``index``: the
     flat positions of the values; a scatter, differentiable in ``values``)."""
@@ -92,7 +105,8 @@ def response_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temper
     shape = batch["responses"].shape
     if use_remove_padding:
         packed, index, labels = _packed_inputs(batch, groups, device)
-        logits = module(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
+        logits = module(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                        attention_mask=packed_attention_mask(module, device),
                         use_cache=False, logits_to_keep=packed.keep, **packed.attention_kwargs).logits[0]  # [N, V]
         place = lambda values: _unpack(values, index, shape)  # noqa: E731
     else:
@@ -117,8 +131,8 @@ def response_values(module: nn.Module, batch: dict[str, torch.Tensor], use_remov
     shape = batch["responses"].shape
     if use_remove_padding:
         packed, index, _ = _packed_inputs(batch, groups, device)
-        out = module(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
-                     use_cache=False, **packed.attention_kwargs)
+        out = module(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                     attention_mask=packed_attention_mask(module, device), use_cache=False, **packed.attention_kwargs)
         return _unpack(out.logits[0, packed.keep, 0].float(), index, shape)
     input_ids, attention_mask, position_ids = _padded_inputs(batch, device)
     out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -145,8 +159,9 @@ def sequence_scores(module: nn.Module, input_ids: torch.Tensor, attention_mask: 
     input_ids, attention_mask, position_ids = trim_left_padding(input_ids, attention_mask, position_ids)
     if use_remove_padding:
         packed = pack(input_ids, attention_mask, position_ids, response_length=0)
-        out = module(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
-                     use_cache=False, **packed.attention_kwargs)
+        out = module(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                     attention_mask=packed_attention_mask(module, input_ids.device), use_cache=False,
+                     **packed.attention_kwargs)
         ends = attention_mask.sum(-1).cumsum(0) - 1  # [B]
         return out.logits[0, ends, 0].float()
     out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)

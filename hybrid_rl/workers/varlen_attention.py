@@ -217,6 +217,8 @@ def _kernel_attention(kernel: str, query: torch.Tensor, key: torch.Tensor, value
                       layout: PackedLayout, scaling: float) -> torch.Tensor:
     """``[1, T, H, D]`` attention of the packed layout by one fused kernel per layer
     (:mod:`hybrid_rl.workers.attention_backend` chose it)."""
+    if kernel in ("flash_attention_2", "varlen_attn") and query.dtype not in (torch.float16, torch.bfloat16):
+        kernel = "flex_attention"  # the flash kernels compute in half precision only (fp32 on CUDA: V100, T4, ...)
     if kernel == "flex_attention":
         from hybrid_rl.workers.flex_attention import flex_packed_attention
 
