@@ -35,6 +35,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from hybrid_rl.workers import attention_backend
 
 VARLEN_ATTENTION = "hybrid_rl_varlen_sdpa"
+#: The profiler range around each packed attention call (one per layer and forward).
+PROFILE_LABEL = "hybrid_rl/packed_attention"
 
 #: Most attention scores (blocks x heads x L_max**2) one layer computes in the batched form: its
 #: backward keeps the probabilities (2 bytes per score in bf16), ~16 MB per layer.
@@ -200,7 +202,14 @@ def varlen_sdpa_attention_forward(module: nn.Module, query: torch.Tensor, key: t
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     assert query.shape[0] == 1, "packed sequences come as one row"
-    layout = packed_layout or PackedLayout.from_cu_seq_lens(cu_seq_lens_q)
+    with torch.profiler.record_function(PROFILE_LABEL):  # benchmarks/profile_update.py reads this range
+        return _packed_attention(query, key, value, packed_layout or PackedLayout.from_cu_seq_lens(cu_seq_lens_q),
+                                 dropout, scaling)
+
+
+def _packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PackedLayout,
+                      dropout: float, scaling: Optional[float]) -> tuple[torch.Tensor, None]:
+    """The packed branch of :func:`varlen_sdpa_attention_forward`."""
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     choice = attention_backend.current_choice()
     kernel = choice.groups if layout.grouped else choice.rows

@@ -1,0 +1,149 @@
+"""Profile one actor update and one reference log-prob pass: kernel launches, time in attention, host gaps.
+
+    python benchmarks/profile_update.py --attn sdpa --json $OUT/before.json --trace $OUT/before   # on a GPU
+    python benchmarks/profile_update.py --attn auto --json $OUT/after.json --trace $OUT/after
+    python benchmarks/profile_update.py --device cpu --model tiny --rows 16 --response-len 16     # smoke run
+
+No Ray, no rollout: the plain :class:`~hybrid_rl.workers.actor.DataParallelPPOActor` of the workers
+on GRPO-shaped synthetic rows (``--rows`` = prompts x ``--n`` responses sharing their prompt,
+``--prompt-len`` prompt tokens, response lengths uniform in ``[1, --response-len]``), micro-batches
+by token budget, KL loss to a reference, one optimizer step, the model stored in ``--dtype`` (bf16 by
+default: the kernels of mixed precision without FSDP2's copies). One warm-up pass of each, then one
+profiled pass of each under ``torch.profiler``. It prints and writes (``--json``), per pass:
+
+* ``wall_s``; ``kernel_launches`` (CUDA kernels launched; on CPU the aten ops run);
+* ``attention_calls`` and ``attention_s``: the forward packed-attention calls (the
+  ``hybrid_rl/packed_attention`` profiler range around each layer's call) and the time inside them
+  (on the GPU timeline on CUDA, host time on CPU), and its share of the pass; attention's backward
+  kernels run outside that range (see them in the trace);
+* ``device_busy_s`` and ``host_gap_s`` (CUDA only): the union of kernel intervals, and the wall
+  time the GPU sat idle waiting for the host.
+
+``--trace DIR`` also writes each pass's Chrome trace. This is issue #20's before/after profile
+(``--attn sdpa``, the CPU path, against ``--attn auto``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+
+def synthetic_rows(rows: int, n: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0):
+    """GRPO-shaped DataProto: ``rows // n`` prompts x ``n`` responses, left-padded prompts (lengths
+    in ``[prompt_len / 2, prompt_len]``), right-padded responses, advantages and old/ref log-probs."""
+    from hybrid_rl.protocol import DataProto
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = rows // n
+    p_len = torch.randint(prompt_len // 2, prompt_len + 1, (prompts,), generator=g).repeat_interleave(n)
+    r_len = torch.randint(1, response_len + 1, (prompts * n,), generator=g)
+    p_mask = (torch.arange(prompt_len)[None] >= prompt_len - p_len[:, None]).long()
+    r_mask = (torch.arange(response_len)[None] < r_len[:, None]).long()
+    prompt_ids = (torch.randint(3, vocab, (prompts, prompt_len), generator=g).repeat_interleave(n, 0)) * p_mask
+    responses = torch.randint(3, vocab, (prompts * n, response_len), generator=g) * r_mask
+    attention_mask = torch.cat([p_mask, r_mask], 1)
+    batch = {"input_ids": torch.cat([prompt_ids, responses], 1), "attention_mask": attention_mask,
+             "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0), "responses": responses,
+             "response_mask": r_mask, "advantages": torch.randn(prompts * n, response_len, generator=g) * r_mask,
+             "old_log_probs": -torch.rand(prompts * n, response_len, generator=g),
+             "ref_log_prob": -torch.rand(prompts * n, response_len, generator=g)}
+    return DataProto.from_dict(batch, meta_info={"temperature": 1.0})
+
+
+def summarize(prof, wall: float, cuda: bool) -> dict:
+    """The figures of one profiled pass (see the module docstring)."""
+    from hybrid_rl.workers.varlen_attention import PROFILE_LABEL
+
+    events = list(prof.events())
+    ranges = [e for e in events if e.name == PROFILE_LABEL and (e.device_type.name == "CUDA") == cuda]
+    attention = sum(e.time_range.elapsed_us() for e in ranges) / 1e6  # the packed-attention ranges
+    figures = {"wall_s": wall, "attention_calls": len(ranges), "attention_s": attention,
+               "attention_frac": attention / wall}
+    if not cuda:
+        return {**figures, "kernel_launches": sum(e.name.startswith("aten::") for e in events)}
+    kernels = [e for e in events if e.device_type.name == "CUDA" and e.name != PROFILE_LABEL]
+    busy, end = 0.0, float("-inf")
+    for start, stop in sorted((e.time_range.start, e.time_range.end) for e in kernels):
+        busy += max(0.0, stop - max(start, end))  # union of kernel intervals, microseconds
+        end = max(end, stop)
+    return {**figures, "kernel_launches": len(kernels), "device_busy_s": busy / 1e6,
+            "host_gap_s": max(0.0, wall - busy / 1e6)}
+
+
+def profiled(fn, device: torch.device, trace: str | None, name: str) -> dict:
+    """Run ``fn`` once under the profiler; its figures (and Chrome trace under ``trace``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    if trace:
+        os.makedirs(trace, exist_ok=True)
+        prof.export_chrome_trace(os.path.join(trace, f"{name}.json"))
+    return summarize(prof, wall, cuda)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--model", default="smollm2", help="smollm2 | tiny | a local HF folder")
+    parser.add_argument("--attn", default="auto", help="model.attn_implementation")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--rows", type=int, default=512)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--response-len", type=int, default=256)
+    parser.add_argument("--token-budget", type=int, default=32768)
+    parser.add_argument("--prefix-grouper", action="store_true", help="actor.use_prefix_grouper=true")
+    parser.add_argument("--json")
+    parser.add_argument("--trace", help="folder for the Chrome traces")
+    args = parser.parse_args(argv)
+    from hybrid_rl.workers.actor import DataParallelPPOActor
+    from hybrid_rl.workers.config import ActorConfig, OptimConfig
+    from hybrid_rl.workers.model_loader import load_causal_lm, resolve_model_path
+
+    device = torch.device(args.device)
+    if args.model == "tiny":
+        import tempfile
+
+        from hybrid_rl.utils.testing import build_tiny_model_dir
+        path = build_tiny_model_dir(os.path.join(tempfile.gettempdir(), "hybrid_rl_tiny_model"))
+    else:
+        path = resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct" if args.model == "smollm2" else args.model)
+    model = load_causal_lm(path, dtype=args.dtype).to(device)
+    cfg = ActorConfig(ppo_mini_batch_size=args.rows, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=args.token_budget,
+                      use_kl_loss=True, kl_loss_coef=0.04, use_prefix_grouper=args.prefix_grouper,
+                      optim=OptimConfig(lr=1e-6))
+    actor = DataParallelPPOActor(cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-6),
+                                 use_remove_padding=True, device=device, attn_implementation=args.attn)
+    data = synthetic_rows(args.rows, args.n, args.prompt_len, args.response_len, model.config.vocab_size)
+    data.meta_info.update(micro_batch_size=args.rows, use_dynamic_bsz=True, max_token_len=args.token_budget)
+    passes = {"ref": lambda: actor.compute_log_prob(data), "update_actor": lambda: actor.update_policy(data)}
+    for fn in passes.values():  # warm-up: compilation, allocator growth
+        fn()
+    from hybrid_rl.workers.attention_backend import current_choice
+
+    result = {"device": str(device), "model": args.model, "attn": args.attn, "kernels": vars(current_choice()),
+              "rows": args.rows, "torch": torch.__version__}
+    for name, fn in passes.items():
+        result[name] = profiled(fn, device, args.trace, name)
+    print(json.dumps(result, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
