@@ -170,7 +170,7 @@ def build_rollout_group(cfg: PPOConfig, plan: RunPlan, process_on_nodes: list[in
                         call_timeout_s: Optional[float] = None, log_dir: Optional[str] = None) -> tuple[Any, Any]:
     """``(group, pool)``: rollout-only workers (role ``rollout``, no actor or optimizer) in their own
     pool, for the decoupled mode and for evaluation. Logs go to ``log_dir/rollout/``."""
-    from hybrid_rl.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+    from hybrid_rl.single_controller import RayClassWithInitArgs, RayResourcePool
     from hybrid_rl.workers import ActorRolloutRefWorker
 
     _start_ray(cfg, plan, log_dir)
@@ -180,13 +180,21 @@ def build_rollout_group(cfg: PPOConfig, plan: RunPlan, process_on_nodes: list[in
                                   rollout_rows_per_call=rows_per_call, **_agent_plugins(cfg))
     if log_dir:  # apart from the training ranks' worker_<rank>.log files
         worker.update_options({"runtime_env": {"env_vars": {LOG_DIR_ENV: os.path.join(log_dir, "rollout")}}})
+    return _init_group(pool, worker, call_timeout_s), pool
+
+
+def _init_group(pool: Any, worker: Any, call_timeout_s: Optional[float]) -> Any:
+    """A ``RayWorkerGroup`` of ``worker`` on ``pool`` with its models built; the pool is released
+    when that fails."""
+    from hybrid_rl.single_controller import RayWorkerGroup
+
     try:
         group = RayWorkerGroup(pool, worker, call_timeout_s=call_timeout_s)
         group.init_model()
     except BaseException:
         pool.remove()
         raise
-    return group, pool
+    return group
 
 
 def build_worker_groups(
@@ -272,7 +280,7 @@ def build_reward_model_group(cfg: PPOConfig, plan: RunPlan, total_training_steps
                              log_dir: Optional[str] = None) -> WorkerGroups:
     """Reward-model training (``main_rm``): ``world_size`` processes hosting only a
     :class:`~hybrid_rl.workers.rm_worker.RewardModelWorker` built from the ``critic`` section."""
-    from hybrid_rl.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+    from hybrid_rl.single_controller import RayClassWithInitArgs, RayResourcePool
     from hybrid_rl.workers.rm_worker import RewardModelWorker
 
     _start_ray(cfg, plan, log_dir)
@@ -280,12 +288,7 @@ def build_reward_model_group(cfg: PPOConfig, plan: RunPlan, total_training_steps
                            num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker)
     worker = RayClassWithInitArgs(worker_cls or RewardModelWorker, config=cfg.critic,
                                   total_training_steps=total_training_steps)
-    try:
-        group = RayWorkerGroup(pool, worker, call_timeout_s=call_timeout_s)
-        group.init_model()
-    except BaseException:
-        pool.remove()
-        raise
+    group = _init_group(pool, worker, call_timeout_s)
     return WorkerGroups(actor_rollout=None, critic=None, resource_pool=pool, reward_model=group)
 
 
