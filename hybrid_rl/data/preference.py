@@ -44,6 +44,9 @@ class PreferencePair:
     """The row's data source, if the file has one."""
     margin: Optional[float] = None
     """How much better ``chosen`` is (TRL's ``margin`` column), if given."""
+    kind: str = ""
+    """What is wrong with ``rejected`` (the ``rejected_kind`` column of the generated pairs, see
+    :mod:`hybrid_rl.data.rlhf_data`), if the file says; validation reports the accuracy per kind."""
 
 
 def parse_hh_dialogue(text: str) -> list[dict]:
@@ -114,7 +117,8 @@ def pair_from_row(row: dict, prompt_key: str = "prompt", chosen_key: str = "chos
     margin = row.get(margin_key)
     return PreferencePair(prompt_messages, str(chosen_text), str(rejected_text),
                           data_source=str(row.get("data_source") or ""),
-                          margin=float(margin) if margin is not None else None)
+                          margin=float(margin) if margin is not None else None,
+                          kind=str(row.get("rejected_kind") or ""))
 
 
 def load_preference_pairs(files: str | os.PathLike | Sequence[str | os.PathLike], prompt_key: str = "prompt",

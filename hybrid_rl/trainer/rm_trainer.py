@@ -8,7 +8,8 @@ hook points differ:
 * the training set is a :class:`~hybrid_rl.data.reward_data.PreferenceDataset` and each step is
   ``update_reward_model``: one optimizer step on the Bradley-Terry loss of ``data.train_batch_size``
   pairs (minus a per-pair ``margin`` when the data has one);
-* ``validate`` scores the held-out pairs: ``val/rm/accuracy`` (chosen scored above rejected),
+* ``validate`` scores the held-out pairs: ``val/rm/accuracy`` (chosen scored above rejected; also
+  ``val/rm/accuracy/<kind>`` per rejected kind when the pairs name one),
   ``val/rm/loss``, ``margin``, ``chosen_mean`` / ``rejected_mean`` and the score statistics
   ``val/rm/score_mean`` / ``score_std`` over all held-out responses, which are also written into
   the model's config (``mean`` / ``std``, OpenRLHF's names) so RL can normalise the scores the way
@@ -131,6 +132,10 @@ class RMTrainer(RayPPOTrainer):
         for source in sorted(set(sources) - {""}):
             rows = torch.tensor([s == source for s in sources])
             metrics[f"val-core/{source}/rm/accuracy"] = preference_metrics(chosen[rows], rejected[rows])["rm/accuracy"]
+        kinds = [pair.kind for pair in getattr(self.val_dataset, "pairs", [])]
+        for kind in sorted(set(kinds) - {""}):  # what the model has learned to reject, and what not
+            rows = torch.tensor([k == kind for k in kinds])
+            metrics[f"val/rm/accuracy/{kind}"] = preference_metrics(chosen[rows], rejected[rows])["rm/accuracy"]
         metrics.update(self._record_score_stats(torch.cat([chosen, rejected])))
         return metrics
 

@@ -81,6 +81,14 @@ def test_rm_learns_exports_and_resumes_bit_exactly(tmp_path, tiny_model_dir):
     assert float(scores[:, 0].mean()) == pytest.approx(val[-1]["val/rm/chosen_mean"], abs=1e-4)
     assert float(scores[:, 1].mean()) == pytest.approx(val[-1]["val/rm/rejected_mean"], abs=1e-4)
     assert float((scores[:, 0] > scores[:, 1]).float().mean()) == val[-1]["val/rm/accuracy"]
+    from hybrid_rl.data.preference import load_preference_pairs
+    from hybrid_rl.data.rlhf_data import REJECTED_KINDS
+
+    kinds = [pair.kind for pair in load_preference_pairs(pairs_file)]
+    assert set(kinds) == set(REJECTED_KINDS)
+    for kind in REJECTED_KINDS:  # the accuracy per rejected kind, as the plain forward sees it
+        rows = torch.tensor([k == kind for k in kinds])
+        assert float((scores[rows, 0] > scores[rows, 1]).float().mean()) == val[-1][f"val/rm/accuracy/{kind}"]
     # SIGKILL before step 3's update, rerun: the same step-4 weights as the uninterrupted run
     env = {"HYBRID_RL_FAULT": "kill:driver.update_reward_model:3", "HYBRID_RL_FAULT_STATE": str(tmp_path / "faults")}
     assert _rm(tmp_path, tiny_model_dir, "killed", env=env).returncode != 0
