@@ -54,12 +54,12 @@ def _pack(batch: dict[str, torch.Tensor], groups: Optional[list[list[int]]]) -> 
 
 def _packed_inputs(batch: dict[str, torch.Tensor], groups: Optional[list[list[int]]],
                    device: torch.device) -> tuple[PackedBatch, torch.Tensor, torch.Tensor]:
-    """``(packed batch, window index [N], labels [N])`` on ``device``, built where ``batch`` lives
-    (the host, in the workers: the layout's bookkeeping never waits on the accelerator)."""
+    """``(packed batch, window index [N], host index [N])``: the first two on ``device``, all built
+    where ``batch`` lives (the host, in the workers: the layout's bookkeeping never waits on the
+    accelerator). The host index selects the labels, ``batch["responses"].reshape(-1)[index]``."""
     packed = _pack(batch, groups)
     index = packed.window_index  # [N] flat [B * R] positions of the predicted response tokens
-    labels = batch["responses"].reshape(-1)[index]  # [N]
-    return packed.to(device), to_device(index, device), to_device(labels, device)
+    return packed.to(device), to_device(index, device), index
 
 
 def _padded_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -104,7 +104,8 @@ def response_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temper
     device = torch.device(device) if device is not None else batch["input_ids"].device
     shape = batch["responses"].shape
     if use_remove_padding:
-        packed, index, labels = _packed_inputs(batch, groups, device)
+        packed, index, host_index = _packed_inputs(batch, groups, device)
+        labels = to_device(batch["responses"].reshape(-1)[host_index], device)  # [N]
         logits = module(input_ids=packed.input_ids, position_ids=packed.position_ids,
                         attention_mask=packed_attention_mask(module, device),
                         use_cache=False, logits_to_keep=packed.keep, **packed.attention_kwargs).logits[0]  # [N, V]

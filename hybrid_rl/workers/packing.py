@@ -55,16 +55,21 @@ class PackedBatch:
         model's device never waits on host-side bookkeeping)."""
         from hybrid_rl.workers.fsdp_utils import to_device
 
-        kwargs = {k: to_device(v, device) if isinstance(v, torch.Tensor) else v
-                  for k, v in self.attention_kwargs.items()}
+        moved: dict[int, torch.Tensor] = {}
+
+        def move(tensor: torch.Tensor) -> torch.Tensor:  # one copy per tensor: cu_seq_lens is named thrice
+            if id(tensor) not in moved:
+                moved[id(tensor)] = to_device(tensor, device)
+            return moved[id(tensor)]
+
+        kwargs = {k: move(v) if isinstance(v, torch.Tensor) else v for k, v in self.attention_kwargs.items()}
         layout = kwargs.get("packed_layout")
         if layout is not None:
             if layout.cu_seq_lens is not None:
-                layout.cu_seq_lens = to_device(layout.cu_seq_lens, device)
+                layout.cu_seq_lens = move(layout.cu_seq_lens)
             for block in layout.blocks:  # moved once, used by every layer
-                block.mask = None if block.mask is None else to_device(block.mask, device)
-        return PackedBatch(to_device(self.input_ids, device), to_device(self.position_ids, device),
-                           to_device(self.window, device), to_device(self.keep, device), kwargs)
+                block.mask = None if block.mask is None else move(block.mask)
+        return PackedBatch(move(self.input_ids), move(self.position_ids), move(self.window), move(self.keep), kwargs)
 
 
 def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor,
