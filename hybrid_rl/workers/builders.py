@@ -19,6 +19,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers.config import FSDPConfig, ModelConfig, OptimConfig
 from hybrid_rl.workers.fsdp_utils import apply_fsdp2, decoder_layers, dp_world, param_offloaded
+from hybrid_rl.workers.lean_layers import apply_lean_layers
 from hybrid_rl.workers.lora import apply_lora, lora_enabled
 from hybrid_rl.workers.model_loader import load_causal_lm, load_value_model, torch_dtype
 
@@ -89,6 +90,15 @@ def compile_decoder_layers(model: nn.Module, backend: str = "inductor") -> nn.Mo
     return model
 
 
+def _speed_and_memory(model: nn.Module, model_config: ModelConfig, *, trainable: bool) -> None:
+    """``use_torch_compile`` (compiled MLPs and norms), else ``use_lean_layers`` for a trained model
+    (a frozen one runs without autograd, where the lean forwards change nothing)."""
+    if model_config.use_torch_compile:
+        compile_decoder_layers(model)
+    elif trainable and model_config.use_lean_layers:
+        apply_lean_layers(model)
+
+
 def build_causal_lm(model_config: ModelConfig, path: str, fsdp_config: FSDPConfig,
                     device: torch.device, *, trainable: bool) -> nn.Module:
     """Policy or reference model from the local folder ``path`` (already resolved).
@@ -112,8 +122,7 @@ def build_causal_lm(model_config: ModelConfig, path: str, fsdp_config: FSDPConfi
     model.requires_grad_(trainable)
     if trainable and lora_enabled(model_config):
         model = apply_lora(model, model_config)  # freezes the base, adapters trainable
-    if model_config.use_torch_compile:
-        compile_decoder_layers(model)
+    _speed_and_memory(model, model_config, trainable=trainable)
     return _place(model, fsdp_config, device, frozen=not trainable)
 
 
@@ -127,8 +136,7 @@ def build_value_model(model_config: ModelConfig, path: str, fsdp_config: FSDPCon
                                  override_config=model_config.override_config)
     if model_config.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if model_config.use_torch_compile:
-        compile_decoder_layers(model)
+    _speed_and_memory(model, model_config, trainable=True)
     return _place(model, fsdp_config, device)
 
 

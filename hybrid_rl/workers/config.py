@@ -64,6 +64,11 @@ class ModelConfig:
     """torch.compile the MLP and norms of each decoder layer (dynamic shapes, so packed micro-batches
     of any length reuse one graph; attention and FSDP2's hooks stay outside). The first passes pay
     the compile (tens of seconds); meant for GPUs, where the elementwise ops fuse."""
+    use_lean_layers: bool = True
+    """Train with memory-lean RMSNorm and gated-SiLU MLP forwards (same outputs; backward recomputes
+    the elementwise ops instead of keeping them): about 44% fewer saved activations per token for a
+    Llama-style layer, at no measured cost in step time (hybrid_rl/workers/lean_layers.py). Applies
+    to the trainable actor and critic; off when use_torch_compile is on (the compiler decides there)."""
     override_config: dict[str, Any] = field(default_factory=dict)
     """Entries that override the HF ``config.json`` (e.g. ``{attention_dropout: 0.0}``)."""
     dtype: str = "float32"

@@ -1,0 +1,160 @@
+"""Memory-lean RMSNorm and SwiGLU MLP for training: the same forward, fewer saved activations.
+
+A Llama-style decoder layer keeps, per token, about 26 KB of activations for backward in bf16
+(SmolLM2-135M: hidden 576, intermediate 1536), and most of it is not matmul input:
+
+* HF's ``RMSNorm`` upcasts to float32 and autograd saves the float32 input and the bf16
+  normalised output of every norm (3.5 KB at hidden 576, two norms a layer);
+* ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` saves the gate (for SiLU), SiLU's output and
+  the up projection (for the product) and the product (for ``down_proj``): four
+  ``[tokens, intermediate]`` tensors.
+
+Here an RMSNorm saves its bf16 input and a ``[tokens, 1]`` float32 ``rstd`` and recomputes the
+normalised value in backward; the MLP saves only the gate and up projections and recomputes
+``silu(gate) * up`` in backward (also for ``down_proj``'s weight gradient when it is a plain
+``nn.Linear``). Recomputing elementwise ops is what Liger-Kernel's fused RMSNorm/SwiGLU do on GPUs
+and what torch.compile's partitioner chooses there; this is the eager, any-device form.
+
+The forward outputs are bit-identical to the HF modules' (the same ops in the same order), and
+so are the gradients of the MLP. The norm's input gradient is the same formula autograd would
+apply, in float32, so it agrees to float32 rounding. :func:`apply_lean_layers` rebinds the
+``forward`` of each matching module in place: the module objects, their parameters, checkpoints,
+LoRA wrappers and FSDP2's per-layer hooks stay as they are.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["apply_lean_layers", "lean_mlp", "lean_rms_norm"]
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's RMSNorm, op for op: ``(output [..., H], rstd [..., 1] float32)``."""
+    xf = x.to(torch.float32)  # [..., H]
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)  # [..., 1]
+    return weight * (xf * rstd).to(x.dtype), rstd
+
+
+class _RMSNorm(torch.autograd.Function):
+    """``weight * (x * rsqrt(mean(x**2) + eps)).to(x.dtype)`` with the statistics in float32."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        out, rstd = _rms_norm(x, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        xf = x.to(torch.float32)
+        grad_x = grad_weight = None
+        if ctx.needs_input_grad[1]:
+            normed = (xf * rstd).to(x.dtype)
+            grad_weight = (grad_out * normed).sum_to_size(weight.shape).to(weight.dtype)
+        if ctx.needs_input_grad[0]:
+            grad_normed = (grad_out * weight).to(x.dtype).to(torch.float32)  # [..., H]
+            # y = xf * rstd, rstd = (mean(xf^2) + eps)^-1/2: dy/dxf = rstd - xf * rstd^3 * mean(g * xf)
+            dot = (grad_normed * xf).mean(-1, keepdim=True)  # [..., 1]
+            grad_x = (grad_normed * rstd - xf * (rstd.pow(3) * dot)).to(x.dtype)
+        return grad_x, grad_weight, None
+
+
+class _SwiGLU(torch.autograd.Function):
+    """``silu(gate) * up``, saving only ``gate`` and ``up``."""
+
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        gate, up = ctx.saved_tensors
+        return _swiglu_grads(grad_out, gate, up)
+
+
+def _swiglu_grads(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(d/d gate, d/d up)`` of ``silu(gate) * up``: the ops autograd itself would run."""
+    grad_gate = torch.ops.aten.silu_backward(grad_out * up, gate)
+    return grad_gate, grad_out * F.silu(gate)
+
+
+class _SwiGLULinear(torch.autograd.Function):
+    """``linear(silu(gate) * up, weight, bias)``, saving ``gate`` and ``up`` but not the product."""
+
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor,
+                bias: Optional[torch.Tensor]) -> torch.Tensor:
+        ctx.save_for_backward(gate, up, weight)
+        ctx.has_bias = bias is not None
+        return F.linear(F.silu(gate) * up, weight, bias)  # [..., out]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        gate, up, weight = ctx.saved_tensors
+        grad_flat = grad_out.reshape(-1, grad_out.shape[-1])  # [N, out]
+        grad_weight = grad_bias = None
+        if ctx.needs_input_grad[2]:
+            product = (F.silu(gate) * up).reshape(-1, gate.shape[-1])  # [N, intermediate], recomputed
+            grad_weight = grad_flat.t().mm(product)
+        if ctx.has_bias and ctx.needs_input_grad[3]:
+            grad_bias = grad_flat.sum(0)
+        grad_gate = grad_up = None
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            grad_product = grad_out.matmul(weight)  # [..., intermediate]
+            grad_gate, grad_up = _swiglu_grads(grad_product, gate, up)
+        return grad_gate, grad_up, grad_weight, grad_bias
+
+
+def lean_rms_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """``forward`` of an HF RMSNorm (``weight``, ``variance_epsilon``) through :class:`_RMSNorm`."""
+    if not torch.is_grad_enabled():
+        return _rms_norm(hidden_states, self.weight, self.variance_epsilon)[0]
+    return _RMSNorm.apply(hidden_states, self.weight, self.variance_epsilon)
+
+
+def lean_mlp(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``forward`` of an HF gated-SiLU MLP (``gate_proj``, ``up_proj``, ``down_proj``)."""
+    gate, up = self.gate_proj(x), self.up_proj(x)  # [..., intermediate] each
+    down = self.down_proj
+    if not torch.is_grad_enabled():
+        return down(F.silu(gate) * up)
+    if type(down) is nn.Linear:
+        return _SwiGLULinear.apply(gate, up, down.weight, down.bias)
+    return down(_SwiGLU.apply(gate, up))  # a LoRA (or other) wrapper runs its own forward
+
+
+def _is_rms_norm(module: nn.Module) -> bool:
+    return (type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.Tensor)
+            and isinstance(getattr(module, "variance_epsilon", None), float) and module.weight.dim() == 1)
+
+
+def _is_silu_mlp(module: nn.Module) -> bool:
+    act = getattr(module, "act_fn", None)
+    return (type(module).__name__.endswith("MLP")
+            and all(isinstance(getattr(module, name, None), nn.Module) for name in ("gate_proj", "up_proj", "down_proj"))
+            and (isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"))
+
+
+def apply_lean_layers(model: nn.Module) -> dict[str, int]:
+    """Rebind the ``forward`` of every HF RMSNorm and gated-SiLU MLP of ``model`` to the lean
+    versions, in place; other modules are left alone. Returns ``{"rms_norm": n, "mlp": m}``."""
+    counts = {"rms_norm": 0, "mlp": 0}
+    for module in model.modules():
+        if _is_rms_norm(module):
+            module.forward = types.MethodType(lean_rms_norm, module)
+            counts["rms_norm"] += 1
+        elif _is_silu_mlp(module):
+            module.forward = types.MethodType(lean_mlp, module)
+            counts["mlp"] += 1
+    return counts
