@@ -237,12 +237,13 @@ class TrainerConfig:
     """Workers per machine: GPUs on GPU; worker processes on CPU (cores are split among them)."""
     device: str = "auto"
     """auto | cpu | cuda. auto = cuda when available, else cpu."""
-    cpu_allocator: str = "glibc"
-    """Memory allocator of CPU worker processes: glibc | jemalloc. glibc (tuned to keep freed memory
-    for reuse) is the fastest and holds the process at its peak. jemalloc (the copy Ray ships)
+    cpu_allocator: str = "auto"
+    """Memory allocator of CPU worker processes: auto | glibc | jemalloc. glibc (tuned to keep freed
+    memory for reuse) is the fastest and holds the process at its peak. jemalloc (the copy Ray ships)
     returns memory unused for 10 s: the tree's peak is 1.3-1.8 GiB lower, at a cost that grows with
     the time between steps (bench_step: +2.6%; the default run: update +35%, as each step faults its
-    memory back in). A MALLOC_* or LD_PRELOAD variable set by the user is passed on instead
+    memory back in). auto = jemalloc where this machine (or its cgroup) allows less than 12 GiB, else
+    glibc. A MALLOC_* or LD_PRELOAD variable set by the user is passed on instead
     (hybrid_rl/utils/cpu_env.py, docs/memory.md)."""
     save_freq: int = 10
     """Save a checkpoint every N steps (and at the last step); -1 = never."""

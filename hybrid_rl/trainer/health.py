@@ -105,5 +105,6 @@ def memory_hint(cfg: Any) -> str:
     a = cfg.actor_rollout_ref
     return (f"\nIf it ran out of memory (killed without a traceback), see docs/memory.md: lower "
             f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu (now {a.actor.ppo_max_token_len_per_gpu}) or "
-            f"the batch, set actor_rollout_ref.model.enable_gradient_checkpointing=true, or train LoRA "
+            f"the batch, set trainer.cpu_allocator=jemalloc (now {cfg.trainer.cpu_allocator}) or "
+            f"actor_rollout_ref.model.enable_gradient_checkpointing=true, or train LoRA "
             f"adapters (actor_rollout_ref.model.lora_rank=32); each run logs perf/peak_rss_gib/<step>.")

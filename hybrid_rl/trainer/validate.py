@@ -314,8 +314,8 @@ def _check_trainer(cfg: PPOConfig) -> list[str]:
         errors.append(f"trainer.use_legacy_worker_impl={t.use_legacy_worker_impl!r} asks for veRL's new engine "
                       "workers, which hybrid_rl does not have; set it to auto (or enable).")
     if t.cpu_allocator not in CPU_ALLOCATORS:
-        errors.append(f"trainer.cpu_allocator={t.cpu_allocator!r} must be one of {CPU_ALLOCATORS}; use glibc "
-                      "(fastest) or jemalloc (less memory).")
+        errors.append(f"trainer.cpu_allocator={t.cpu_allocator!r} must be one of {CPU_ALLOCATORS}; use auto "
+                      "(jemalloc on small machines), glibc (fastest) or jemalloc (less memory).")
     if t.log_level.lower() not in LOG_LEVELS:
         errors.append(f"trainer.log_level={t.log_level!r} must be one of {LOG_LEVELS}; use info (quiet console) "
                       "or debug (everything).")
