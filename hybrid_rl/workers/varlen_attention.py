@@ -15,9 +15,10 @@ Small blocks (RL rows and prompt groups: a few hundred tokens) are computed all 
 and scores, a softmax (accumulating in fp32) and the weighted values are batched matmuls. On CPU
 the SDPA backward has a large fixed cost per call and its masked path is slow (a micro-batch of 8
 prompt groups of ~180 tokens, bf16, attention forward + backward over 30 layers: 1.1 s with one
-SDPA call per group, 0.33 s batched). The batched form keeps ``n * H * L_max**2`` probabilities
-per layer for backward, so it is used only up to :data:`DENSE_MAX_SCORES`; larger layouts make one
-SDPA call per block (flash attention, memory linear in the tokens).
+SDPA call per group, 0.33 s batched). The batched form recomputes its ``n * H * L_max**2``
+probabilities in backward rather than keeping them (:class:`_DenseBlockAttention`), but a layer's
+scores still exist at once, so it is used only up to :data:`DENSE_MAX_SCORES`; larger layouts make
+one SDPA call per block (flash attention, memory linear in the tokens).
 """
 
 from __future__ import annotations
@@ -117,11 +118,44 @@ def _dense_attention(query, key, value, dense: DenseBlocks, scaling: float) -> t
     q = q.view(kv_heads, rep, n, width, dim).permute(2, 0, 1, 3, 4).reshape(n, kv_heads, rep * width, dim)
     k = key[0].index_select(1, dense.gather).view(kv_heads, n, width, dim).transpose(0, 1)  # [n, H_kv, L_max, D]
     v = value[0].index_select(1, dense.gather).view(kv_heads, n, width, dim).transpose(0, 1)
-    scores = torch.matmul(q, k.transpose(-1, -2)).view(n, kv_heads, rep, width, width).add_(dense.bias)
-    probs = torch.softmax(scores, dim=-1).view(n, kv_heads, rep * width, width)
-    out = torch.matmul(probs, v)  # [n, H_kv, rep * L_max, D]
+    out = _DenseBlockAttention.apply(q, k, v, dense.bias, rep)  # [n, H_kv, rep * L_max, D]
     out = out.view(n, heads, width, dim).transpose(1, 2).reshape(n * width, heads, dim)
     return out.index_select(0, dense.scatter).unsqueeze(0)  # [1, T, H, D]
+
+
+def _block_probs(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, rep: int) -> torch.Tensor:
+    """``softmax(q k^T + bias)`` ``[n, H_kv, rep * L, L]`` for ``q [n, H_kv, rep * L, D]`` (scaled),
+    ``k [n, H_kv, L, D]`` and ``bias [n, 1, 1, L, L]`` (0 or -inf)."""
+    n, kv_heads, rows, _ = q.shape
+    width = k.shape[2]
+    scores = torch.matmul(q, k.transpose(-1, -2)).view(n, kv_heads, rep, width, width).add_(bias)
+    return torch.softmax(scores, dim=-1).view(n, kv_heads, rows, width)
+
+
+class _DenseBlockAttention(torch.autograd.Function):
+    """``softmax(q k^T + bias) v`` that keeps ``q``, ``k``, ``v`` for backward and recomputes the
+    probabilities there, as flash attention does: autograd would keep the ``n * H * L**2``
+    probabilities of every layer until backward (SmolLM2, 16 prompt groups of 231 tokens: 15 MiB a
+    layer, 460 MiB over 30 layers), here one layer's exist at a time. The recomputation is one
+    batched matmul and a softmax per layer."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, rep: int) -> torch.Tensor:
+        ctx.save_for_backward(q, k, v, bias)
+        ctx.rep = rep
+        return torch.matmul(_block_probs(q, k, bias, rep), v)  # [n, H_kv, rep * L, D]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        q, k, v, bias = ctx.saved_tensors
+        probs = _block_probs(q, k, bias, ctx.rep)  # the forward's, bit for bit
+        grad_v = torch.matmul(probs.transpose(-1, -2), grad_out)  # [n, H_kv, L, D]
+        grad_probs = torch.matmul(grad_out, v.transpose(-1, -2))  # [n, H_kv, rep * L, L]
+        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
+        grad_q = torch.matmul(grad_scores, k)
+        grad_k = torch.matmul(grad_scores.transpose(-1, -2), q)
+        return grad_q, grad_k, grad_v, None, None
 
 
 @dataclass

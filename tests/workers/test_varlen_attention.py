@@ -94,6 +94,20 @@ def test_batched_blocks_equal_one_sdpa_call_per_block(dtype, tol):
     torch.testing.assert_close(got[0][0, :4, 5].double(), probs @ v[0, 1, :4].double(), atol=tol, rtol=tol)
 
 
+def test_the_batched_form_keeps_no_probabilities_for_backward():
+    blocks, q, k, v = _blocks_and_inputs(torch.float32)
+    dense = varlen_attention.PackedLayout(blocks).dense(heads=6, device=q.device, dtype=torch.float32)
+    q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        varlen_attention._dense_attention(q, k, v, dense, 8**-0.5)
+    width = dense.shape[1]
+    # q, k, v (gathered into blocks) and the layout's mask; nothing [..., L_max, L_max] (probabilities)
+    squares = [t.shape for t in saved if t.dim() >= 3 and t.shape[-1] == width and t.shape[-2] % width == 0
+               and t.untyped_storage().data_ptr() != dense.bias.untyped_storage().data_ptr()]
+    assert saved and not squares
+
+
 def test_layouts_too_large_for_the_batched_form_fall_back(monkeypatch):
     blocks, *_ = _blocks_and_inputs(torch.float32)
     layout = varlen_attention.PackedLayout(blocks)
