@@ -41,7 +41,7 @@ from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_gpu import GpuMemoryMonitor, add_run_args, parse_run_args, workload  # noqa: E402
-from bench_step import RssMonitor, write_json  # noqa: E402
+from bench_step import DEFAULT_OVERRIDES, RssMonitor, write_json  # noqa: E402
 
 # label -> GRPOTrainer method (a dotted path from the trainer) whose inclusive time is summed per optimizer step
 TIMED = {"generate": "_generate", "reward": "_calculate_rewards", "score": "_generate_and_score_completions",
@@ -115,13 +115,14 @@ def grpo_config(cfg, args: argparse.Namespace, output_dir: str):
     if rows % micro:
         raise ValueError(f"--per-device-batch {micro} must divide the {rows} completions per step")
     cuda = args.device == "cuda"
+    autocast = args.dtype == "bfloat16" and (cuda or args.bench_step)  # on CPU: fp32 weights, bf16 autocast
     return GRPOConfig(
         output_dir=output_dir, max_steps=args.steps, per_device_train_batch_size=micro,
         gradient_accumulation_steps=rows // micro, num_generations=arr.rollout.n,
         max_completion_length=cfg.data.max_response_length,
         beta=arr.actor.kl_loss_coef if arr.actor.use_kl_loss else 0.0,
         learning_rate=arr.actor.optim.lr, temperature=arr.rollout.temperature, top_p=arr.rollout.top_p,
-        epsilon=arr.actor.clip_ratio, bf16=cuda and args.dtype == "bfloat16", use_cpu=not cuda,
+        epsilon=arr.actor.clip_ratio, bf16=autocast, use_cpu=not cuda,
         gradient_checkpointing=args.gradient_checkpointing, use_vllm=args.use_vllm,
         model_init_kwargs={"dtype": args.dtype if cuda else "float32"},
         logging_steps=1, report_to="none", save_strategy="no", seed=cfg.data.seed)
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace, trl) -> dict:
 
     from hybrid_rl.trainer import get_config
 
-    cfg = get_config(workload(args))
+    cfg = get_config(DEFAULT_OVERRIDES if args.bench_step else workload(args))
     model_path = cfg.actor_rollout_ref.model.path
     if not os.path.isdir(model_path):  # the embedded model id: its converted local folder
         from hybrid_rl.workers.model_loader import resolve_model_path
@@ -201,8 +202,13 @@ def main() -> None:
     add_run_args(parser)
     parser.add_argument("--per-device-batch", type=int, default=64,
                         help="completions per micro-batch (gradient accumulation makes up the 512)")
-    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
-                        help="weights as loaded on cuda (bf16 also turns on TRL's bf16 autocast)")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
+                        help="weights as loaded on cuda (bf16 also turns on TRL's bf16 autocast); with "
+                             "--bench-step, bfloat16 = bf16 autocast over fp32 weights. Default: bfloat16 on "
+                             "cuda, on CPU the dtype hybrid_rl's auto picks on this CPU")
+    parser.add_argument("--bench-step", action="store_true",
+                        help="bench_step.py's work instead (embedded SmolLM2, 8 prompts x 4, <= 32 tokens, "
+                             "KL 0.04): the CPU side-by-side of docs/memory.md")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="TRL's default; off in hybrid_rl's run")
     parser.add_argument("--use-vllm", action="store_true", help="TRL's colocated vLLM generation (needs vllm)")
     args = parse_run_args(parser)
@@ -211,6 +217,12 @@ def main() -> None:
     except ImportError:
         sys.exit("bench_gpu_trl.py needs TRL, which hybrid_rl does not depend on: pip install 'trl==1.16.0' datasets")
     args.max_token_len, args.overrides = None, []  # bench_gpu's workload() reads them
+    if args.bench_step:
+        args.model, args.per_device_batch = "smollm2", min(args.per_device_batch, 32)
+    if args.dtype is None:
+        from hybrid_rl.utils.precision import resolve_dtype
+
+        args.dtype = "bfloat16" if args.device == "cuda" else resolve_dtype("auto", "cpu")
     result = run(args, trl)
     write_json(args.json, result)
     print_report(result)
