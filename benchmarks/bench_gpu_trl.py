@@ -18,6 +18,11 @@ default, fp32 weights under bf16 autocast, as hybrid_rl's fp32 master weights) a
 checkpointing off, as in hybrid_rl's run (``--gradient-checkpointing`` = TRL's default). TRL skips the
 old-log-prob pass of an on-policy step, as hybrid_rl does.
 
+``--bench-step`` runs bench_step.py's CPU work instead (issue #17's side-by-side; docs/memory.md):
+
+    /tmp/trl/bin/python benchmarks/bench_gpu_trl.py --bench-step --steps 6   # dtype: hybrid_rl's auto on this CPU
+    python benchmarks/bench_step.py --steps 6
+
 Per optimizer step it prints the wall time between consecutive steps and, measured by wrapping
 GRPOTrainer's methods (with a CUDA sync at each edge): ``generate`` (``_generate``), ``reward``
 (``_calculate_rewards``), ``logprob`` (``_generate_and_score_completions`` minus those two: the
@@ -208,9 +213,11 @@ def main() -> None:
                              "cuda, on CPU the dtype hybrid_rl's auto picks on this CPU")
     parser.add_argument("--bench-step", action="store_true",
                         help="bench_step.py's work instead (embedded SmolLM2, 8 prompts x 4, <= 32 tokens, "
-                             "KL 0.04): the CPU side-by-side of docs/memory.md")
+                             "KL 0.04) on the CPU: the side-by-side of docs/memory.md (--model is ignored)")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="TRL's default; off in hybrid_rl's run")
     parser.add_argument("--use-vllm", action="store_true", help="TRL's colocated vLLM generation (needs vllm)")
+    if "--bench-step" in sys.argv and "--device" not in sys.argv:
+        sys.argv += ["--device", "cpu"]  # bench_step's work is the CPU comparison
     args = parse_run_args(parser)
     try:
         import trl

@@ -9,7 +9,7 @@ Memory allocator (``trainer.cpu_allocator``). glibc's default serves large block
 logits, gradients) with fresh ``mmap`` pages and returns them to the kernel on free, so every
 training step faults its whole activation footprint back in: ~400k minor page faults per update at
 ``benchmarks/bench_step.py``'s shape, ~1 s of a 4-5 s update (docs/performance.md). Two choices:
-- ``glibc`` (the default) tuned to keep freed memory for reuse, as the CUDA caching allocator does:
+- ``glibc`` tuned to keep freed memory for reuse, as the CUDA caching allocator does:
   no ``mmap``-served blocks and no trimming of the heap. Fastest; the heap fragments and the process
   keeps its peak footprint.
 - ``jemalloc`` (the copy Ray ships in ``ray/core/libjemalloc.so``, loaded with ``LD_PRELOAD``): its
@@ -20,7 +20,8 @@ training step faults its whole activation footprint back in: ~400k minor page fa
 - ``auto`` (the default): jemalloc where the memory this process may use (the smaller of the
   machine's RAM and its cgroup's limit) is below :data:`AUTO_JEMALLOC_BELOW_GIB`, glibc otherwise.
   On an 8 GiB laptop the default run then fits (glibc would hold ~8.2 GiB at its peak); a larger
-  machine keeps the fastest allocator.
+  machine keeps the fastest allocator. The threshold is on the total (not the free) memory, read in
+  the driver: a run joining a Ray cluster on other machines should set the allocator by hand.
 """
 
 from __future__ import annotations
@@ -71,14 +72,17 @@ def _cgroup_limits(proc_cgroup: str, cgroup_root: str) -> list[int]:
     suffix that exists under ``cgroup_root`` is taken."""
     limits = []
     for line in proc_cgroup.splitlines():
-        _, controllers, path = line.split(":", 2)
+        fields = line.split(":", 2)
+        if len(fields) != 3:  # not a cgroup line: nothing to read
+            continue
+        _, controllers, path = fields
         if controllers == "":  # v2: one unified hierarchy
             base, name = cgroup_root, "memory.max"
         elif "memory" in controllers.split(","):
             base, name = os.path.join(cgroup_root, "memory"), "memory.limit_in_bytes"
         else:
             continue
-        parts = [p for p in path.split("/") if p]
+        parts = [p for p in path.split("/") if p and p != ".."]  # ".." = outside the namespace's root
         for skip in range(len(parts) + 1):
             if os.path.isdir(os.path.join(base, *parts[skip:])):
                 break
@@ -104,8 +108,9 @@ def memory_limit_bytes(proc_cgroup_path: str = "/proc/self/cgroup", cgroup_root:
     cgroup limit above it; None where neither can be read (not Linux)."""
     limits = _cgroup_limits(_read(proc_cgroup_path) or "", cgroup_root)
     for line in (_read(meminfo_path) or "").splitlines():
-        if line.startswith("MemTotal:"):
-            limits.append(int(line.split()[1]) * 1024)
+        fields = line.split()
+        if fields[:1] == ["MemTotal:"] and len(fields) > 1 and fields[1].isdigit():
+            limits.append(int(fields[1]) * 1024)
     return min(limits) if limits else None
 
 
@@ -149,7 +154,7 @@ def cpu_malloc_env(environ: Mapping[str, str], allocator: str = "glibc",
         path = bundled_jemalloc()
         if path:
             return {"LD_PRELOAD": path, "MALLOC_CONF": JEMALLOC_CONF}
-        logger.warning("trainer.cpu_allocator=jemalloc: Ray's bundled libjemalloc.so was not found; "
+        logger.warning("trainer.cpu_allocator (jemalloc): Ray's bundled libjemalloc.so was not found; "
                        "the workers use glibc (set LD_PRELOAD to a jemalloc library to use it).")
     return dict(CPU_MALLOC_ENV)
 

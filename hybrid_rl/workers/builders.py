@@ -7,6 +7,7 @@ process without one keeps the plain module — handy in notebooks and unit tests
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -22,6 +23,8 @@ from hybrid_rl.workers.fsdp_utils import apply_fsdp2, decoder_layers, dp_world, 
 from hybrid_rl.workers.lean_layers import apply_lean_layers
 from hybrid_rl.workers.lora import apply_lora, lora_enabled
 from hybrid_rl.workers.model_loader import load_causal_lm, load_value_model, torch_dtype
+
+logger = logging.getLogger(__name__)
 
 # The value head is freshly initialised: the same seed on every rank gives every rank the same head.
 _VALUE_HEAD_SEED = 0
@@ -96,7 +99,9 @@ def _speed_and_memory(model: nn.Module, model_config: ModelConfig, *, trainable:
     if model_config.use_torch_compile:
         compile_decoder_layers(model)
     elif trainable and model_config.use_lean_layers:
-        apply_lean_layers(model)
+        counts = apply_lean_layers(model)
+        logger.info("use_lean_layers: %d RMSNorms and %d MLPs run lean; %d look-alikes keep their own forward "
+                    "(hybrid_rl/workers/lean_layers.py)", counts["rms_norm"], counts["mlp"], counts["skipped"])
 
 
 def build_causal_lm(model_config: ModelConfig, path: str, fsdp_config: FSDPConfig,

@@ -1,6 +1,6 @@
 """Memory-lean RMSNorm and SwiGLU MLP for training: the same forward, fewer saved activations.
 
-A Llama-style decoder layer keeps, per token, about 26 KB of activations for backward in bf16
+A Llama-style decoder layer keeps, per token, about 24 KiB of activations for backward in bf16
 (SmolLM2-135M: hidden 576, intermediate 1536), and most of it is not matmul input:
 
 * HF's ``RMSNorm`` upcasts to float32 and autograd saves the float32 input and the bf16
@@ -15,8 +15,10 @@ normalised value in backward; the MLP saves only the gate and up projections and
 ``nn.Linear``). Recomputing elementwise ops is what Liger-Kernel's fused RMSNorm/SwiGLU do on GPUs
 and what torch.compile's partitioner chooses there; this is the eager, any-device form.
 
-The forward outputs are bit-identical to the HF modules' (the same ops in the same order), and
-so are the gradients of the MLP. The norm's input gradient is the same formula autograd would
+The forward outputs are bit-identical to Llama's HF modules' (the same ops in the same order), and
+so are the gradients of the MLP. A module is patched only when a probe shows it computes exactly
+that: look-alike classes with extra terms (multipliers, clamps, dropout, a norm that scales in
+float32 first) keep their own forward. The norm's input gradient is the same formula autograd would
 apply, in float32, so it agrees to float32 rounding. :func:`apply_lean_layers` rebinds the
 ``forward`` of each matching module in place: the module objects, their parameters, checkpoints,
 LoRA wrappers and FSDP2's per-layer hooks stay as they are.
@@ -24,6 +26,7 @@ LoRA wrappers and FSDP2's per-layer hooks stay as they are.
 
 from __future__ import annotations
 
+import copy
 import types
 from typing import Optional
 
@@ -136,25 +139,54 @@ def lean_mlp(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def _is_rms_norm(module: nn.Module) -> bool:
     return (type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.Tensor)
-            and isinstance(getattr(module, "variance_epsilon", None), float) and module.weight.dim() == 1)
+            and isinstance(getattr(module, "variance_epsilon", None), float) and module.weight.dim() == 1
+            and not list(module.children()) and [n for n, _ in module.named_parameters(recurse=False)] == ["weight"])
 
 
 def _is_silu_mlp(module: nn.Module) -> bool:
     act = getattr(module, "act_fn", None)
     return (type(module).__name__.endswith("MLP")
-            and all(isinstance(getattr(module, name, None), nn.Module) for name in ("gate_proj", "up_proj", "down_proj"))
+            and {n for n, _ in module.named_children()} == {"gate_proj", "up_proj", "down_proj", "act_fn"}
+            and not list(module.parameters(recurse=False)) and not list(module.buffers(recurse=False))
             and (isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"))
 
 
+def _same_forward(module: nn.Module, lean_forward, width: int) -> bool:
+    """Whether ``lean_forward`` gives ``module``'s own output, bit for bit, on a random probe, in the
+    module's dtype and in bf16 (where mixed precision computes), in training mode (so a dropout or
+    any extra term shows). A class that looks like Llama's but computes more (multipliers, clamps,
+    dropout, a norm that scales in float32 before rounding) fails."""
+    candidates = [module] + ([copy.deepcopy(module).to(torch.bfloat16)] if next(module.parameters()).dtype != torch.bfloat16 else [])
+    for candidate in candidates:
+        param = next(candidate.parameters())
+        probe = torch.randn(2, 3, width, generator=torch.Generator().manual_seed(0)).to(param.device, param.dtype)
+        was_training = candidate.training
+        candidate.train()
+        try:
+            with torch.no_grad():
+                own, lean = candidate(probe), lean_forward(candidate, probe)
+        finally:
+            candidate.train(was_training)
+        if own.dtype != lean.dtype or not torch.equal(own, lean):
+            return False
+    return True
+
+
 def apply_lean_layers(model: nn.Module) -> dict[str, int]:
-    """Rebind the ``forward`` of every HF RMSNorm and gated-SiLU MLP of ``model`` to the lean
-    versions, in place; other modules are left alone. Returns ``{"rms_norm": n, "mlp": m}``."""
-    counts = {"rms_norm": 0, "mlp": 0}
+    """Rebind the ``forward`` of every HF RMSNorm and gated-SiLU MLP of ``model`` whose output the
+    lean version reproduces exactly (checked on a probe), in place; other modules are left alone.
+    Returns ``{"rms_norm": n, "mlp": m, "skipped": k}`` (look-alikes whose forward differs)."""
+    counts = {"rms_norm": 0, "mlp": 0, "skipped": 0}
     for module in model.modules():
         if _is_rms_norm(module):
-            module.forward = types.MethodType(lean_rms_norm, module)
-            counts["rms_norm"] += 1
+            kind, lean, width = "rms_norm", lean_rms_norm, module.weight.shape[0]
         elif _is_silu_mlp(module):
-            module.forward = types.MethodType(lean_mlp, module)
-            counts["mlp"] += 1
+            kind, lean, width = "mlp", lean_mlp, module.gate_proj.in_features
+        else:
+            continue
+        if _same_forward(module, lean, width):
+            module.forward = types.MethodType(lean, module)
+            counts[kind] += 1
+        else:
+            counts["skipped"] += 1
     return counts

@@ -40,7 +40,8 @@ VARLEN_ATTENTION = "hybrid_rl_varlen_sdpa"
 PROFILE_LABEL = "hybrid_rl/packed_attention"
 
 #: Most attention scores (blocks x heads x L_max**2) one layer computes in the batched form: its
-#: backward keeps the probabilities (2 bytes per score in bf16), ~16 MB per layer.
+#: scores and probabilities of one layer exist at once (2 bytes per score in bf16, ~16 MB), in the
+#: forward and again in backward, which recomputes them.
 DENSE_MAX_SCORES = 1 << 23
 
 

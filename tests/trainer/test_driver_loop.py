@@ -159,9 +159,9 @@ def _cgroup_tree(tmp_path, v1_limit=None, v2_limit=None, mem_gib=24):
         (root / "memory" / "job" / "memory.limit_in_bytes").write_text(str(v1_limit))
     (root / "job" / "memory.max").write_text("max" if v2_limit is None else str(v2_limit))
     proc = tmp_path / "proc_cgroup"
-    proc.write_text("4:memory:/outer/job\n3:cpu:/outer/job\n0::/outer/job\n")
+    proc.write_text("garbage\n4:memory:/outer/job\n3:cpu:/outer/job\n0::/outer/job\n")  # odd lines are skipped
     meminfo = tmp_path / "meminfo"
-    meminfo.write_text(f"MemTotal:       {mem_gib * 2**20} kB\nMemFree:        1 kB\n")
+    meminfo.write_text(f"MemTotal:       {mem_gib * 2**20} kB\nMemFree:        1 kB\nMemTotal:\n")
     return str(proc), str(root), str(meminfo)
 
 

@@ -43,7 +43,7 @@ def _layer(tiny_model_dir: str, dtype: str = "float32") -> nn.Module:
 def test_the_lean_forwards_are_bit_identical_to_the_hf_ones(tiny_model_dir, dtype):
     layer = _layer(tiny_model_dir, dtype)
     lean = copy.deepcopy(layer)
-    assert apply_lean_layers(lean) == {"rms_norm": 2, "mlp": 1}
+    assert apply_lean_layers(lean) == {"rms_norm": 2, "mlp": 1, "skipped": 0}
     x = torch.randn(3, 7, layer.mlp.gate_proj.in_features).to(getattr(torch, dtype))
     for name in ("input_layernorm", "post_attention_layernorm", "mlp"):
         for grad in (True, False):
@@ -115,6 +115,31 @@ def test_a_lora_mlp_takes_the_swiglu_path_with_autograds_gradients(tiny_model_di
     assert trained and all(q.grad is not None for _, q in trained)
     for p, q in trained:
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_look_alike_modules_that_compute_more_keep_their_own_forward():
+    olmo3 = pytest.importorskip("transformers.models.olmo3.modeling_olmo3")
+    falcon = pytest.importorskip("transformers.models.falcon_h1.modeling_falcon_h1")
+    norm = olmo3.Olmo3RMSNorm(16)  # multiplies by the weight in float32, then rounds: differs in bf16
+    norm.weight.data.normal_()
+    mlp = falcon.FalconH1MLP(falcon.FalconH1Config(hidden_size=16, intermediate_size=32, mlp_multipliers=[0.5, 2.0]))
+    for module in (norm, mlp):
+        before = module.forward
+        assert apply_lean_layers(module) == {"rms_norm": 0, "mlp": 0, "skipped": 1}
+        assert module.forward == before
+
+
+def test_a_down_projection_with_bias_gets_its_gradient(tiny_model_dir):
+    torch.manual_seed(0)
+    mlp = _layer(tiny_model_dir).mlp.double()
+    mlp.down_proj = nn.Linear(mlp.down_proj.in_features, mlp.down_proj.out_features, bias=True).double()
+    lean = copy.deepcopy(mlp)
+    assert apply_lean_layers(lean)["mlp"] == 1
+    x = torch.randn(2, 5, mlp.gate_proj.in_features, dtype=torch.float64)
+    for module in (mlp, lean):
+        module(x).pow(2).sum().backward()
+    for p, q in zip(mlp.parameters(), lean.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-12, atol=1e-12)
 
 
 def test_the_builders_apply_it_to_trained_models_only(tiny_model_dir):
