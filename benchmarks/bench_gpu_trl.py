@@ -216,8 +216,8 @@ def main() -> None:
                              "KL 0.04) on the CPU: the side-by-side of docs/memory.md (--model is ignored)")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="TRL's default; off in hybrid_rl's run")
     parser.add_argument("--use-vllm", action="store_true", help="TRL's colocated vLLM generation (needs vllm)")
-    if "--bench-step" in sys.argv and "--device" not in sys.argv:
-        sys.argv += ["--device", "cpu"]  # bench_step's work is the CPU comparison
+    if parser.parse_known_args()[0].bench_step:
+        parser.set_defaults(device="cpu")  # bench_step's work is the CPU comparison
     args = parse_run_args(parser)
     try:
         import trl

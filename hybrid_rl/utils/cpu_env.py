@@ -114,12 +114,16 @@ def memory_limit_bytes(proc_cgroup_path: str = "/proc/self/cgroup", cgroup_root:
     return min(limits) if limits else None
 
 
-def resolve_cpu_allocator(allocator: str, limit_bytes: Optional[int] = None) -> str:
-    """``glibc`` or ``jemalloc`` for ``trainer.cpu_allocator``; ``auto`` by ``limit_bytes`` (default:
-    :func:`memory_limit_bytes`), see the module docstring."""
+def _check_allocator(allocator: str) -> None:
     if allocator not in CPU_ALLOCATORS:
         raise ValueError(f"trainer.cpu_allocator={allocator!r} is invalid: must be one of {CPU_ALLOCATORS}. "
                          "Fix: use auto (jemalloc on small machines), glibc (fastest) or jemalloc (less memory).")
+
+
+def resolve_cpu_allocator(allocator: str, limit_bytes: Optional[int] = None) -> str:
+    """``glibc`` or ``jemalloc`` for ``trainer.cpu_allocator``; ``auto`` by ``limit_bytes`` (default:
+    :func:`memory_limit_bytes`), see the module docstring."""
+    _check_allocator(allocator)
     if allocator != "auto":
         return allocator
     limit = memory_limit_bytes() if limit_bytes is None else limit_bytes
@@ -144,8 +148,7 @@ def cpu_malloc_env(environ: Mapping[str, str], allocator: str = "glibc",
     :func:`resolve_cpu_allocator`); unless the user configures the allocator: any ``MALLOC_*``
     variable, ``GLIBC_TUNABLES`` or ``LD_PRELOAD`` (e.g. tcmalloc or their own jemalloc) is passed
     on instead."""
-    if allocator not in CPU_ALLOCATORS:
-        resolve_cpu_allocator(allocator)  # raises the one-line fix
+    _check_allocator(allocator)
     chosen = {k: v for k, v in environ.items() if k.startswith("MALLOC_") or k in _ALLOCATOR_KEYS}
     if chosen:
         return chosen

@@ -156,7 +156,9 @@ def _same_forward(module: nn.Module, lean_forward, width: int) -> bool:
     module's dtype and in bf16 (where mixed precision computes), in training mode (so a dropout or
     any extra term shows). A class that looks like Llama's but computes more (multipliers, clamps,
     dropout, a norm that scales in float32 before rounding) fails."""
-    candidates = [module] + ([copy.deepcopy(module).to(torch.bfloat16)] if next(module.parameters()).dtype != torch.bfloat16 else [])
+    candidates = [module]
+    if next(module.parameters()).dtype != torch.bfloat16:
+        candidates.append(copy.deepcopy(module).to(torch.bfloat16))
     for candidate in candidates:
         param = next(candidate.parameters())
         probe = torch.randn(2, 3, width, generator=torch.Generator().manual_seed(0)).to(param.device, param.dtype)
