@@ -16,6 +16,9 @@ models. Points where it departs from a stand-alone vLLM:
 * Threads: vLLM's CPU worker turns ``torch.set_num_threads`` into a no-op for the whole process;
   we restore it after start-up and give generation all the worker's cores (``OMP_NUM_THREADS``
   as set by Ray for the worker, else the process's CPU affinity), restoring the count afterwards.
+* CPU speed-ups: the build's compiled RMSNorm kernels replace its Python norms
+  (``vllm_cpu_kernels``), and an inverse-CDF sampler replaces the per-entry Gumbel noise
+  (``vllm_cpu_sampler``); both are exact and fall back to vLLM's own code where they do not apply.
 * Log-probs (``calculate_log_probs``) use vLLM's ``processed_logprobs``: the distribution each
   token was sampled from (after temperature, top-k, top-p), the same definition as the HF engine.
 """
@@ -41,6 +44,8 @@ from hybrid_rl.workers.rollout.base import (ROW_SEED_STRIDE, BaseRollout, Genera
 from hybrid_rl.workers.rollout.config import RolloutConfig
 from hybrid_rl.workers.rollout.multi_turn import MultiTurnGenerator
 from hybrid_rl.workers.rollout.sequences import build_rollout_output, check_prompt_batch, prompt_token_lists
+from hybrid_rl.workers.rollout.vllm_cpu_kernels import cpu_ir_op_priority
+from hybrid_rl.workers.rollout.vllm_cpu_sampler import install as install_cpu_sampler
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +172,9 @@ def _engine_kwargs(config: RolloutConfig, model_path: str, on_cpu: bool, seed: i
     if on_cpu:
         kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(config, rows_per_call, lambda: kv_bytes_per_token(
             load_hf_config(model_path, trust_remote_code=trust_remote_code), getattr(torch, kwargs["dtype"])))
+        priority = cpu_ir_op_priority()  # the build's compiled norms instead of its Python ones
+        if priority:
+            kwargs["ir_op_priority"] = priority
     else:
         kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization,
                       enable_sleep_mode=config.free_cache_engine)
@@ -219,6 +227,8 @@ class VLLMRollout(BaseRollout):
         with self._rng.active(), _threads(self._num_threads), _refusal_as_error():
             self.llm = LLM(**kwargs)
         torch.set_num_threads = _SET_NUM_THREADS  # undo vLLM's process-wide no-op
+        if self.on_cpu and not all(self.llm.collective_rpc(install_cpu_sampler)):
+            logger.info("vLLM's own CPU sampler kept (this build's sampler is not the one vllm_cpu_sampler replaces)")
         logger.info("vLLM rollout engine ready (%s, dtype=%s, enforce_eager=%s, threads=%d%s)",
                     "cpu" if self.on_cpu else "gpu", kwargs["dtype"], kwargs["enforce_eager"], self._num_threads,
                     f", KV cache {kwargs['kv_cache_memory_bytes'] / 2**30:.2f} GiB" if self.on_cpu else "")
