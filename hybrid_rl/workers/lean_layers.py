@@ -119,6 +119,64 @@ class _SwiGLULinear(torch.autograd.Function):
         return grad_gate, grad_up, grad_weight, grad_bias
 
 
+class _SwiGLULoRA(torch.autograd.Function):
+    """``linear(p, W, bias) + linear(linear(p, A), B) * scaling`` with ``p = silu(gate) * up``: a
+    peft LoRA ``down_proj``, saving ``gate``, ``up`` and the rank-sized ``p @ A.T`` but not ``p``
+    (which peft's ``lora_A`` would keep: ``[tokens, intermediate]``)."""
+
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> torch.Tensor:
+        product = F.silu(gate) * up  # [..., intermediate]
+        result = F.linear(product, weight, bias)  # [..., out]
+        low = F.linear(product.to(lora_a.dtype), lora_a)  # [..., rank]
+        ctx.save_for_backward(gate, up, weight, lora_a, lora_b, low)
+        ctx.has_bias, ctx.scaling = bias is not None, scaling
+        return (result + F.linear(low, lora_b) * scaling).to(result.dtype)  # peft's order of ops
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        gate, up, weight, lora_a, lora_b, low = ctx.saved_tensors
+        grad_flat = grad_out.reshape(-1, grad_out.shape[-1])  # [N, out]
+        grad_low_out = (grad_flat * ctx.scaling).to(lora_b.dtype)  # [N, out]
+        grad_low = grad_low_out.mm(lora_b)  # [N, rank]
+        product = (F.silu(gate) * up).reshape(-1, gate.shape[-1])  # [N, intermediate], recomputed
+        grads = [None] * 7
+        if ctx.needs_input_grad[2]:
+            grads[2] = grad_flat.t().mm(product)
+        if ctx.has_bias and ctx.needs_input_grad[3]:
+            grads[3] = grad_flat.sum(0)
+        if ctx.needs_input_grad[4]:
+            grads[4] = grad_low.t().mm(product.to(lora_a.dtype))  # [rank, intermediate]
+        if ctx.needs_input_grad[5]:
+            grads[5] = grad_low_out.t().mm(low.reshape(-1, low.shape[-1]))  # [out, rank]
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            grad_product = grad_out.matmul(weight) + grad_low.mm(lora_a).view(*gate.shape[:-1], -1).to(gate.dtype)
+            grads[0], grads[1] = _swiglu_grads(grad_product, gate, up)
+        return tuple(grads)
+
+
+def _plain_lora(module: nn.Module) -> Optional[tuple[nn.Linear, nn.Linear, nn.Linear, float]]:
+    """``(base, lora_A, lora_B, scaling)`` when ``module`` is a peft LoRA ``Linear`` that computes
+    exactly ``base(x) + lora_B(lora_A(x)) * scaling``: one active adapter, no dropout, no variant
+    (DoRA ...), not merged, not disabled, no hooks; else None (it then runs its own forward)."""
+    base = getattr(module, "base_layer", None)
+    if type(base) is not nn.Linear or getattr(module, "disable_adapters", True) or getattr(module, "merged", True):
+        return None
+    active = [a for a in getattr(module, "active_adapters", []) if a in module.lora_A]
+    if len(active) != 1 or active[0] in getattr(module, "lora_variant", {}):
+        return None
+    name = active[0]
+    lora_a, lora_b = module.lora_A[name], module.lora_B[name]
+    parts = (module, base, lora_a, lora_b)
+    if (type(lora_a) is not nn.Linear or type(lora_b) is not nn.Linear or lora_a.bias is not None
+            or lora_b.bias is not None or type(module.lora_dropout[name]) is not nn.Identity
+            or any(m._forward_hooks or m._forward_pre_hooks for m in parts)):
+        return None
+    return base, lora_a, lora_b, float(module.scaling[name])
+
+
 def lean_rms_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     """``forward`` of an HF RMSNorm (``weight``, ``variance_epsilon``) through :class:`_RMSNorm`."""
     if not torch.is_grad_enabled():
@@ -134,7 +192,11 @@ def lean_mlp(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return down(F.silu(gate) * up)
     if type(down) is nn.Linear:
         return _SwiGLULinear.apply(gate, up, down.weight, down.bias)
-    return down(_SwiGLU.apply(gate, up))  # a LoRA (or other) wrapper runs its own forward
+    lora = _plain_lora(down)
+    if lora is not None:
+        base, lora_a, lora_b, scaling = lora
+        return _SwiGLULoRA.apply(gate, up, base.weight, base.bias, lora_a.weight, lora_b.weight, scaling)
+    return down(_SwiGLU.apply(gate, up))  # another wrapper runs its own forward
 
 
 def _is_rms_norm(module: nn.Module) -> bool:

@@ -174,3 +174,55 @@ def test_the_update_is_the_plain_models_update(tiny_model_dir, checkpointing):
     assert metrics[1]["actor/grad_norm"][0] == pytest.approx(metrics[0]["actor/grad_norm"][0], rel=1e-10)
     for p_p, p_l in zip(plain.parameters(), lean.parameters()):
         torch.testing.assert_close(p_l, p_p, atol=1e-12, rtol=1e-10)
+
+
+def _lora_layer(tiny_model_dir: str, dtype: str) -> nn.Module:
+    torch.manual_seed(0)
+    cfg = ModelConfig(path=tiny_model_dir, lora_rank=4, target_modules=["down_proj"])
+    model = apply_lora(load_causal_lm(tiny_model_dir), cfg).to(getattr(torch, dtype))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # a fresh adapter is zero: make its term show
+            p.data.normal_(0, 0.1)
+    return decoder_layers(model)[0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_lora_down_projection_is_fused_bit_identically_and_keeps_no_product(tiny_model_dir, dtype):
+    from hybrid_rl.workers.lean_layers import _plain_lora
+
+    layer = _lora_layer(tiny_model_dir, dtype)
+    lean = copy.deepcopy(layer)
+    apply_lean_layers(lean)
+    assert _plain_lora(lean.mlp.down_proj) is not None
+    x = torch.randn(3, 7, layer.mlp.gate_proj.in_features, dtype=getattr(torch, dtype), requires_grad=True)
+    assert torch.equal(lean.mlp(x), layer.mlp(x))  # with grad: the fused autograd function
+    row = 3 * 7 * layer.mlp.gate_proj.out_features * x.element_size()
+    weights = {p.untyped_storage().data_ptr() for m in (layer, lean) for p in m.parameters()}
+
+    def intermediates(mlp):
+        return sum(1 for ptr, size in _saved_storages(mlp, x).items() if ptr not in weights and size == row)
+
+    # HF + peft: gate, SiLU's output, up and the product (kept by lora_A); fused: gate and up
+    assert (intermediates(layer.mlp), intermediates(lean.mlp)) == (4, 2)
+
+
+@pytest.mark.parametrize("change", ["dropout", "merged", "disabled", "hook"])
+def test_a_lora_layer_that_computes_more_keeps_peft_s_forward(tiny_model_dir, change):
+    from hybrid_rl.workers.lean_layers import _plain_lora
+
+    layer = _lora_layer(tiny_model_dir, "float32")
+    down = layer.mlp.down_proj
+    if change == "dropout":
+        down.lora_dropout["default"] = nn.Dropout(0.1)
+    elif change == "merged":
+        down.merge()
+    elif change == "disabled":
+        down.enable_adapters(False)
+    elif change == "hook":
+        down.lora_A["default"].register_forward_hook(lambda *a: None)
+    assert _plain_lora(down) is None
+    lean = copy.deepcopy(layer)
+    apply_lean_layers(lean)
+    x = torch.randn(2, 3, layer.mlp.gate_proj.in_features)
+    if change != "dropout":  # dropout draws differ between the two calls
+        assert torch.equal(lean.mlp(x), layer.mlp(x))
