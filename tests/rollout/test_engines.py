@@ -107,6 +107,22 @@ def test_repeated_rows_give_different_samples_and_seed_reproduces(engine):
     assert len({tuple(r) for r in seeded[0].tolist()}) > 1
 
 
+def test_sleep_frees_the_cpu_kv_cache_and_wake_up_generates_the_same(engine):
+    if engine.name != "vllm":
+        pytest.skip("the HF rollout holds no engine cache")
+    batch = _prompts([ROWS[0], ROWS[1]], seed=7).repeat(3)
+    first = engine.generate_sequences(batch).batch
+    cache = engine.memory_owners(set())["rollout/kv_cache"]
+    engine.sleep()
+    engine.sleep()  # once asleep, a second call changes nothing
+    released = engine.memory_owners(set())["rollout/kv_cache"]
+    engine.wake_up()
+    assert cache > 0 and released == 0 and engine.memory_owners(set())["rollout/kv_cache"] == cache
+    second = engine.generate_sequences(batch).batch
+    for key in ("responses", "rollout_log_probs"):
+        assert torch.equal(first[key], second[key]), key
+
+
 def test_trainer_rng_is_untouched(engine):
     torch.manual_seed(3)
     expected = torch.rand(4)

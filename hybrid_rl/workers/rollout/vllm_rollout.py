@@ -46,6 +46,7 @@ from hybrid_rl.workers.rollout.multi_turn import MultiTurnGenerator
 from hybrid_rl.workers.rollout.sequences import build_rollout_output, check_prompt_batch, prompt_token_lists
 from hybrid_rl.workers.rollout.vllm_cpu_kernels import cpu_ir_op_priority
 from hybrid_rl.workers.rollout.vllm_cpu_sampler import install as install_cpu_sampler
+from hybrid_rl.workers.rollout.vllm_cpu_sleep import _flatten, release_kv_cache, restore_kv_cache
 
 logger = logging.getLogger(__name__)
 
@@ -108,15 +109,6 @@ def _refusal_as_error() -> Iterator[None]:
         if line is None:
             raise
         raise EngineRefusedModel(f"vLLM refused the model on this CPU ({line.strip()[:160]})") from None
-
-
-def _flatten(items: Any) -> Iterator[torch.Tensor]:
-    """The tensors of a (nested) list, e.g. the model runner's per-layer KV caches."""
-    if isinstance(items, torch.Tensor):
-        yield items
-    elif isinstance(items, (list, tuple)):
-        for item in items:
-            yield from _flatten(item)
 
 
 CPU_BLOCK_SIZE = 32
@@ -323,20 +315,29 @@ class VLLMRollout(BaseRollout):
         return owners
 
     def sleep(self) -> None:
-        """GPU with free_cache_engine: release the KV cache and offload (level 1) or drop (level 2)
-        the weights. CPU vLLM has no sleep mode: the engine keeps its memory."""
-        if self.on_cpu or not self.config.free_cache_engine or self._asleep:
+        """With free_cache_engine: on GPU vLLM's sleep mode releases the KV cache and offloads
+        (level 1) or drops (level 2) the weights; on CPU, which has no sleep mode, the KV cache's
+        memory is freed (``vllm_cpu_sleep``) and the weights stay."""
+        if not self.config.free_cache_engine or self._asleep:
             return
-        self.llm.sleep(level=self.config.sleep_level)
+        if self.on_cpu:
+            self.llm.collective_rpc(release_kv_cache)
+        else:
+            self.llm.sleep(level=self.config.sleep_level)
+            if self.config.sleep_level == 2:
+                self._weights_valid = False  # dropped: the next update_weights restores them
         self._asleep = True
-        if self.config.sleep_level == 2:
-            self._weights_valid = False  # dropped: the next update_weights restores them
 
     def wake_up(self) -> None:
         """Re-allocate what sleep released (call update_weights next after a level-2 sleep)."""
-        if self._asleep:
+        if not self._asleep:
+            return
+        if self.on_cpu:
+            self.llm.collective_rpc(restore_kv_cache)
+            self.llm.reset_prefix_cache()  # blocks cached before the release are zeros now
+        else:
             self.llm.wake_up()
-            self._asleep = False
+        self._asleep = False
 
     def shutdown(self) -> None:
         """Stop the engine; a process group the trainer created survives."""

@@ -1,0 +1,67 @@
+"""Free the vLLM-CPU engine's KV cache while the worker trains: the CPU form of ``free_cache_engine``.
+
+vLLM's sleep mode (``LLM.sleep``) exists on GPUs only: its allocator hands CUDA memory back and
+forth. On CPU the engine holds its whole KV cache for the run, including the actor update, where
+the colocated worker peaks (the default run's 0.53 GiB cache is 10% of that peak).
+
+The cache of vLLM-CPU is one zero-filled tensor storage; every attention layer holds views of it.
+:func:`release_kv_cache` resizes that storage to 0 bytes (the memory goes back to the allocator,
+so the update's activations can reuse it) and keeps the storage objects, so every view stays
+valid; :func:`restore_kv_cache` resizes them back and zero-fills them, as vLLM's allocation does.
+The caller then resets the prefix cache: no block cached before the release may be reused. A
+generate call after a restore gives the same tokens as one on the untouched engine (tested).
+
+Both run inside the engine's worker (``LLM.collective_rpc``), which keeps the released storages.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+
+_KEPT = "_hybrid_rl_released_kv"
+"""Attribute of the vLLM worker that holds ``[(storage, bytes)]`` while the cache is released."""
+
+
+def _flatten(items: Any) -> Iterator[torch.Tensor]:
+    if isinstance(items, torch.Tensor):
+        yield items
+    elif isinstance(items, dict):
+        for value in items.values():
+            yield from _flatten(value)
+    elif isinstance(items, (list, tuple)):
+        for value in items:
+            yield from _flatten(value)
+
+
+def _storages(worker: Any) -> list[torch.UntypedStorage]:
+    """The distinct storages behind the model runner's KV cache tensors."""
+    runner = getattr(worker, "worker", worker).model_runner
+    found: dict[int, torch.UntypedStorage] = {}
+    for tensor in _flatten(getattr(runner, "kv_caches", [])):
+        storage = tensor.untyped_storage()
+        if storage.nbytes():
+            found.setdefault(storage.data_ptr(), storage)
+    return list(found.values())
+
+
+def release_kv_cache(worker: Any) -> int:
+    """Free the KV cache's memory, keeping its tensors; returns the bytes freed (0 if already freed)."""
+    if getattr(worker, _KEPT, None):
+        return 0
+    kept = [(storage, storage.nbytes()) for storage in _storages(worker)]
+    for storage, _ in kept:
+        storage.resize_(0)
+    setattr(worker, _KEPT, kept)
+    return sum(nbytes for _, nbytes in kept)
+
+
+def restore_kv_cache(worker: Any) -> int:
+    """Re-allocate and zero-fill what :func:`release_kv_cache` freed; returns the bytes restored."""
+    kept = getattr(worker, _KEPT, None) or []
+    for storage, nbytes in kept:
+        storage.resize_(nbytes)
+        torch.empty(0, dtype=torch.uint8).set_(storage).zero_()  # [nbytes] uint8 view, zeroed in place
+    setattr(worker, _KEPT, None)
+    return sum(nbytes for _, nbytes in kept)
