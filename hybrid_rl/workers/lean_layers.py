@@ -139,7 +139,7 @@ class _SwiGLULoRA(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):
         gate, up, weight, lora_a, lora_b, low = ctx.saved_tensors
         grad_flat = grad_out.reshape(-1, grad_out.shape[-1])  # [N, out]
-        grad_low_out = (grad_flat * ctx.scaling).to(lora_b.dtype)  # [N, out]
+        grad_low_out = grad_flat.to(lora_b.dtype) * ctx.scaling  # [N, out], as autograd: upcast, then scale
         grad_low = grad_low_out.mm(lora_b)  # [N, rank]
         product = (F.silu(gate) * up).reshape(-1, gate.shape[-1])  # [N, intermediate], recomputed
         grads = [None] * 7

@@ -138,6 +138,9 @@ def test_compiled_norms_match_vllms_native_ones(dtype):
     assert not norm.impls[PROVIDER].supports_args(x, w.double(), 1e-5)
     assert not norm.impls[PROVIDER].supports_args(x, w, 1e-5, 64)
     assert not fused.impls[PROVIDER].supports_args(x, res[:, :100], w, 1e-5)
+    odd = x[:, :575].contiguous()  # the kernels need a hidden size that is a multiple of 8
+    assert not norm.impls[PROVIDER].supports_args(odd, w[:575].contiguous(), 1e-5)
+    assert not norm.impls[PROVIDER].supports_args(x.double(), w.double(), 1e-5)
 
 
 @needs_vllm
@@ -152,3 +155,5 @@ def test_cpu_engine_kwargs_put_the_compiled_norms_first_and_native_last():
     assert priority == {"rms_norm": [PROVIDER, "native"], "fused_add_rms_norm": [PROVIDER, "native"]}
     assert _engine_kwargs(RolloutConfig(), "model", True, 0, False)["ir_op_priority"] == priority
     assert "ir_op_priority" not in _engine_kwargs(RolloutConfig(), "model", False, 0, False)  # GPU: vLLM's own
+    compiled = _engine_kwargs(RolloutConfig(enforce_eager=False), "model", True, 0, False)
+    assert "ir_op_priority" not in compiled  # the kernels have no fake implementation for tracing

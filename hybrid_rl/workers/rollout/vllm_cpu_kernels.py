@@ -36,8 +36,13 @@ NORM_OPS = ("rms_norm", "fused_add_rms_norm")
 _registered: Optional[bool] = None
 
 
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""dtypes the compiled kernels take; their hidden size must be a multiple of 8 (one vector)."""
+
+
 def _norm_args_ok(x: torch.Tensor, weight: Optional[torch.Tensor], variance_size: Optional[int]) -> bool:
     return (x.device.type == "cpu" and x.is_contiguous() and x.dim() >= 1 and variance_size is None
+            and x.dtype in _KERNEL_DTYPES and x.shape[-1] % 8 == 0
             and weight is not None and weight.dtype == x.dtype and weight.is_contiguous()
             and weight.shape[-1] == x.shape[-1])
 
@@ -77,7 +82,7 @@ def _compiled_kernels_available() -> bool:
         current_platform.import_kernels()
         return all(hasattr(torch.ops._C, name) and hasattr(getattr(torch.ops._C, name), "default")
                    for name in NORM_OPS)
-    except (ImportError, RuntimeError, AttributeError):
+    except (ImportError, RuntimeError, AttributeError, OSError):
         return False
 
 
@@ -99,10 +104,14 @@ def register_cpu_norm_kernels() -> bool:
     if any(op is None or not hasattr(op, "register_impl") for op in ops) or not _compiled_kernels_available():
         return False
     rms_norm, fused = ops
-    if PROVIDER not in rms_norm.impls:
-        rms_norm.register_impl(PROVIDER, supports_args=_rms_norm_supports)(_rms_norm)
-    if PROVIDER not in fused.impls:
-        fused.register_impl(PROVIDER, supports_args=_fused_supports, inplace=True)(_fused_add_rms_norm)
+    try:
+        if PROVIDER not in rms_norm.impls:
+            rms_norm.register_impl(PROVIDER, supports_args=_rms_norm_supports)(_rms_norm)
+        if PROVIDER not in fused.impls:
+            fused.register_impl(PROVIDER, supports_args=_fused_supports, inplace=True)(_fused_add_rms_norm)
+    except (ValueError, AssertionError, TypeError) as error:  # a vLLM whose IR op API changed
+        logger.info("vLLM's own norms kept: registering the compiled CPU kernels failed (%s)", error)
+        return False
     _registered = True
     return True
 

@@ -9,7 +9,8 @@ number per row: a float32 softmax, a cumulative sum and a binary search, 3.2 ms 
 The cumulative sum runs in two levels so its rounding stays at the scale of a 1024-entry block,
 not of the whole vocabulary: float32 sums inside blocks, float64 over the block totals. A row
 whose search lands on a zero-probability entry (rounding at a block's end, or padding) takes the
-nearest positive entry below it, else above it.
+nearest positive entry below it, else above it. "Exact" holds to float32 rounding: inside a block,
+an entry below ~3e-8 of the block's running sum adds nothing to it and is not drawn.
 
 Seeds: a request with a seed draws its uniform from its own ``torch.Generator`` (vLLM keeps one per
 seeded request), the others from the process generator, which the rollout's ``PrivateRng``
@@ -52,7 +53,7 @@ def sample_from_probs(probs: torch.Tensor, u: torch.Tensor, block: int = BLOCK) 
     pad = -vocab % block
     padded = F.pad(probs, (0, pad)) if pad else probs
     num_blocks = padded.shape[1] // block
-    inner = padded.view(rows, num_blocks, block).cumsum(-1)  # [B, nb, block] float32
+    inner = padded.reshape(rows, num_blocks, block).cumsum(-1)  # [B, nb, block] float32
     outer = inner[..., -1].double().cumsum(-1)  # [B, nb] float64
     target = u.to(torch.float64).unsqueeze(1) * outer[:, -1:]  # [B, 1]
     chosen_block = torch.searchsorted(outer, target, right=True).clamp(max=num_blocks - 1)  # [B, 1]

@@ -24,22 +24,23 @@ _KEPT = "_hybrid_rl_released_kv"
 """Attribute of the vLLM worker that holds ``[(storage, bytes)]`` while the cache is released."""
 
 
-def _flatten(items: Any) -> Iterator[torch.Tensor]:
+def flatten_tensors(items: Any) -> Iterator[torch.Tensor]:
+    """The tensors of a (nested) list, tuple or dict, e.g. the model runner's per-layer KV caches."""
     if isinstance(items, torch.Tensor):
         yield items
     elif isinstance(items, dict):
         for value in items.values():
-            yield from _flatten(value)
+            yield from flatten_tensors(value)
     elif isinstance(items, (list, tuple)):
         for value in items:
-            yield from _flatten(value)
+            yield from flatten_tensors(value)
 
 
 def _storages(worker: Any) -> list[torch.UntypedStorage]:
     """The distinct storages behind the model runner's KV cache tensors."""
     runner = getattr(worker, "worker", worker).model_runner
     found: dict[int, torch.UntypedStorage] = {}
-    for tensor in _flatten(getattr(runner, "kv_caches", [])):
+    for tensor in flatten_tensors(getattr(runner, "kv_caches", [])):
         storage = tensor.untyped_storage()
         if storage.nbytes():
             found.setdefault(storage.data_ptr(), storage)

@@ -46,7 +46,7 @@ from hybrid_rl.workers.rollout.multi_turn import MultiTurnGenerator
 from hybrid_rl.workers.rollout.sequences import build_rollout_output, check_prompt_batch, prompt_token_lists
 from hybrid_rl.workers.rollout.vllm_cpu_kernels import cpu_ir_op_priority
 from hybrid_rl.workers.rollout.vllm_cpu_sampler import install as install_cpu_sampler
-from hybrid_rl.workers.rollout.vllm_cpu_sleep import _flatten, release_kv_cache, restore_kv_cache
+from hybrid_rl.workers.rollout.vllm_cpu_sleep import flatten_tensors, release_kv_cache, restore_kv_cache
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +164,9 @@ def _engine_kwargs(config: RolloutConfig, model_path: str, on_cpu: bool, seed: i
     if on_cpu:
         kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(config, rows_per_call, lambda: kv_bytes_per_token(
             load_hf_config(model_path, trust_remote_code=trust_remote_code), getattr(torch, kwargs["dtype"])))
-        priority = cpu_ir_op_priority()  # the build's compiled norms instead of its Python ones
+        # The build's compiled norms instead of its Python ones; eager only: the kernels have no
+        # fake (meta) implementation for a compiled engine's tracing.
+        priority = cpu_ir_op_priority() if enforce_eager else {}
         if priority:
             kwargs["ir_op_priority"] = priority
     else:
@@ -296,7 +298,14 @@ class VLLMRollout(BaseRollout):
             raise RuntimeError(f"vLLM weight reload failed: {exc!r}. The engine refuses to generate until "
                                "update_weights succeeds with the full state dict.") from exc
         self._weights_valid = True
-        self.llm.reset_prefix_cache()
+        self._reset_prefix_cache()
+
+    def _reset_prefix_cache(self) -> None:
+        """Drop every cached block, also those of requests a failed call left running (vLLM refuses
+        a reset while requests run, and stale blocks would change the next outputs)."""
+        if self.llm.reset_prefix_cache(reset_running_requests=True) is False:
+            raise RuntimeError("vLLM did not reset its prefix cache; the engine refuses to generate with "
+                               "stale blocks. Restart the run (it resumes from the last checkpoint).")
 
     def memory_owners(self, seen: set) -> dict[str, int]:
         """The engine's weights and KV cache, counted inside the in-process engine. vLLM-CPU
@@ -304,7 +313,7 @@ class VLLMRollout(BaseRollout):
         become empty), so there the weights are the HF weights' element count x the dtype size."""
         def count(worker: Any) -> dict[str, int]:
             runner = getattr(worker, "worker", worker).model_runner
-            caches = list(_flatten(getattr(runner, "kv_caches", [])))
+            caches = list(flatten_tensors(getattr(runner, "kv_caches", [])))
             return {"rollout/weights": module_bytes(runner.model, seen),
                     "rollout/kv_cache": tensor_bytes(caches, seen)}
 
@@ -334,7 +343,7 @@ class VLLMRollout(BaseRollout):
             return
         if self.on_cpu:
             self.llm.collective_rpc(restore_kv_cache)
-            self.llm.reset_prefix_cache()  # blocks cached before the release are zeros now
+            self._reset_prefix_cache()  # blocks cached before the release are zeros now
         else:
             self.llm.wake_up()
         self._asleep = False
