@@ -23,14 +23,11 @@ log-prob modes stay vLLM's own code.
 
 from __future__ import annotations
 
-import logging
 import types
 from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
-
-logger = logging.getLogger(__name__)
 
 BLOCK = 1024
 """Vocabulary entries per block of the two-level cumulative sum."""
