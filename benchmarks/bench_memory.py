@@ -34,7 +34,7 @@ from typing import Optional
 import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_step import DEFAULT_OVERRIDES, fit_monitored, lora_overrides  # noqa: E402
+from bench_step import DEFAULT_OVERRIDES, command_config, fit_monitored, lora_overrides, reexec_like_command  # noqa: E402
 
 GIB = 2**30
 # driver step -> worker metric of the same call
@@ -90,7 +90,6 @@ class PhaseMonitor(threading.Thread):
 
 
 def run(args: argparse.Namespace) -> dict:
-    from hybrid_rl.trainer import get_config
     from hybrid_rl.trainer.main_ppo import build_trainer
     from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
 
@@ -120,7 +119,7 @@ def run(args: argparse.Namespace) -> dict:
             owners = self.actor_rollout_wg.memory_breakdown()  # one dict per rank
             steps.append({"metrics": dict(metrics), "owners": owners})
 
-    trainer = build_trainer(get_config(overrides), Recording)
+    trainer = build_trainer(command_config(overrides), Recording)
     monitor = PhaseMonitor(lambda: state["phase"])
     wall_s = fit_monitored(trainer, monitor)
     import torch
@@ -180,6 +179,7 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write all figures to this JSON file")
     parser.add_argument("overrides", nargs="*", help="Hydra key=value overrides")
     args = parser.parse_args()
+    reexec_like_command(PRESETS[args.preset] + lora_overrides(args.lora_rank) + args.overrides)
     result = run(args)
     if args.json:
         with open(args.json, "w") as f:

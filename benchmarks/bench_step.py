@@ -1,4 +1,4 @@
-"""Wall time of whole GRPO steps through the real trainer (Ray driver + colocated worker), broken down.
+"""Wall time of whole GRPO steps through the real trainer (driver + colocated worker), broken down.
 
     python benchmarks/bench_step.py                          # 6 steps of the fixed config below
     python benchmarks/bench_step.py --steps 6 --json /tmp/step.json actor_rollout_ref.actor.use_dynamic_bsz=true
@@ -144,6 +144,27 @@ def run_dir_overrides(steps: int, prefix: str = "bench_step_") -> list[str]:
     return [f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={tempfile.mkdtemp(prefix=prefix)}"]
 
 
+def command_config(overrides: list[str]):
+    """The typed config a command-line run with ``overrides`` gets: ``trainer.single_process`` chosen as
+    ``main_ppo`` chooses it (hybrid_rl/trainer/single_process.py)."""
+    from hybrid_rl.trainer import get_config
+    from hybrid_rl.trainer.config_loader import to_ppo_config
+    from hybrid_rl.trainer.single_process import resolve_single_process
+
+    return resolve_single_process(to_ppo_config(get_config(overrides)))
+
+
+def reexec_like_command(overrides: list[str]) -> None:
+    """As ``main_ppo`` does: when the run's worker will live in this process, restart this benchmark
+    once with that worker's environment (allocator, logging), so what is measured is what a user's
+    command gets."""
+    from hybrid_rl.trainer.single_process import reexec_for_single_process
+
+    cfg = command_config(overrides)
+    if cfg.trainer.single_process:
+        reexec_for_single_process(cfg)
+
+
 def measure_steps(overrides: list[str], warmup: int, peak_size: int = 2048,
                   monitors: Sequence[threading.Thread] = (), on_step: Optional[Callable[[dict], None]] = None) -> dict:
     """Run the trainer with ``overrides`` and return every step's :func:`step_figures`, the matmul peaks
@@ -152,13 +173,12 @@ def measure_steps(overrides: list[str], warmup: int, peak_size: int = 2048,
     called with each step's logged metrics."""
     import torch
 
-    from hybrid_rl.trainer import get_config
     from hybrid_rl.trainer.components import measure_peak_flops, model_param_split
     from hybrid_rl.trainer.main_ppo import build_trainer
     from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
     from hybrid_rl.trainer.validate import make_run_plan
 
-    cfg = get_config(overrides)
+    cfg = command_config(overrides)
     steps: list[dict] = []
 
     class Recording(RayPPOTrainer):
@@ -252,6 +272,7 @@ def main() -> None:
                         help="LoRA actor of this rank on all linear layers (alpha 2x rank, lr 1e-4); 0 = full")
     parser.add_argument("overrides", nargs="*", help="Hydra key=value overrides")
     args = parser.parse_args()
+    reexec_like_command(DEFAULT_OVERRIDES + lora_overrides(args.lora_rank) + args.overrides)
     result = run(args)
     write_json(args.json, result)
     print(json.dumps({"median": median_figures(result)}))

@@ -33,6 +33,7 @@ __all__ = [
     "load_custom_reward_fn",
     "register_reward",
     "registered_data_sources",
+    "thread_safe_sources",
     "unregister_reward",
 ]
 
@@ -41,6 +42,7 @@ logger = logging.getLogger(__name__)
 ScoreFn = Callable[..., Any]
 _REWARDS: dict[str, ScoreFn] = {}
 _WARMUPS: dict[ScoreFn, Callable[[], None]] = {}  # scorer -> its costly one-time initialisation
+_BOUNDED: set[ScoreFn] = set()  # built-in scorers that are linear-time pure Python (see thread_safe_sources)
 _SAMPLE_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 _BATCH_ARGS = ("data_sources", "solution_strs", "ground_truths", "extra_infos")
 _module_counter = itertools.count()
@@ -134,6 +136,14 @@ def get_reward_fn(data_source: str) -> ScoreFn:
         raise _unknown_source_error(data_source) from None
 
 
+def thread_safe_sources(data_sources) -> bool:
+    """True when every data source is scored by a built-in scorer that is linear-time pure Python
+    (no C routine that holds the GIL, no unbounded backtracking), so a thread's timeout can always
+    fire: the arithmetic and GSM8K answer parsers. math-verify's symbolic checks and any user
+    scorer are not."""
+    return all(_REWARDS.get(source) in _BOUNDED for source in dict.fromkeys(data_sources))
+
+
 def check_data_sources(data_sources, warmup: bool = False) -> None:
     """Fail fast (before any scoring) if a data source in the batch has no scorer.
 
@@ -218,3 +228,4 @@ register_reward("openai/gsm8k")(_score_gsm8k)
 register_reward(*MATH_DATA_SOURCES)(_score_math)
 _WARMUPS[_score_math] = math.warmup
 register_reward("arithmetic", "calculator")(_score_arithmetic)  # calculator: the tool task, same "#### N" answer
+_BOUNDED.update({_score_gsm8k, _score_arithmetic})

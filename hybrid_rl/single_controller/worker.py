@@ -141,6 +141,14 @@ class Worker:
                     self.master_addr, self.master_port)
         return backend
 
+    def close(self) -> None:
+        """Release what this worker holds outside Python's reach (an engine's threads or memory pools).
+
+        Called by a group whose worker shares the driver's process
+        (:class:`~hybrid_rl.single_controller.local.LocalWorkerGroup`) when it shuts down; a Ray
+        actor's process simply ends. Subclasses holding such resources override it.
+        """
+
     # ------------------------------------------------------------------ group internals
     def _hr_worker_info(self) -> dict[str, Any]:
         """Identity of this process for the group's error messages (called once after start)."""

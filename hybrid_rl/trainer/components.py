@@ -15,7 +15,7 @@ from typing import Any, Iterator, Optional
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.validate import RunPlan, as_file_list
 from hybrid_rl.utils.cpu_env import cpu_worker_env
-from hybrid_rl.utils.log_setup import LOG_DIR_ENV, effective_level, library_env
+from hybrid_rl.utils.log_setup import LOG_DIR_ENV, effective_level, library_env, quiet_in_process_workers
 from hybrid_rl.utils.precision import profile_env
 
 logger = logging.getLogger(__name__)
@@ -104,6 +104,7 @@ def build_reward_manager(cfg: PPOConfig, tokenizer, num_examine: int):
         reward_fn_key=cfg.data.reward_fn_key,
         timeout_s=cfg.reward_model.timeout,
         tool_reward_weight=cfg.reward_model.tool_reward_weight,
+        avoid_fork=bool(cfg.trainer.single_process),  # this process will hold the models
     )
 
 
@@ -128,7 +129,7 @@ class WorkerGroups:
     critic: Optional[Any]
     """View with the critic methods (None without a critic)."""
     resource_pool: Any
-    """The reserved devices (released at shutdown)."""
+    """The reserved devices (released at shutdown); None for a worker in the driver's process."""
     rollout: Optional[Any] = None
     """Decoupled mode: the rollout-only group in its own pool (None when colocated)."""
     rollout_pool: Optional[Any] = None
@@ -138,7 +139,8 @@ class WorkerGroups:
 
     def shutdown(self) -> None:
         (self.actor_rollout or self.reward_model).shutdown()  # the views share the group's processes
-        self.resource_pool.remove()
+        if self.resource_pool is not None:  # None when the worker lives in the driver's process
+            self.resource_pool.remove()
         if self.rollout is not None:
             self.rollout.shutdown()
             self.rollout_pool.remove()
@@ -215,16 +217,9 @@ def build_worker_groups(
     generate call brings a rollout worker) the CPU engine's KV cache; both are passed to the workers,
     never written into their configs. Each worker writes its full log to ``log_dir/worker_<rank>.log``.
     """
-    from hybrid_rl.single_controller import (RayClassWithInitArgs, RayResourcePool, RayWorkerGroup,
-                                             create_colocated_worker_cls)
+    from hybrid_rl.single_controller import RayClassWithInitArgs, create_colocated_worker_cls
     from hybrid_rl.workers import ActorRolloutRefWorker, CriticWorker
 
-    _start_ray(cfg, plan, log_dir)
-    pool = RayResourcePool(
-        [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes,
-        use_gpu=plan.device == "cuda",
-        num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker,
-    )
     role = "actor_rollout_ref" if plan.use_reference_policy else "actor_rollout"
     if plan.rollout_world_size:
         role = role.replace("_rollout", "")
@@ -244,13 +239,18 @@ def build_worker_groups(
         )
     if plan.use_reward_model:
         classes["rm"] = _reward_model_worker(cfg, plan)
-    group = RayWorkerGroup(pool, create_colocated_worker_cls(classes), call_timeout_s=call_timeout_s)
+    group, pool = _colocated_group(cfg, plan, create_colocated_worker_cls(classes), call_timeout_s, log_dir)
     views = group.spawn(list(classes))
-    # The critic and reward model first: the rollout engine sizes its cache from what memory is left.
-    for role in ("critic", "rm"):
-        if role in views:
-            views[role].init_model()
-    views["actor_rollout"].init_model()
+    try:
+        # The critic and reward model first: the rollout engine sizes its cache from what memory is left.
+        for role in ("critic", "rm"):
+            if role in views:
+                views[role].init_model()
+        views["actor_rollout"].init_model()
+    except BaseException:
+        if plan.single_process:  # in-process, the engine's threads and memory would outlive the failed start
+            group.shutdown()
+        raise
     groups = WorkerGroups(actor_rollout=views["actor_rollout"], critic=views.get("critic"), resource_pool=pool,
                           reward_model=views.get("rm"))
     if plan.rollout_world_size:
@@ -258,6 +258,28 @@ def build_worker_groups(
             cfg, plan, [cfg.rollout.n_gpus_per_node] * cfg.rollout.nnodes, worker_cls=actor_cls,
             rows_per_call=rollout_rows_per_call, call_timeout_s=call_timeout_s, log_dir=log_dir)
     return groups
+
+
+def _colocated_group(cfg: PPOConfig, plan: RunPlan, worker: Any, call_timeout_s: Optional[float],
+                     log_dir: Optional[str]) -> tuple[Any, Any]:
+    """``(group, pool)`` of the colocated worker: in the driver's process when ``plan.single_process``
+    (no pool), else one Ray actor per device."""
+    if plan.single_process:
+        from hybrid_rl.single_controller.local import LocalWorkerGroup
+        from hybrid_rl.trainer.single_process import apply_process_env
+
+        apply_process_env(cfg)
+        quiet_in_process_workers()
+        return LocalWorkerGroup(worker, num_threads=plan.threads_per_worker), None
+    from hybrid_rl.single_controller import RayResourcePool, RayWorkerGroup
+
+    _start_ray(cfg, plan, log_dir)
+    pool = RayResourcePool(
+        [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes,
+        use_gpu=plan.device == "cuda",
+        num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker,
+    )
+    return RayWorkerGroup(pool, worker, call_timeout_s=call_timeout_s), pool
 
 
 def _reward_model_worker(cfg: PPOConfig, plan: RunPlan):

@@ -245,6 +245,12 @@ class TrainerConfig:
     memory back in). auto = jemalloc where this machine (or its cgroup) allows less than 12 GiB, else
     glibc. A MALLOC_* or LD_PRELOAD variable set by the user is passed on instead
     (hybrid_rl/utils/cpu_env.py, docs/memory.md)."""
+    single_process: Optional[bool] = None
+    """Host the one CPU worker in the driver's process instead of a Ray actor: no Ray cluster and one
+    copy of the libraries, about 1 GiB less memory, the same results. null (auto) = true for
+    command-line runs (main_ppo) of one CPU worker without ray_init.address, async_training,
+    max_restarts or worker_call_timeout_s (which need Ray); false from a notebook's run_ppo, whose
+    process outlives the run (hybrid_rl/trainer/single_process.py, docs/memory.md)."""
     save_freq: int = 10
     """Save a checkpoint every N steps (and at the last step); -1 = never."""
     test_freq: int = 2

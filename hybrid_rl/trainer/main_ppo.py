@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config_loader import CONFIG_DIR, CONFIG_NAME, check_override_keys, get_config, to_ppo_config
 from hybrid_rl.trainer.preflight import check_agent_config, check_reward_coverage
+from hybrid_rl.trainer.single_process import reexec_for_single_process, resolve_single_process
 from hybrid_rl.trainer.verl_compat import verl_default_notices
 
 logger = logging.getLogger(__name__)
@@ -135,7 +136,7 @@ def _hydra_task(cfg: DictConfig) -> None:
         _configure_driver_logging(cfg, always=True)
         for notice in verl_default_notices(to_ppo_config(cfg), _override_args(sys.argv[1:])):
             logger.warning(notice)
-        trainer = build_trainer(cfg)
+        trainer = build_trainer(resolve_single_process(to_ppo_config(cfg)))
         run_supervised(trainer, build_trainer)  # trainer.max_restarts: restart after a worker failure
     except Exception as error:  # noqa: BLE001 - re-raised unless it is a user mistake
         user_error = _is_reported_user_error(error)
@@ -165,9 +166,13 @@ def main(argv: Optional[list[str]] = None) -> None:
         check_override_keys(overrides)
         # Compose once outside Hydra's app runner, which would print a multi-line report and a
         # HYDRA_FULL_ERROR hint for a wrong type instead of one line.
-        get_config([o for o in overrides if not o.lstrip("+~").startswith("hydra.")])
+        cfg = resolve_single_process(to_ppo_config(get_config(
+            [o for o in overrides if not o.lstrip("+~").startswith("hydra.")])))
     except ValueError as error:
         _fail(error)
+    if argv is None and cfg.trainer.single_process:
+        # This process hosts the worker: start it over with the worker's allocator and logging set.
+        reexec_for_single_process(cfg)
     task = hydra.main(config_path=CONFIG_DIR, config_name=CONFIG_NAME, version_base="1.3")(_hydra_task)
     task()
 

@@ -40,6 +40,8 @@ class RunPlan:
     """Decoupled mode: rollout workers in their own pool (rollout.nnodes * n_gpus_per_node); 0 = colocated."""
     use_reward_model: bool = False
     """A colocated reward-model worker scores responses (reward_model.enable with a local model)."""
+    single_process: bool = False
+    """The one worker lives in the driver's process (``trainer.single_process``), not in a Ray actor."""
 
 
 def as_file_list(files: Any) -> list[str]:
@@ -84,6 +86,7 @@ def make_run_plan(cfg: PPOConfig) -> RunPlan:
         rollout_world_size=cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node if decoupled else 0,
         use_reward_model=cfg.reward_model.enable and not str(cfg.reward_model.model.path or "").startswith(
             ("http://", "https://")),
+        single_process=cfg.trainer.single_process is True,
     )
 
 
@@ -316,6 +319,15 @@ def _check_trainer(cfg: PPOConfig) -> list[str]:
     if t.cpu_allocator not in CPU_ALLOCATORS:
         errors.append(f"trainer.cpu_allocator={t.cpu_allocator!r} must be one of {CPU_ALLOCATORS}; use auto "
                       "(jemalloc on small machines), glibc (fastest) or jemalloc (less memory).")
+    if t.single_process not in (None, True, False):
+        errors.append(f"trainer.single_process={t.single_process!r} must be true, false or null (auto).")
+    elif t.single_process:
+        from hybrid_rl.trainer.single_process import single_process_blockers
+
+        blockers = single_process_blockers(cfg)
+        if blockers:
+            errors.append(f"trainer.single_process=true cannot host {'; '.join(blockers)}: these need the workers "
+                          "in Ray processes. Set trainer.single_process=false (or null to choose automatically).")
     if t.log_level.lower() not in LOG_LEVELS:
         errors.append(f"trainer.log_level={t.log_level!r} must be one of {LOG_LEVELS}; use info (quiet console) "
                       "or debug (everything).")

@@ -69,9 +69,12 @@ class QuietConsoleFilter(logging.Filter):
     def __init__(self, own_level: int = logging.INFO):
         super().__init__()
         self.own_level = own_level
+        self.worker_loggers: tuple[str, ...] = ()  # hybrid_rl loggers shown from WARNING up only
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == _OWN or record.name.startswith(_OWN + "."):
+            if record.name.startswith(self.worker_loggers) and self.worker_loggers:
+                return record.levelno >= logging.WARNING
             return record.levelno >= self.own_level
         if record.levelno < logging.WARNING:
             return False
@@ -155,6 +158,19 @@ def _quiet_progress_bars() -> None:
     except ImportError:
         return
     hf_logging.disable_progress_bar()
+
+
+WORKER_LOGGERS = ("hybrid_rl.workers", "hybrid_rl.single_controller")
+"""Loggers of the worker side: what a Ray worker writes only to its file unless it is a warning."""
+
+
+def quiet_in_process_workers() -> None:
+    """A worker living in the driver's process: its INFO lines go to the log file only, as a Ray
+    worker's do (the console filters set up by :func:`configure_logging` learn its loggers)."""
+    for handler in logging.getLogger().handlers:
+        for f in handler.filters:
+            if isinstance(f, QuietConsoleFilter):
+                f.worker_loggers = WORKER_LOGGERS
 
 
 def library_env(level: str) -> dict[str, str]:

@@ -304,6 +304,13 @@ class ActorRolloutRefWorker(Worker):
             owners.update(self.rollout.memory_owners(seen))
         return owners
 
+    def close(self) -> None:
+        """Stop the rollout engine (its threads and memory) when this worker shares the driver's process."""
+        rollout = getattr(self, "rollout", None)
+        if rollout is not None:
+            rollout.shutdown()
+            self.rollout = None
+
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, hdfs_path: Optional[str] = None, global_step: int = 0,

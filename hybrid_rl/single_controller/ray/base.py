@@ -13,25 +13,17 @@ environment, so worker constructors may call ``init_process_group`` right away.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import secrets
-from typing import Any, Callable
+from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from hybrid_rl.single_controller.decorator import (
-    DISPATCH_MODE_FN_REGISTRY,
-    Dispatch,
-    Execute,
-    RegisterSpec,
-    collect_first,
-    collect_list,
-    registered_methods,
-)
+from hybrid_rl.single_controller.decorator import RegisterSpec, collect_first, collect_list
 from hybrid_rl.single_controller.errors import WorkerGroupError, WorkerInfo
 from hybrid_rl.single_controller.future import WorkerGroupFuture, wait_for_results
+from hybrid_rl.single_controller.group import WorkerGroup
 from hybrid_rl.single_controller.ray.resource_pool import RayResourcePool
 from hybrid_rl.single_controller.worker import Worker
 
@@ -96,7 +88,7 @@ def _rendezvous_task() -> Any:
     return ray.remote(num_cpus=0)(pick_master_addr_port)
 
 
-class RayWorkerGroup:
+class RayWorkerGroup(WorkerGroup):
     """One actor of ``ray_cls_with_init`` per bundle of ``resource_pool``, with the worker's registered
     methods bound onto this object.
 
@@ -130,24 +122,9 @@ class RayWorkerGroup:
 
     # ------------------------------------------------------------------ public surface
     @property
-    def world_size(self) -> int:
-        """Number of workers (ranks)."""
-        return len(self._workers)
-
-    @property
     def workers(self) -> list[ray.actor.ActorHandle]:
         """Actor handles, in rank order."""
         return list(self._workers)
-
-    @property
-    def worker_infos(self) -> list[WorkerInfo]:
-        """Identity (pid, node, log files) of every worker, in rank order."""
-        return list(self._infos)
-
-    @property
-    def method_names(self) -> list[str]:
-        """Names of the registered methods bound on this group (or view)."""
-        return list(self._method_names)
 
     def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> WorkerGroupFuture:
         """Call ``method_name`` with the same arguments on every rank; a future of the list of outputs."""
@@ -170,19 +147,6 @@ class RayWorkerGroup:
     def execute_rank_zero(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method_name`` on rank 0 only and return its output (synchronous, unlike veRL's alias)."""
         return self.execute_rank_zero_async(method_name, *args, **kwargs).get()
-
-    def spawn(self, prefix_set: set[str] | list[str]) -> dict[str, RayWorkerGroup]:
-        """``{role: view}`` for a group of colocated workers: each view shares the actors and exposes that
-        role's registered methods under their plain names (``views["critic"].compute_values(batch)``).
-        """
-        role_classes = getattr(self.ray_cls_with_init.raw_cls, "_hr_role_classes", None)
-        if role_classes is None:
-            raise ValueError(f"spawn() needs a group built from create_colocated_worker_cls(...); "
-                             f"{self.role} is a single-role worker class")
-        unknown = sorted(set(prefix_set) - set(role_classes))
-        if unknown:
-            raise ValueError(f"unknown roles {unknown} for spawn(); this group hosts {sorted(role_classes)}")
-        return {role: self._view(role, role_classes[role]) for role in prefix_set}
 
     def shutdown(self) -> None:
         """Kill every actor of the group (and of its views); the resource pool stays reserved."""
@@ -219,43 +183,10 @@ class RayWorkerGroup:
             info.actor_id, info.log_files = reported["actor_id"], reported["log_files"]
         logger.info("started %d workers of %s (master %s:%s)", world_size, self.role, master_addr, master_port)
 
-    # ------------------------------------------------------------------ method binding
-    def _bind_methods(self, cls: type, remote_prefix: str) -> None:
-        for name, spec in registered_methods(cls).items():
-            if hasattr(RayWorkerGroup, name):
-                raise ValueError(f"{cls.__name__}.{name} is @register-ed but clashes with RayWorkerGroup.{name}; "
-                                 "rename the worker method")
-            setattr(self, name, self._make_group_method(remote_prefix + name, name, spec))
-            self._method_names.append(name)
-
-    def _make_group_method(self, remote_name: str, name: str, spec: RegisterSpec) -> Callable[..., Any]:
-        def group_method(*args: Any, **kwargs: Any) -> Any:
-            return self._call(remote_name, f"{self.role}.{name}", spec, args, kwargs)
-
-        group_method.__name__ = name
-        return group_method
-
+    # ------------------------------------------------------------------ calls
     def _call(self, remote_name: str, display_name: str, spec: RegisterSpec, args: tuple, kwargs: dict) -> Any:
-        dispatch_fn, collect_fn = DISPATCH_MODE_FN_REGISTRY[spec.dispatch_mode]
-        per_rank = dispatch_fn(self.world_size, args, kwargs)
-        rank_zero_only = spec.execute_mode is Execute.RANK_ZERO or spec.dispatch_mode is Dispatch.RANK_ZERO
-        ranks = [0] if rank_zero_only else list(range(self.world_size))
-        refs = [getattr(self._workers[r], remote_name).remote(*per_rank[r][0], **per_rank[r][1]) for r in ranks]
-        future = WorkerGroupFuture(
-            refs, collect_first if rank_zero_only else collect_fn, display_name, [self._infos[r] for r in ranks],
-            self.call_timeout_s, per_rank=(not rank_zero_only and collect_fn is collect_list))
+        plan = self._dispatch(spec, args, kwargs)
+        refs = [getattr(self._workers[r], remote_name).remote(*a, **k) for r, (a, k) in zip(plan.ranks, plan.arguments)]
+        future = WorkerGroupFuture(refs, plan.collect_fn, display_name, [self._infos[r] for r in plan.ranks],
+                                   self.call_timeout_s, per_rank=plan.per_rank)
         return future.get() if spec.blocking else future
-
-    def _view(self, role: str, role_cls: type) -> RayWorkerGroup:
-        view = object.__new__(type(self))
-        for key, value in self.__dict__.items():
-            if key not in self._method_names:
-                setattr(view, key, value)
-        view.role = role
-        view._infos = [dataclasses.replace(info, role=role) for info in self._infos]
-        view._method_names = []
-        view._bind_methods(role_cls, remote_prefix=f"{role}_")
-        return view
-
-    def __repr__(self) -> str:
-        return f"RayWorkerGroup({self.role}, world_size={self.world_size}, methods={self._method_names})"

@@ -51,6 +51,10 @@ def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> 
                 args, kwargs = init_args[role]
                 self.worker_dict[role] = cls(*args, **kwargs)
 
+        def close(self) -> None:
+            for worker in reversed(list(self.worker_dict.values())):
+                worker.close()
+
     for fused_name, (role, name) in exposed.items():
         spec = registered_methods(role_classes[role])[name]
         setattr(ColocatedWorker, fused_name, _delegate(role, name, fused_name, spec))
