@@ -239,12 +239,11 @@ class TrainerConfig:
     """auto | cpu | cuda. auto = cuda when available, else cpu."""
     cpu_allocator: str = "auto"
     """Memory allocator of CPU worker processes: auto | glibc | jemalloc. glibc (tuned to keep freed
-    memory for reuse) is the fastest and holds the process at its peak. jemalloc (the copy Ray ships)
-    returns memory unused for 10 s: the tree's peak is 1.3-1.8 GiB lower, at a cost that grows with
-    the time between steps (bench_step: +2.6%; the default run: update +35%, as each step faults its
-    memory back in). auto = jemalloc where this machine (or its cgroup) allows less than 12 GiB, else
-    glibc. A MALLOC_* or LD_PRELOAD variable set by the user is passed on instead
-    (hybrid_rl/utils/cpu_env.py, docs/memory.md)."""
+    memory for reuse) holds the process at its peak. jemalloc (the copy Ray ships) returns the free
+    pages at the end of every worker phase: the tree's peak is 0.8-1.5 GiB lower (bench_step 5.0 ->
+    4.2, the default run 6.3 -> 4.8 GiB in one process) at the same step time within the noise.
+    auto = jemalloc where Ray's copy is found (Linux), else glibc. A MALLOC_* or LD_PRELOAD variable
+    set by the user is passed on instead (hybrid_rl/utils/cpu_env.py, docs/memory.md)."""
     single_process: Optional[bool] = None
     """Host the one CPU worker in the driver's process instead of a Ray actor: no Ray cluster and one
     copy of the libraries, about 1 GiB less memory, the same results. null (auto) = true for

@@ -6,6 +6,11 @@ exact peak, with no sampling thread and no cost. Where that reset is not allowed
 locked-down container) the peak is the process's lifetime maximum (``ru_maxrss``):
 :func:`reset_peak_rss` returns False there.
 
+At the end of every phase, :func:`release_free_memory` hands the pages the allocator holds free back
+to the kernel when the allocator is the jemalloc of ``trainer.cpu_allocator`` (configured never to
+return memory on its own: see :mod:`hybrid_rl.utils.cpu_env`), so one phase's freed working set
+does not fragment under the next one's.
+
 Bytes per owner are the distinct tensor storages an owner holds (actor parameters, gradients,
 optimizer state, the reference, the rollout engine's weights and KV cache): counted from the live
 tensors, each storage once, so a tensor shared by two owners (a LoRA actor's base serving as the
@@ -14,6 +19,8 @@ reference) is not counted twice when the same ``seen`` set is passed to both.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import resource
 import sys
 from contextlib import contextmanager
@@ -61,10 +68,29 @@ def peak_rss() -> int:
     return kib_or_bytes if sys.platform == "darwin" else kib_or_bytes * 1024
 
 
+_ALL_ARENAS_PURGE = b"arena.4096.purge"  # MALLCTL_ARENAS_ALL (jemalloc >= 4.5): every arena
+
+
+@functools.lru_cache(maxsize=1)
+def _jemalloc_mallctl():
+    """jemalloc's ``mallctl`` when jemalloc is this process's allocator (``LD_PRELOAD``), else None."""
+    try:
+        return ctypes.CDLL(None).mallctl  # glibc has no such symbol
+    except (AttributeError, OSError):
+        return None
+
+
+def release_free_memory() -> bool:
+    """Return the pages jemalloc holds free to the kernel (``arena.<all>.purge``); True if it did.
+    A no-op (False) under glibc, whose ``cpu_allocator=glibc`` setting keeps freed memory on purpose."""
+    mallctl = _jemalloc_mallctl()
+    return mallctl is not None and mallctl(_ALL_ARENAS_PURGE, None, None, None, ctypes.c_size_t(0)) == 0
+
+
 @contextmanager
 def phase_peak(metrics: dict, key: str) -> Iterator[None]:
     """Record the process's peak RSS inside the block as ``metrics[key]`` in GiB (the lifetime
-    peak where the OS cannot reset the high-water mark). With CUDA, also the peak GPU memory of
+    peak where the OS cannot reset the high-water mark), then :func:`release_free_memory`. With CUDA, also the peak GPU memory of
     this process inside the block: ``perf/max_memory_allocated_gib/<phase>`` (tensors) and
     ``perf/max_memory_reserved_gib/<phase>`` (held by the caching allocator), ``<phase>`` being
     the last part of ``key``."""
@@ -76,6 +102,7 @@ def phase_peak(metrics: dict, key: str) -> Iterator[None]:
         yield
     finally:
         metrics[key] = peak_rss() / GIB
+        release_free_memory()
         if cuda:
             phase = key.rsplit("/", 1)[-1]
             metrics[f"perf/max_memory_allocated_gib/{phase}"] = torch.cuda.max_memory_allocated() / GIB

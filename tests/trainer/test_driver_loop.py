@@ -148,47 +148,16 @@ def test_cpu_workers_get_rays_jemalloc_when_asked(monkeypatch, caplog):
     assert "libjemalloc.so was not found" in caplog.text
 
 
-def _cgroup_tree(tmp_path, v1_limit=None, v2_limit=None, mem_gib=24):
-    """A fake /proc/self/cgroup, /sys/fs/cgroup and /proc/meminfo; the process sits in
-    ``/outer/job`` and the container's mount shows only ``job`` (the prefix is hidden)."""
-    root = tmp_path / "cgroup"
-    (root / "memory" / "job").mkdir(parents=True)
-    (root / "job").mkdir(parents=True)
-    (root / "memory" / "memory.limit_in_bytes").write_text(str((1 << 63) - 4096))  # v1's "no limit"
-    if v1_limit is not None:
-        (root / "memory" / "job" / "memory.limit_in_bytes").write_text(str(v1_limit))
-    (root / "job" / "memory.max").write_text("max" if v2_limit is None else str(v2_limit))
-    proc = tmp_path / "proc_cgroup"
-    proc.write_text("garbage\n4:memory:/outer/job\n3:cpu:/outer/job\n0::/outer/job\n")  # odd lines are skipped
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text(f"MemTotal:       {mem_gib * 2**20} kB\nMemFree:        1 kB\nMemTotal:\n")
-    return str(proc), str(root), str(meminfo)
-
-
-@pytest.mark.parametrize("v1, v2, ram, expected_gib", [
-    (None, None, 24, 24.0),   # no cgroup limit: the machine's RAM
-    (8 << 30, None, 24, 8.0),  # a v1 memory cgroup of 8 GiB
-    (None, 6 << 30, 24, 6.0),  # a v2 memory.max
-    (None, None, 8, 8.0),      # an 8 GiB laptop
-])
-def test_the_memory_limit_is_the_smallest_of_ram_and_cgroups(tmp_path, v1, v2, ram, expected_gib):
-    from hybrid_rl.utils.cpu_env import memory_limit_bytes
-
-    proc, root, meminfo = _cgroup_tree(tmp_path, v1, v2, ram)
-    assert memory_limit_bytes(proc, root, meminfo) == expected_gib * 2**30
-    assert memory_limit_bytes(str(tmp_path / "none"), str(tmp_path / "none"), str(tmp_path / "none")) is None
-
-
-def test_cpu_allocator_auto_takes_jemalloc_below_12_gib_only():
+def test_cpu_allocator_auto_takes_jemalloc_where_ray_ships_it():
     from hybrid_rl.utils import cpu_env
 
-    assert cpu_env.resolve_cpu_allocator("auto", 8 << 30) == "jemalloc"
-    assert cpu_env.resolve_cpu_allocator("auto", (12 << 30) - 1) == "jemalloc"
-    assert cpu_env.resolve_cpu_allocator("auto", 12 << 30) == "glibc"
-    assert cpu_env.resolve_cpu_allocator("glibc", 1 << 30) == "glibc"  # an explicit choice stands
+    assert cpu_env.resolve_cpu_allocator("auto") == "jemalloc"
+    assert cpu_env.resolve_cpu_allocator("glibc") == "glibc"  # an explicit choice stands
     if cpu_env.bundled_jemalloc():
-        assert cpu_env.cpu_malloc_env({}, "auto", limit_bytes=8 << 30)["MALLOC_CONF"] == cpu_env.JEMALLOC_CONF
-    assert cpu_env.cpu_malloc_env({}, "auto", limit_bytes=24 << 30) == cpu_env.CPU_MALLOC_ENV
-    assert cpu_env.cpu_malloc_env({"MALLOC_ARENA_MAX": "2"}, "auto", limit_bytes=1 << 30) == {"MALLOC_ARENA_MAX": "2"}
+        assert cpu_env.cpu_malloc_env({}, "auto")["MALLOC_CONF"] == cpu_env.JEMALLOC_CONF
+    else:
+        assert cpu_env.cpu_malloc_env({}, "auto") == cpu_env.CPU_MALLOC_ENV
+    assert cpu_env.cpu_malloc_env({}, "glibc") == cpu_env.CPU_MALLOC_ENV
+    assert cpu_env.cpu_malloc_env({"MALLOC_ARENA_MAX": "2"}, "auto") == {"MALLOC_ARENA_MAX": "2"}
     with pytest.raises(ValueError, match="trainer.cpu_allocator='small' is invalid.*Fix: use auto"):
         cpu_env.resolve_cpu_allocator("small")

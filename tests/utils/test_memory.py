@@ -59,3 +59,35 @@ def test_phase_peak_reports_the_phase_gpu_memory():
         del block
     assert metrics["perf/max_memory_allocated_gib/update_actor"] >= 0.25
     assert metrics["perf/max_memory_reserved_gib/update_actor"] >= 0.25
+
+
+_RELEASE_PROBE = """
+import torch
+from hybrid_rl.utils.memory import current_rss, release_free_memory
+x = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+del x
+held = current_rss()
+released = release_free_memory()
+print(released, held - current_rss())
+"""
+
+
+def test_release_free_memory_purges_jemalloc_and_leaves_glibc_alone():
+    """Under the trainer's jemalloc settings (no decay) freed pages stay until the phase-end purge,
+    which returns them; under glibc the call does nothing."""
+    import os
+    import subprocess
+    import sys
+
+    from hybrid_rl.utils.cpu_env import JEMALLOC_CONF, bundled_jemalloc
+
+    glibc = subprocess.run([sys.executable, "-c", _RELEASE_PROBE], capture_output=True, text=True, check=True,
+                           env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
+    assert glibc.stdout.split()[0] == "False"
+    path = bundled_jemalloc()
+    if path is None:
+        pytest.skip("Ray's bundled jemalloc is not installed here")
+    jemalloc = subprocess.run([sys.executable, "-c", _RELEASE_PROBE], capture_output=True, text=True, check=True,
+                              env=dict(os.environ, LD_PRELOAD=path, MALLOC_CONF=JEMALLOC_CONF))
+    released, freed_bytes = jemalloc.stdout.split()
+    assert released == "True" and int(freed_bytes) > 48 * 2**20  # most of the 64 MiB went back
