@@ -74,6 +74,8 @@ class LocalWorkerGroup(WorkerGroup):
         self.ray_cls_with_init = ray_cls_with_init
         self.role = ray_cls_with_init.raw_cls.__name__
         self._method_names: list[str] = []
+        # What the worker changes in this process, given back at shutdown (a notebook goes on).
+        self._threads = (torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"))
         if num_threads is not None:
             torch.set_num_threads(num_threads)
             os.environ["OMP_NUM_THREADS"] = str(num_threads)  # read by child processes, not by torch
@@ -112,10 +114,28 @@ class LocalWorkerGroup(WorkerGroup):
     def shutdown(self) -> None:
         """Let the worker release what it holds (its rollout engine), then drop it; idempotent."""
         worker, self._slot[0] = self._slot[0], None
-        if worker is not None:
-            worker.close()
+        if worker is None:
+            return
+        try:
+            close = getattr(worker, "close", None)
+            if close is not None:
+                close()
+        except Exception as error:  # noqa: BLE001 - shutdown runs on error paths: never mask their error
+            logger.warning("closing %s failed: %s", self.role, error)
+        finally:
             del worker
             gc.collect()
+            self._restore_threads()
+
+    def _restore_threads(self) -> None:
+        import torch
+
+        threads, omp = self._threads
+        torch.set_num_threads(threads)
+        if omp is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = omp
 
     def _call(self, remote_name: str, display_name: str, spec: RegisterSpec, args: tuple, kwargs: dict) -> Any:
         plan = self._dispatch(spec, args, kwargs)

@@ -248,8 +248,9 @@ def build_worker_groups(
                 views[role].init_model()
         views["actor_rollout"].init_model()
     except BaseException:
-        if plan.single_process:  # in-process, the engine's threads and memory would outlive the failed start
-            group.shutdown()
+        group.shutdown()  # the trainer never got the group: its shutdown cannot stop it
+        if pool is not None:
+            pool.remove()
         raise
     groups = WorkerGroups(actor_rollout=views["actor_rollout"], critic=views.get("critic"), resource_pool=pool,
                           reward_model=views.get("rm"))

@@ -128,7 +128,9 @@ def _is_reported_user_error(error: BaseException) -> bool:
     return os.environ.get(FULL_ERROR_ENV) != "1" and user_error_message(error) is not None
 
 
-def _hydra_task(cfg: DictConfig) -> None:
+def _hydra_task(cfg: DictConfig, command_line: bool = False) -> None:
+    """The run behind the command line; ``command_line``: this process was started for it (not
+    ``main(argv)`` called from Python), so ``trainer.single_process`` may be chosen for it."""
     trainer = None
     try:
         from hybrid_rl.trainer.supervisor import run_supervised
@@ -136,7 +138,8 @@ def _hydra_task(cfg: DictConfig) -> None:
         _configure_driver_logging(cfg, always=True)
         for notice in verl_default_notices(to_ppo_config(cfg), _override_args(sys.argv[1:])):
             logger.warning(notice)
-        trainer = build_trainer(resolve_single_process(to_ppo_config(cfg)))
+        cfg = to_ppo_config(cfg)
+        trainer = build_trainer(resolve_single_process(cfg) if command_line else cfg)
         run_supervised(trainer, build_trainer)  # trainer.max_restarts: restart after a worker failure
     except Exception as error:  # noqa: BLE001 - re-raised unless it is a user mistake
         user_error = _is_reported_user_error(error)
@@ -166,14 +169,20 @@ def main(argv: Optional[list[str]] = None) -> None:
         check_override_keys(overrides)
         # Compose once outside Hydra's app runner, which would print a multi-line report and a
         # HYDRA_FULL_ERROR hint for a wrong type instead of one line.
-        cfg = resolve_single_process(to_ppo_config(get_config(
-            [o for o in overrides if not o.lstrip("+~").startswith("hydra.")])))
+        cfg = to_ppo_config(get_config([o for o in overrides if not o.lstrip("+~").startswith("hydra.")]))
+        if argv is None:
+            cfg = resolve_single_process(cfg)
     except ValueError as error:
         _fail(error)
-    if argv is None and cfg.trainer.single_process:
+    command_line = argv is None
+    if command_line and cfg.trainer.single_process:
         # This process hosts the worker: start it over with the worker's allocator and logging set.
         reexec_for_single_process(cfg)
-    task = hydra.main(config_path=CONFIG_DIR, config_name=CONFIG_NAME, version_base="1.3")(_hydra_task)
+
+    def hydra_task(config: DictConfig) -> None:
+        _hydra_task(config, command_line)
+
+    task = hydra.main(config_path=CONFIG_DIR, config_name=CONFIG_NAME, version_base="1.3")(hydra_task)
     task()
 
 

@@ -40,16 +40,19 @@ DEFAULT_PROCESS_ENV = {"TOKENIZERS_PARALLELISM": "false"}
 """Set when absent (as Ray's workers get it): the tokenizer's threads would compete with torch's."""
 
 
-def single_process_blockers(cfg: PPOConfig) -> list[str]:
-    """Why this run needs its workers in Ray processes (empty: one process can host it)."""
+def single_process_blockers(cfg: PPOConfig, device: Optional[str] = None) -> list[str]:
+    """Why this run needs its workers in Ray processes (empty: one process can host it);
+    ``device``: the resolved ``trainer.device`` (not checked when None)."""
     t = cfg.trainer
     blockers = []
+    if device == "cuda":
+        blockers.append("a GPU worker (trainer.device resolves to cuda; one process is for CPU runs)")
     if t.nnodes * t.n_gpus_per_node != 1:
         blockers.append(f"{t.nnodes * t.n_gpus_per_node} workers (trainer.nnodes * trainer.n_gpus_per_node)")
     if cfg.async_training.enable:
         blockers.append("a separate rollout pool (async_training.enable)")
-    if cfg.ray_init.address or os.environ.get("RAY_ADDRESS"):
-        blockers.append("a Ray cluster address (ray_init.address or RAY_ADDRESS)")
+    if cfg.ray_init.address:
+        blockers.append(f"a Ray cluster (ray_init.address={cfg.ray_init.address})")
     if t.max_restarts > 0:
         blockers.append(f"automatic restarts (trainer.max_restarts={t.max_restarts})")
     if t.worker_call_timeout_s is not None:
@@ -62,11 +65,14 @@ def resolve_single_process(cfg: PPOConfig, device: Optional[str] = None) -> PPOC
     module docstring); ``device`` is the resolved ``trainer.device`` (resolved here when None)."""
     if cfg.trainer.single_process is not None:
         return cfg
-    if device is None:
+    # An exported RAY_ADDRESS says where Ray runs: no reason to refuse one process if asked for
+    # by name, but a reason not to choose it.
+    chosen = not single_process_blockers(cfg) and not os.environ.get("RAY_ADDRESS")
+    if chosen and device is None:
         from hybrid_rl.trainer.validate import resolve_device
 
         device = resolve_device(cfg.trainer.device)
-    chosen = device == "cpu" and not single_process_blockers(cfg)
+    chosen = chosen and device == "cpu"
     return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, single_process=chosen))
 
 

@@ -318,13 +318,13 @@ def _check_trainer(cfg: PPOConfig) -> list[str]:
                       "workers, which hybrid_rl does not have; set it to auto (or enable).")
     if t.cpu_allocator not in CPU_ALLOCATORS:
         errors.append(f"trainer.cpu_allocator={t.cpu_allocator!r} must be one of {CPU_ALLOCATORS}; use auto "
-                      "(jemalloc on small machines), glibc (fastest) or jemalloc (less memory).")
+                      "(jemalloc where Ray ships it), glibc or jemalloc.")
     if t.single_process not in (None, True, False):
         errors.append(f"trainer.single_process={t.single_process!r} must be true, false or null (auto).")
     elif t.single_process:
         from hybrid_rl.trainer.single_process import single_process_blockers
 
-        blockers = single_process_blockers(cfg)
+        blockers = single_process_blockers(cfg, resolve_device(t.device) if t.device in DEVICES else None)
         if blockers:
             errors.append(f"trainer.single_process=true cannot host {'; '.join(blockers)}: these need the workers "
                           "in Ray processes. Set trainer.single_process=false (or null to choose automatically).")

@@ -64,7 +64,7 @@ def bundled_jemalloc() -> Optional[str]:
 def _check_allocator(allocator: str) -> None:
     if allocator not in CPU_ALLOCATORS:
         raise ValueError(f"trainer.cpu_allocator={allocator!r} is invalid: must be one of {CPU_ALLOCATORS}. "
-                         "Fix: use auto (jemalloc on small machines), glibc (fastest) or jemalloc (less memory).")
+                         "Fix: use auto (jemalloc where Ray ships it), glibc or jemalloc.")
 
 
 def resolve_cpu_allocator(allocator: str) -> str:

@@ -73,7 +73,7 @@ class QuietConsoleFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == _OWN or record.name.startswith(_OWN + "."):
-            if record.name.startswith(self.worker_loggers) and self.worker_loggers:
+            if record.name.startswith(self.worker_loggers):
                 return record.levelno >= logging.WARNING
             return record.levelno >= self.own_level
         if record.levelno < logging.WARNING:

@@ -3,6 +3,9 @@ thread (no fork of a multi-GiB process); everything else keeps the guard's proce
 
 import os
 
+import pytest
+import torch
+
 from hybrid_rl.reward import NaiveRewardManager, register_reward, unregister_reward
 from hybrid_rl.reward.registry import thread_safe_sources
 
@@ -33,12 +36,25 @@ def test_the_manager_picks_a_thread_only_where_it_may():
     assert forced._isolation(["arithmetic"]) == "process"
 
 
-def test_scores_are_the_same_in_the_thread(monkeypatch):
-    forks = []
-    monkeypatch.setattr(os, "fork", lambda: forks.append(1) or (_ for _ in ()).throw(AssertionError("forked")))
-    from hybrid_rl.reward.guard import safe_score_many
-    from hybrid_rl.reward.registry import default_compute_score
+def test_a_batch_is_scored_the_same_without_a_fork(monkeypatch):
+    from test_manager import make_batch
 
-    calls = [((), dict(data_source="arithmetic", solution_str=s, ground_truth="12")) for s in ("#### 12", "#### 13")]
-    outcomes = safe_score_many(default_compute_score, calls, timeout_s=5.0, isolation="thread")
-    assert [o.score for o in outcomes] == [1.0, 0.0] and not forks
+    from hybrid_rl.utils.testing import build_byte_tokenizer
+
+    tokenizer = build_byte_tokenizer()
+    data = make_batch(tokenizer, ["#### 12", "#### 13", "#### 5"], [12, 12, 5])
+    forked = NaiveRewardManager(tokenizer, num_examine=0)(data)  # the guard's child process
+    forks = []
+
+    def no_fork():
+        forks.append(1)
+        raise AssertionError("forked")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    threaded = NaiveRewardManager(tokenizer, num_examine=0, avoid_fork=True)(data)
+    assert torch.equal(forked, threaded) and threaded.sum().item() == 2.0 and not forks
+    # a source whose scorer is not a built-in parser still goes to the (here refused) child
+    mixed = make_batch(tokenizer, ["#### 12"], [12], sources=["math"])
+    with pytest.raises(AssertionError, match="forked"):
+        NaiveRewardManager(tokenizer, num_examine=0, avoid_fork=True)(mixed)
+    assert forks

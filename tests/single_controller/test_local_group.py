@@ -115,3 +115,22 @@ def test_same_answers_as_a_one_rank_ray_group(tmp_path):
         pool.remove()
         local.shutdown()
         ray.shutdown()
+
+
+def test_shutdown_survives_roles_without_close_or_with_a_failing_one(caplog):
+    from hybrid_rl.single_controller import Worker
+
+    class Plain:  # a role object that is not a Worker: nothing to close
+        def __init__(self):
+            pass
+
+    class Failing(Worker):
+        def close(self) -> None:
+            raise RuntimeError("engine already gone")
+
+    cls = create_colocated_worker_cls({"plain": RayClassWithInitArgs(ToyWorker),
+                                       "failing": RayClassWithInitArgs(Failing)})
+    wg = LocalWorkerGroup(cls)
+    wg.worker.worker_dict["plain"] = Plain()
+    wg.shutdown()  # logs the failure, closes the rest, drops the worker
+    assert wg.worker is None and "closing the failing worker failed: engine already gone" in caplog.text

@@ -11,8 +11,10 @@ import pytest
 from hybrid_rl.trainer import get_config
 from hybrid_rl.trainer.config_loader import to_ppo_config
 from hybrid_rl.trainer.single_process import (REEXEC_MARK, apply_process_env, process_env,
-                                              reexec_for_single_process, resolve_single_process)
+                                              reexec_for_single_process, resolve_single_process,
+                                              single_process_blockers)
 from hybrid_rl.trainer.validate import make_run_plan, validate_config
+from hybrid_rl.utils.cpu_env import JEMALLOC_CONF, bundled_jemalloc
 
 
 def _cfg(*overrides):
@@ -32,6 +34,8 @@ def test_auto_picks_one_process_only_for_a_one_worker_cpu_run_without_ray_featur
         assert resolve_single_process(_cfg(override), device="cpu").trainer.single_process is False, override
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     assert resolve_single_process(_cfg(), device="cpu").trainer.single_process is False
+    assert single_process_blockers(_cfg(), device="cpu") == []  # asked for by name, RAY_ADDRESS does not refuse it
+    assert "a GPU worker" in single_process_blockers(_cfg(), device="cuda")[0]
 
 
 def test_a_set_value_is_kept_and_planned():
@@ -58,7 +62,10 @@ def test_process_env_is_the_cpu_workers_env():
     assert mine["MALLOC_ARENA_MAX"] == "2" and "MALLOC_MMAP_MAX_" not in mine  # the user's allocator wins
     assert "TOKENIZERS_PARALLELISM" not in mine
     jemalloc = process_env(_cfg("trainer.cpu_allocator=jemalloc"), environ={})
-    assert jemalloc.get("LD_PRELOAD", "").endswith("libjemalloc.so") or "MALLOC_MMAP_MAX_" in jemalloc
+    if bundled_jemalloc():
+        assert jemalloc["LD_PRELOAD"] == bundled_jemalloc() and jemalloc["MALLOC_CONF"] == JEMALLOC_CONF
+    else:
+        assert jemalloc["MALLOC_MMAP_MAX_"] == "0"
 
 
 def test_reexec_restarts_the_command_once_with_what_is_missing(monkeypatch):
@@ -96,3 +103,22 @@ def test_apply_in_a_running_process_sets_only_what_still_works(monkeypatch, capl
 def test_config_dataclass_default_is_auto():
     field = next(f for f in dataclasses.fields(type(_cfg().trainer)) if f.name == "single_process")
     assert field.default is None
+
+
+def test_main_called_from_python_keeps_ray_and_never_restarts(monkeypatch):
+    """``main(argv)`` (a test, a script) runs in a process that outlives the run: no automatic
+    single process and no re-exec; only a real command line chooses them."""
+    from hybrid_rl.trainer import main_ppo
+
+    seen = []
+
+    def fake_build(cfg, trainer_cls=None):
+        seen.append(cfg.trainer.single_process)
+        raise KeyboardInterrupt  # stop before anything starts
+
+    monkeypatch.setattr(main_ppo, "build_trainer", fake_build)
+    monkeypatch.setattr(os, "execve", lambda *a: (_ for _ in ()).throw(AssertionError("re-exec")))
+    monkeypatch.setattr(sys, "argv", ["main_ppo"])
+    with pytest.raises(KeyboardInterrupt):
+        main_ppo.main(["trainer.total_training_steps=1"])
+    assert seen == [None]

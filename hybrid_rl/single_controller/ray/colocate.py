@@ -10,6 +10,7 @@ one view per role with the plain method names.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 from hybrid_rl.single_controller.decorator import MAGIC_ATTR, RegisterSpec, registered_methods
@@ -17,6 +18,8 @@ from hybrid_rl.single_controller.ray.base import RayClassWithInitArgs
 from hybrid_rl.single_controller.worker import Worker
 
 __all__ = ["create_colocated_worker_cls"]
+
+logger = logging.getLogger(__name__)
 
 
 def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> RayClassWithInitArgs:
@@ -52,8 +55,13 @@ def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> 
                 self.worker_dict[role] = cls(*args, **kwargs)
 
         def close(self) -> None:
-            for worker in reversed(list(self.worker_dict.values())):
-                worker.close()
+            for role, worker in reversed(list(self.worker_dict.items())):
+                close = getattr(worker, "close", None)
+                try:
+                    if close is not None:
+                        close()
+                except Exception as error:  # noqa: BLE001 - the other roles must still be closed
+                    logger.warning("closing the %s worker failed: %s", role, error)
 
     for fused_name, (role, name) in exposed.items():
         spec = registered_methods(role_classes[role])[name]
