@@ -126,6 +126,9 @@ class ActorRolloutRefWorker(Worker):
                                          trust_remote_code=cfg.model.trust_remote_code,
                                          rows_per_call=self.rollout_rows_per_call)
             if self._is_actor:  # a rollout-only worker never shares its device with training
+                # Every generation here syncs first when the engine lost its weights (_generate),
+                # so sleep may drop them while the actor trains.
+                self.rollout.release_weights_in_sleep = True
                 self.rollout.sleep()
 
     def _init_actor(self, use_rmpad: bool) -> None:
@@ -176,7 +179,7 @@ class ActorRolloutRefWorker(Worker):
             return output
         self.rollout.wake_up()
         try:
-            if self._is_actor and self._synced_version != self._weights_version:
+            if self._is_actor and (self._synced_version != self._weights_version or self.rollout.needs_weights):
                 start = time.perf_counter()
                 self.rollout.update_weights(self._rollout_weights())
                 self._synced_version = self._weights_version

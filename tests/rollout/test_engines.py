@@ -123,6 +123,28 @@ def test_sleep_frees_the_cpu_kv_cache_and_wake_up_generates_the_same(engine):
         assert torch.equal(first[key], second[key]), key
 
 
+def test_sleep_can_release_the_cpu_weights_and_a_sync_rebuilds_them(engine, state_dict):
+    if engine.name != "vllm":
+        pytest.skip("the HF rollout holds no prepacked weights")
+    batch = _prompts([ROWS[0], ROWS[1]], seed=7).repeat(3)
+    first = engine.generate_sequences(batch).batch
+    held = engine.memory_owners(set())["rollout/weights"]
+    engine.release_weights_in_sleep = True
+    try:
+        engine.sleep()
+        assert engine.needs_weights and engine.memory_owners(set())["rollout/weights"] < held
+        engine.wake_up()
+        with pytest.raises(RuntimeError, match="call update_weights"):
+            engine.generate_sequences(batch)
+        engine.update_weights(iter(state_dict.items()))
+        assert not engine.needs_weights
+        second = engine.generate_sequences(batch).batch
+    finally:
+        engine.release_weights_in_sleep = False
+    for key in ("responses", "rollout_log_probs"):
+        assert torch.equal(first[key], second[key]), key
+
+
 def test_trainer_rng_is_untouched(engine):
     torch.manual_seed(3)
     expected = torch.rand(4)

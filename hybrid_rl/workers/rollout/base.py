@@ -42,6 +42,16 @@ class BaseRollout(ABC):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load the actor's full state dict (HF names, streamed one tensor at a time)."""
 
+    release_weights_in_sleep: bool = False
+    """Set by a worker whose every generation after a wake is preceded by ``update_weights`` when
+    :attr:`needs_weights` says so (the hybrid engine's actor): ``sleep`` may then drop the weights."""
+
+    @property
+    def needs_weights(self) -> bool:
+        """True when the engine holds no usable weights (dropped in ``sleep``, or a failed sync):
+        ``update_weights`` must run before the next generation."""
+        return False
+
     @abstractmethod
     def sleep(self) -> None:
         """Release engine memory while the trainer runs (no-op where unsupported)."""

@@ -125,7 +125,9 @@ class RolloutConfig:
     """Release the engine's memory between generations (``sleep()``), restoring it for the next
     one (``wake_up()``). GPU vLLM: sleep mode, weights + KV cache (``sleep_level``). CPU vLLM (no
     sleep mode): the KV cache's memory is freed during training and zero-filled again before
-    generating (~0.15 s for 0.5 GiB); the weights stay."""
+    generating (~0.15 s for 0.5 GiB); colocated with the actor, the prepacked weights are dropped
+    too and rebuilt by the next weight sync (one extra sync when no update came between two
+    generations, e.g. after the validation before training)."""
     sleep_level: int = 1
     """vLLM sleep level: 1 offloads weights to host memory and drops the KV cache; 2 drops both
     (the weights are reloaded from the actor by the next ``update_weights``)."""

@@ -12,6 +12,13 @@ The caller then resets the prefix cache: no block cached before the release may 
 generate call after a restore gives the same tokens as one on the untouched engine (tested).
 
 Both run inside the engine's worker (``LLM.collective_rpc``), which keeps the released storages.
+
+The weights can go too, when a weight sync follows every wake (the hybrid engine's actor syncs
+after each update anyway). vLLM-CPU prepacks each linear layer's weight into a oneDNN (or sgl)
+buffer held by the closure ``layer.cpu_linear`` and empties the parameter, so the prepacked buffers
+are the engine's weights (~2 bytes per parameter in bf16). :func:`release_linear_weights` drops
+those closures; vLLM's ``reload_weights``, which every ``update_weights`` runs, re-processes every
+layer and builds them again.
 """
 
 from __future__ import annotations
@@ -56,6 +63,23 @@ def release_kv_cache(worker: Any) -> int:
         storage.resize_(0)
     setattr(worker, _KEPT, kept)
     return sum(nbytes for _, nbytes in kept)
+
+
+def _released_linear(x: torch.Tensor, weight: torch.Tensor, bias: Any) -> torch.Tensor:
+    raise RuntimeError("this vLLM-CPU linear layer's prepacked weights were released while the engine "
+                       "slept; update_weights() rebuilds them")
+
+
+def release_linear_weights(worker: Any) -> int:
+    """Drop the prepacked weights of vLLM-CPU's linear layers (their ``cpu_linear`` closures);
+    returns how many layers released theirs. Generating needs ``update_weights`` first."""
+    runner = getattr(worker, "worker", worker).model_runner
+    released = 0
+    for module in runner.model.modules():
+        if getattr(module, "cpu_linear", None) not in (None, _released_linear):
+            module.cpu_linear = _released_linear
+            released += 1
+    return released
 
 
 def restore_kv_cache(worker: Any) -> int:

@@ -46,7 +46,8 @@ from hybrid_rl.workers.rollout.multi_turn import MultiTurnGenerator
 from hybrid_rl.workers.rollout.sequences import build_rollout_output, check_prompt_batch, prompt_token_lists
 from hybrid_rl.workers.rollout.vllm_cpu_kernels import cpu_ir_op_priority
 from hybrid_rl.workers.rollout.vllm_cpu_sampler import install as install_cpu_sampler
-from hybrid_rl.workers.rollout.vllm_cpu_sleep import flatten_tensors, release_kv_cache, restore_kv_cache
+from hybrid_rl.workers.rollout.vllm_cpu_sleep import (flatten_tensors, release_kv_cache, release_linear_weights,
+                                                   restore_kv_cache)
 
 logger = logging.getLogger(__name__)
 
@@ -318,19 +319,27 @@ class VLLMRollout(BaseRollout):
                     "rollout/kv_cache": tensor_bytes(caches, seen)}
 
         owners = self.llm.collective_rpc(count)[0]
-        if self.on_cpu:
+        if self.on_cpu and self._weights_valid:  # released in sleep: only what module_bytes counted
             numel = sum(shape.numel() for shape in self._required.values())
             owners["rollout/weights"] = max(owners["rollout/weights"], numel * self._dtype.itemsize)
         return owners
 
+    @property
+    def needs_weights(self) -> bool:
+        return not self._weights_valid
+
     def sleep(self) -> None:
         """With free_cache_engine: on GPU vLLM's sleep mode releases the KV cache and offloads
         (level 1) or drops (level 2) the weights; on CPU, which has no sleep mode, the KV cache's
-        memory is freed (``vllm_cpu_sleep``) and the weights stay."""
+        memory is freed (``vllm_cpu_sleep``), and the prepacked weights too where
+        ``release_weights_in_sleep`` says a sync follows every wake."""
         if not self.config.free_cache_engine or self._asleep:
             return
         if self.on_cpu:
             self.llm.collective_rpc(release_kv_cache)
+            if self.release_weights_in_sleep:
+                self.llm.collective_rpc(release_linear_weights)
+                self._weights_valid = False  # the next update_weights rebuilds them
         else:
             self.llm.sleep(level=self.config.sleep_level)
             if self.config.sleep_level == 2:
