@@ -352,7 +352,8 @@ class VLLMRollout(BaseRollout):
             return
         if self.on_cpu:
             self.llm.collective_rpc(restore_kv_cache)
-            self._reset_prefix_cache()  # blocks cached before the release are zeros now
+            if not self.needs_weights:  # else the update_weights that must come next resets it
+                self._reset_prefix_cache()  # blocks cached before the release are zeros now
         else:
             self.llm.wake_up()
         self._asleep = False
