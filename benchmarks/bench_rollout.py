@@ -12,12 +12,15 @@ Each engine is built through the real rollout class (``build_rollout``) and time
 
 Each synthetic batch row also gets the machine's decode ceiling for the model at that row count
 (``benchmarks/decode_ceiling.py``: weight + KV bytes per step against the measured read bandwidth,
-and the step's matmuls timed at that row count; measured in the same run, before the engines start)
-and the rollout's tokens/s as a fraction of it.
+and the step's matmuls timed at that row count; measured right before each timed call) and the
+rollout's tokens/s as a fraction of it: the median of the per-call fractions, since this host's
+matmul speed drifts by tens of percent between minutes and adjacent measurements share the drift.
 
 Reported per row: generated tokens / wall second (median of ``--repeats`` calls, each from an empty
 prefix cache as after a weight sync; one untimed warm-up call per engine), process CPU milliseconds per generated token (less sensitive to other load than
-wall time), engine start-up and the load average. Results depend strongly on other load on the
+wall time), engine start-up and the load average. The benchmark restarts itself once with the
+environment the trainer gives the worker that hosts the engine (allocator, OpenMP, library logging;
+``--allocator`` as ``trainer.cpu_allocator``). Results depend strongly on other load on the
 cores: compare settings interleaved, and on a quiet machine.
 
 Run from the repo root (vLLM's CPU backend needs the ``__main__`` guard this file has)::
@@ -33,7 +36,7 @@ import json
 import os
 import statistics
 import time
-from typing import Any
+from typing import Any, Callable, Optional
 
 from hybrid_rl.utils.cpu_env import cpu_openmp_env  # torch-free
 
@@ -47,6 +50,7 @@ from hybrid_rl.protocol import DataProto  # noqa: E402
 from hybrid_rl.utils.precision import resolve_dtype  # noqa: E402
 from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path  # noqa: E402
 from hybrid_rl.workers.rollout import RolloutConfig, build_rollout  # noqa: E402
+from bench_step import reexec_like_command  # noqa: E402
 from decode_ceiling import decode_ceiling, memory_bandwidth  # noqa: E402
 
 QUESTIONS = [
@@ -105,10 +109,16 @@ def empty_prefix_cache(rollout) -> None:
         llm.reset_prefix_cache()
 
 
-def time_calls(rollout, batch: DataProto, repeats: int) -> dict[str, Any]:
-    """``repeats`` timed calls, each from an empty prefix cache: median wall s, CPU ms per token."""
-    walls, cpus, tokens = [], [], 0
+def time_calls(rollout, batch: DataProto, repeats: int,
+               ceiling_at: Optional[Callable[[int], dict]] = None) -> dict[str, Any]:
+    """``repeats`` timed calls, each from an empty prefix cache: median wall s, CPU ms per token.
+    With ``ceiling_at``, the decode ceiling at the batch's row count is measured right before each
+    call, and the fraction is the median of the per-call fractions: the host's speed drifts by tens
+    of percent between minutes (other tenants), and adjacent measurements share the drift."""
+    walls, cpus, ceils, tokens = [], [], [], 0
     for _ in range(repeats):
+        if ceiling_at is not None:
+            ceils.append(ceiling_at(len(batch))["ceiling_tok_s"])
         empty_prefix_cache(rollout)
         cpu0, wall0 = time.process_time(), time.perf_counter()
         out = rollout.generate_sequences(batch)
@@ -116,8 +126,13 @@ def time_calls(rollout, batch: DataProto, repeats: int) -> dict[str, Any]:
         cpus.append(time.process_time() - cpu0)
         tokens = int(out.batch["response_mask"].sum())
     wall = statistics.median(walls)
-    return {"rows": len(batch), "tokens": tokens, "seconds": round(wall, 3), "tok_per_s": round(tokens / wall, 1),
-            "cpu_ms_per_tok": round(1000 * statistics.median(cpus) / max(tokens, 1), 2)}
+    row = {"rows": len(batch), "tokens": tokens, "seconds": round(wall, 3), "tok_per_s": round(tokens / wall, 1),
+           "cpu_ms_per_tok": round(1000 * statistics.median(cpus) / max(tokens, 1), 2)}
+    if ceils:
+        row["ceiling_tok_s"] = round(statistics.median(ceils))
+        row["of_ceiling"] = round(statistics.median(tokens / w / c for w, c in zip(walls, ceils)), 3)
+        row["ceiling_range"] = [round(min(ceils)), round(max(ceils))]
+    return row
 
 
 def engine_config(engine: str, args, response_length: int, temperature: float) -> RolloutConfig:
@@ -126,18 +141,18 @@ def engine_config(engine: str, args, response_length: int, temperature: float) -
                          enforce_eager=engine != "vllm-compiled", seed=0, block_size=args.block_size)
 
 
-def bench_engine(engine: str, args, model_dir: str, tokenizer) -> list[dict]:
+def bench_engine(engine: str, args, model_dir: str, tokenizer, ceiling_at: Callable[[int], dict]) -> list[dict]:
     """All rows of one engine: the synthetic batch sizes and, with --default-run, the default run."""
-    workloads: list[tuple[str, DataProto, int, float]] = []
+    workloads: list[tuple[str, DataProto, int, float, bool]] = []
     # Without --stop-at-eos, "EOS" is the last vocabulary id, which the model practically never
     # samples (engines reject ids outside the vocabulary); tokens are counted exactly either way.
     eos = tokenizer.eos_token_id if args.stop_at_eos else len(tokenizer) - 1
     for size in args.batch_sizes:
-        workloads.append((f"batch {size}", prompt_batch(tokenizer, size, 128, eos), args.new_tokens, 1.0))
+        workloads.append((f"batch {size}", prompt_batch(tokenizer, size, 128, eos), args.new_tokens, 1.0, True))
     if args.default_run:
-        workloads += [(name, batch, 16, 0.8) for name, batch in default_run_batches(tokenizer).items()]
+        workloads += [(name, batch, 16, 0.8, False) for name, batch in default_run_batches(tokenizer).items()]
     rows, rollout, built_for = [], None, None
-    for name, batch, response_length, temperature in workloads:
+    for name, batch, response_length, temperature, synthetic in workloads:
         if built_for != response_length:  # response_length is an engine setting: rebuild when it changes
             if rollout is not None:
                 rollout.shutdown()
@@ -147,7 +162,8 @@ def bench_engine(engine: str, args, model_dir: str, tokenizer) -> list[dict]:
             startup, built_for = time.perf_counter() - start, response_length
             rollout.generate_sequences(prompt_batch(tokenizer, 2, 128, eos))  # untimed warm-up
         row = {"engine": engine if rollout.name != "hf" else "hf", "workload": name,
-               "startup_s": round(startup, 1), **time_calls(rollout, batch, args.repeats),
+               "startup_s": round(startup, 1),
+               **time_calls(rollout, batch, args.repeats, ceiling_at if synthetic else None),
                "load": round(os.getloadavg()[0], 1)}
         print(f"{row['engine']:14s} {name:11s}: {row['tokens']:5d} tokens in {row['seconds']:6.2f} s = "
               f"{row['tok_per_s']:7.1f} tok/s, {row['cpu_ms_per_tok']:6.2f} CPU ms/token "
@@ -157,28 +173,22 @@ def bench_engine(engine: str, args, model_dir: str, tokenizer) -> list[dict]:
     return rows
 
 
-def ceilings(args, model_dir: str) -> dict[int, dict]:
-    """The decode ceiling at each synthetic batch size (context: a ~40-token prompt + half the new tokens)."""
+def ceiling_meter(args, model_dir: str) -> Callable[[int], dict]:
+    """``ceiling_at(rows)``: the decode ceiling measured now at ``rows`` rows (context: a ~40-token
+    prompt + half the new tokens); each measurement is printed. About 0.5 s each."""
     from hybrid_rl.workers.model_loader import load_hf_config
 
     hf_config = load_hf_config(model_dir)
     dtype = getattr(torch, resolve_dtype(args.dtype, "cpu", "rollout"))
-    bandwidth = memory_bandwidth()
-    out = {}
-    for size in args.batch_sizes:
-        out[size] = decode_ceiling(hf_config, size, 40 + args.new_tokens // 2, dtype, bandwidth)
-        c = out[size]
-        print(f"ceiling at {size:3d} rows: {c['ceiling_tok_s']:7.0f} tok/s ({c['bound']}-bound: weights + KV "
+
+    def ceiling_at(rows: int) -> dict:
+        c = decode_ceiling(hf_config, rows, 40 + args.new_tokens // 2, dtype, memory_bandwidth(repeats=3))
+        print(f"ceiling at {rows:3d} rows: {c['ceiling_tok_s']:7.0f} tok/s ({c['bound']}-bound: weights + KV "
               f"{c['memory_ms']:.1f} ms at {c['bandwidth_gb_s']:.1f} GB/s, matmuls {c['matmul_ms']:.1f} ms at "
               f"{c['matmul_tflop_s']:.2f} TFLOP/s)", flush=True)
-    return out
+        return c
 
-
-def add_ceilings(rows: list[dict], ceiling: dict[int, dict]) -> None:
-    for r in rows:
-        c = ceiling.get(r["rows"]) if r["workload"].startswith("batch ") else None
-        r["ceiling_tok_s"] = round(c["ceiling_tok_s"]) if c else None
-        r["of_ceiling"] = round(r["tok_per_s"] / c["ceiling_tok_s"], 3) if c else None
+    return ceiling_at
 
 
 def print_table(rows: list[dict]) -> None:
@@ -204,18 +214,24 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=None, help="vLLM KV block size (default: the rollout's)")
     parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
+    parser.add_argument("--allocator", default="auto", choices=["auto", "glibc", "jemalloc"],
+                        help="the memory allocator, as trainer.cpu_allocator gives it to the worker that hosts "
+                             "the engine (this benchmark restarts itself once with that worker's environment)")
     args = parser.parse_args()
+    # As a command-line training run does: the engine lives in a process started with the worker's
+    # allocator and OpenMP settings (without them, every step's fresh logits buffers page-fault).
+    reexec_like_command([f"trainer.cpu_allocator={args.allocator}"])
 
     model_dir = resolve_model_path(args.model)
     tokenizer = load_tokenizer(model_dir)
     print(f"model {model_dir}, dtype {args.dtype} -> {resolve_dtype(args.dtype, 'cpu', 'rollout')} "
           f"(CPU {torch.backends.cpu.get_cpu_capability()}), torch threads {torch.get_num_threads()}, cores "
           f"{len(os.sched_getaffinity(0))}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
-          f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}, "
+          f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}, allocator "
+          f"{'jemalloc' if 'jemalloc' in os.environ.get('LD_PRELOAD', '') else 'glibc'}, "
           f"uptime: {os.popen('uptime').read().strip()}", flush=True)
-    ceiling = ceilings(args, model_dir)
-    rows = [row for engine in args.engines for row in bench_engine(engine, args, model_dir, tokenizer)]
-    add_ceilings(rows, ceiling)
+    ceiling_at = ceiling_meter(args, model_dir)
+    rows = [row for engine in args.engines for row in bench_engine(engine, args, model_dir, tokenizer, ceiling_at)]
     print_table(rows)
     print(f"uptime: {os.popen('uptime').read().strip()}")
     if args.out:

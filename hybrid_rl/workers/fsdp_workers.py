@@ -94,6 +94,13 @@ class ActorRolloutRefWorker(Worker):
         self._synced_version: Optional[int] = None  # version the rollout holds; None = never synced
 
     # ------------------------------------------------------------------ set-up
+    def _planned_rollout_tokens(self) -> Optional[int]:
+        """At most how many tokens this worker's rollout generates over the run (training calls
+        only): steps x rows per call x response_length; None when the trainer did not say."""
+        if not self.total_training_steps or not self.rollout_rows_per_call:
+            return None
+        return self.total_training_steps * self.rollout_rows_per_call * self.config.rollout.response_length
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Join the process group; build the actor, reference and rollout this role hosts."""
@@ -124,7 +131,8 @@ class ActorRolloutRefWorker(Worker):
 
             self.rollout = build_rollout(cfg.rollout, self.model_path, self.tokenizer, str(self.device),
                                          trust_remote_code=cfg.model.trust_remote_code,
-                                         rows_per_call=self.rollout_rows_per_call)
+                                         rows_per_call=self.rollout_rows_per_call,
+                                         planned_tokens=self._planned_rollout_tokens())
             if self._is_actor:  # a rollout-only worker never shares its device with training
                 # Every generation here syncs first when the engine lost its weights (_generate),
                 # so sleep may drop them while the actor trains.

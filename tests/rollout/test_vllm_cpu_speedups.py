@@ -34,6 +34,19 @@ def test_inverse_cdf_never_returns_a_zero_probability_entry():
         assert (probs.gather(1, tokens[:, None]) > 0).all()
 
 
+@pytest.mark.parametrize("vocab,block", [(1000, 64), (1024, 64), (50, 1024)])
+def test_inverse_cdf_equals_a_search_over_the_whole_float64_cumulative_sum(vocab, block):
+    """Two-level search (block totals, then inside one block) = one search over the full CDF,
+    whatever the vocabulary's remainder after the last full block."""
+    gen = torch.Generator().manual_seed(1)
+    probs = (torch.randn(64, vocab, generator=gen) * 3).softmax(-1)
+    probs[::5, vocab // 3:] = 0.0  # rows with masked tails (as after top-k/top-p)
+    u = torch.rand(64, dtype=torch.float64, generator=gen)
+    cdf = probs.double().cumsum(-1)  # [B, V]
+    expected = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+    assert sample_from_probs(probs, u, block=block).tolist() == expected.tolist()
+
+
 def test_inverse_cdf_draws_the_categorical_distribution():
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(1, 300, generator=gen) * 2

@@ -55,9 +55,12 @@ def vllm_model_unsupported_reason(model_path: str, device: str, trust_remote_cod
 
 
 def build_rollout(config: RolloutConfig, model_path: str, tokenizer: Any, device: str,
-                  trust_remote_code: bool = False, rows_per_call: Optional[int] = None) -> BaseRollout:
+                  trust_remote_code: bool = False, rows_per_call: Optional[int] = None,
+                  planned_tokens: Optional[int] = None) -> BaseRollout:
     """The rollout engine named by ``config.name`` (see the module docstring for the fallback).
-    ``rows_per_call``: the most rows one generate call will bring (sizes vLLM-CPU's KV cache)."""
+    ``rows_per_call``: the most rows one generate call will bring (sizes vLLM-CPU's KV cache);
+    ``planned_tokens``: about how many tokens the run will generate here (whether a CPU engine is
+    compiled when ``enforce_eager`` is null)."""
     global _fallback_logged
     name = config.name
     if name == "vllm":
@@ -68,7 +71,7 @@ def build_rollout(config: RolloutConfig, model_path: str, tokenizer: Any, device
 
             try:
                 return VLLMRollout(config, model_path, tokenizer, device=device, trust_remote_code=trust_remote_code,
-                                   rows_per_call=rows_per_call)
+                                   rows_per_call=rows_per_call, planned_tokens=planned_tokens)
             except EngineRefusedModel as refusal:  # e.g. an ISA-specific kernel the pre-check cannot see
                 reason = str(refusal)
         if not _fallback_logged:
