@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import logging
 import math
+import tempfile
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
+from hybrid_rl.utils.mapped_weights import FileMappedWeights, ram_file_system
 from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers.config import FSDPConfig, ModelConfig, OptimConfig
 from hybrid_rl.workers.fsdp_utils import apply_fsdp2, decoder_layers, dp_world, param_offloaded
@@ -129,6 +132,30 @@ def build_causal_lm(model_config: ModelConfig, path: str, fsdp_config: FSDPConfi
         model = apply_lora(model, model_config)  # freezes the base, adapters trainable
     _speed_and_memory(model, model_config, trainable=trainable)
     return _place(model, fsdp_config, device, frozen=not trainable)
+
+
+def offload_frozen_to_disk(module: nn.Module, setting: Optional[bool], device: torch.device
+                           ) -> Optional[FileMappedWeights]:
+    """``ref.disk_offload``: the frozen ``module``'s weights moved into a file mapping
+    (:class:`~hybrid_rl.utils.mapped_weights.FileMappedWeights`), or None where it does not apply
+    (see the field's docstring); ``setting=True`` where it cannot apply says why in one line."""
+    if setting is False:
+        return None
+    if device.type != "cpu":
+        if setting:
+            raise ValueError("actor_rollout_ref.ref.disk_offload=true is for CPU workers. Fix: on GPU set "
+                             "actor_rollout_ref.ref.fsdp_config.param_offload=true (weights in CPU memory between uses).")
+        return None
+    directory = tempfile.gettempdir()
+    reason = ("FSDP2 shards it across the workers" if any(isinstance(p, DTensor) for p in module.parameters())
+              else f"TMPDIR ({directory}) is on {ram_file_system(directory)}, which is memory"
+              if ram_file_system(directory) else None)
+    if reason:
+        if setting:
+            logger.warning("actor_rollout_ref.ref.disk_offload=true: the reference stays in memory: %s "
+                           "(set TMPDIR to a disk-backed directory for a one-process run).", reason)
+        return None
+    return FileMappedWeights(module, directory)
 
 
 def build_value_model(model_config: ModelConfig, path: str, fsdp_config: FSDPConfig,

@@ -337,6 +337,13 @@ class RefConfig:
     """Token budget of one forward when log_prob_use_dynamic_bsz is true."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """Sharding of the reference model (param_offload saves GPU memory)."""
+    disk_offload: Optional[bool] = None
+    """CPU workers: keep the reference's weights in a file mapping (in ``TMPDIR``) that is dropped
+    from the process's memory after every reference pass; the next pass reads them back from the
+    page cache (tens of ms a step). Saves the reference's whole copy while the actor trains (0.25 GiB
+    for SmolLM2-135M in bf16). null = on wherever it applies: a CPU worker whose reference FSDP2 does
+    not wrap (one process; wrapped references are sharded instead) and a disk-backed TMPDIR (not
+    tmpfs); false = in memory."""
 
     def __post_init__(self) -> None:
         _check_optional_positive("ref.log_prob_micro_batch_size_per_gpu",

@@ -27,8 +27,8 @@ from hybrid_rl.utils.memory import current_rss, grad_bytes, module_bytes, optimi
 from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers import checkpoint as ckpt
 from hybrid_rl.workers.actor import DataParallelPPOActor
-from hybrid_rl.workers.builders import (build_causal_lm, build_lr_scheduler, build_optimizer,
-                                        build_value_model)
+from hybrid_rl.workers.builders import (build_causal_lm, build_lr_scheduler, build_optimizer, build_value_model,
+                                        offload_frozen_to_disk)
 from hybrid_rl.workers.config import ActorRolloutRefConfig, CriticConfig, derive_batch_sizes
 from hybrid_rl.workers.critic import DataParallelPPOCritic
 from hybrid_rl.workers.fsdp_utils import iter_full_state, move_optimizer_state
@@ -92,6 +92,7 @@ class ActorRolloutRefWorker(Worker):
         self._is_ref = role.endswith("ref")
         self._weights_version = 0  # bumped whenever the actor's weights change
         self._synced_version: Optional[int] = None  # version the rollout holds; None = never synced
+        self._ref_weights_file = None  # the reference's weights in a file mapping (ref.disk_offload)
 
     # ------------------------------------------------------------------ set-up
     def _planned_rollout_tokens(self) -> Optional[int]:
@@ -115,9 +116,12 @@ class ActorRolloutRefWorker(Worker):
             self._init_actor(use_rmpad)
         if self._is_ref:
             # LoRA: the reference is the actor's own base weights with the adapter disabled (no copy).
-            ref_module = (self.actor_module if self._is_actor and lora_enabled(cfg.model) else
+            shares_actor = self._is_actor and lora_enabled(cfg.model)
+            ref_module = (self.actor_module if shares_actor else
                           build_causal_lm(cfg.model, self.model_path, cfg.ref.fsdp_config, self.device,
                                           trainable=False))
+            self._ref_weights_file = (None if shares_actor else
+                                      offload_frozen_to_disk(ref_module, cfg.ref.disk_offload, self.device))
             self.ref_policy = DataParallelPPOActor(cfg.actor, ref_module, use_remove_padding=use_rmpad,
                                                    device=self.device,
                                                    attn_implementation=cfg.model.attn_implementation)
@@ -272,6 +276,8 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         with phase_peak(metrics, "perf/peak_rss_gib/ref"), reference_context(self.ref_policy.actor_module):
             log_probs, _ = self.ref_policy.compute_log_prob(view)
+            if self._ref_weights_file is not None:
+                self._ref_weights_file.release()  # out of memory while the actor trains (ref.disk_offload)
         metrics.update({"timing_s/compute_ref_log_prob_worker": time.perf_counter() - start,
                         "perf/computed_token_frac/ref": self.ref_policy.pop_computed_token_frac()})
         return DataProto.from_dict({"ref_log_prob": log_probs}, meta_info={"metrics": metrics})
@@ -310,7 +316,9 @@ class ActorRolloutRefWorker(Worker):
                            "actor/grads": max(grad_bytes(self.actor_module, seen), self.actor.last_grad_bytes),
                            "actor/optimizer": optimizer_bytes(self.actor_optimizer, seen)})
         if self._is_ref:
-            owners["ref/params"] = module_bytes(self.ref_policy.actor_module, seen)
+            params = module_bytes(self.ref_policy.actor_module, seen)
+            mapped = self._ref_weights_file is not None  # then resident only during the reference pass
+            owners.update({"ref/params": 0 if mapped else params, "ref/params_on_disk": params if mapped else 0})
         if self._is_rollout:
             owners.update(self.rollout.memory_owners(seen))
         return owners
