@@ -25,9 +25,24 @@ _VLLM_SKIP = vllm_unavailable_reason("cpu")
     (None, True, CPU_COMPILE_MIN_TOKENS - 1, True),
     (None, True, CPU_COMPILE_MIN_TOKENS, False),  # a long run repays the compile
 ])
-def test_enforce_eager_null_compiles_a_cpu_engine_only_for_long_runs(enforce_eager, on_cpu, planned, expected):
+def test_enforce_eager_null_compiles_a_cpu_engine_only_for_long_runs(enforce_eager, on_cpu, planned, expected,
+                                                                     monkeypatch):
+    import hybrid_rl.workers.rollout.vllm_rollout as vllm_rollout
+
+    monkeypatch.setattr(vllm_rollout, "cpp_compiler_available", lambda: True)
     config = RolloutConfig(enforce_eager=enforce_eager)
     assert resolve_enforce_eager(config, on_cpu, planned) is expected
+
+
+def test_without_a_cpp_compiler_a_long_cpu_run_stays_eager(monkeypatch):
+    import torch._inductor.cpp_builder as cpp_builder
+
+    def no_compiler():
+        raise RuntimeError("no working C++ compiler found")
+
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
+    assert resolve_enforce_eager(RolloutConfig(), True, CPU_COMPILE_MIN_TOKENS) is True
+    assert resolve_enforce_eager(RolloutConfig(enforce_eager=False), True, CPU_COMPILE_MIN_TOKENS) is False
 
 
 def test_the_worker_plans_steps_times_rows_times_response_length():

@@ -153,12 +153,27 @@ generated token (2.35-2.54 against 2.64-2.95) and costs 60-65 s more start-up th
 def resolve_enforce_eager(config: RolloutConfig, on_cpu: bool, planned_tokens: Optional[int] = None) -> bool:
     """``rollout.enforce_eager``, with null resolved: false on GPU; on CPU, eager unless the run
     plans at least :data:`CPU_COMPILE_MIN_TOKENS` generated tokens (``planned_tokens``; unknown =
-    eager)."""
+    eager) and a C++ compiler is there for torch.compile."""
     if config.enforce_eager is not None:
         return config.enforce_eager
     if not on_cpu:
         return False
-    return planned_tokens is None or planned_tokens < CPU_COMPILE_MIN_TOKENS
+    if planned_tokens is None or planned_tokens < CPU_COMPILE_MIN_TOKENS:
+        return True
+    return not cpp_compiler_available()
+
+
+def cpp_compiler_available() -> bool:
+    """Whether torch's inductor finds the C++ compiler it builds CPU kernels with (a laptop may have
+    none; compiling there would fail at the engine's start)."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception:  # inductor raises its own InvalidCxxCompiler, or an OSError from the search
+        logger.info("no C++ compiler for torch.compile found: the CPU rollout engine stays eager")
+        return False
+    return True
 
 
 def _engine_kwargs(config: RolloutConfig, model_path: str, on_cpu: bool, seed: int,
