@@ -169,9 +169,11 @@ def _agent_plugins(cfg: PPOConfig) -> dict[str, Any]:
 
 def build_rollout_group(cfg: PPOConfig, plan: RunPlan, process_on_nodes: list[int], *,
                         worker_cls: Optional[type] = None, rows_per_call: Optional[int] = None,
-                        call_timeout_s: Optional[float] = None, log_dir: Optional[str] = None) -> tuple[Any, Any]:
+                        call_timeout_s: Optional[float] = None, log_dir: Optional[str] = None,
+                        total_training_steps: Optional[int] = None) -> tuple[Any, Any]:
     """``(group, pool)``: rollout-only workers (role ``rollout``, no actor or optimizer) in their own
-    pool, for the decoupled mode and for evaluation. Logs go to ``log_dir/rollout/``."""
+    pool, for the decoupled mode and for evaluation. Logs go to ``log_dir/rollout/``.
+    ``total_training_steps`` (training only) lets a CPU engine decide whether compiling pays off."""
     from hybrid_rl.single_controller import RayClassWithInitArgs, RayResourcePool
     from hybrid_rl.workers import ActorRolloutRefWorker
 
@@ -179,7 +181,8 @@ def build_rollout_group(cfg: PPOConfig, plan: RunPlan, process_on_nodes: list[in
     pool = RayResourcePool(process_on_nodes, use_gpu=plan.device == "cuda", name_prefix="rollout_",
                            num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker)
     worker = RayClassWithInitArgs(worker_cls or ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="rollout",
-                                  rollout_rows_per_call=rows_per_call, **_agent_plugins(cfg))
+                                  rollout_rows_per_call=rows_per_call, total_training_steps=total_training_steps,
+                                  **_agent_plugins(cfg))
     if log_dir:  # apart from the training ranks' worker_<rank>.log files
         worker.update_options({"runtime_env": {"env_vars": {LOG_DIR_ENV: os.path.join(log_dir, "rollout")}}})
     return _init_group(pool, worker, call_timeout_s), pool
@@ -257,7 +260,8 @@ def build_worker_groups(
     if plan.rollout_world_size:
         groups.rollout, groups.rollout_pool = build_rollout_group(
             cfg, plan, [cfg.rollout.n_gpus_per_node] * cfg.rollout.nnodes, worker_cls=actor_cls,
-            rows_per_call=rollout_rows_per_call, call_timeout_s=call_timeout_s, log_dir=log_dir)
+            rows_per_call=rollout_rows_per_call, call_timeout_s=call_timeout_s, log_dir=log_dir,
+            total_training_steps=total_training_steps)
     return groups
 
 

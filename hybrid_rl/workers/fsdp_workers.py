@@ -68,7 +68,8 @@ class ActorRolloutRefWorker(Worker):
         role: which parts this process hosts: actor, rollout, ref, actor_ref, actor_rollout,
             actor_rollout_ref. The decoupled mode runs ``actor(_ref)`` and ``rollout`` in separate
             groups: ``export_rollout_weights`` on the first feeds ``load_rollout_weights`` on the second.
-        total_training_steps: steps of the run, for the LR schedule (from the trainer).
+        total_training_steps: steps of the run, for the LR schedule and for whether a CPU rollout
+            engine is compiled (from the trainer).
         rollout_rows_per_call: the most rows one ``generate_sequences`` call brings this worker
             (from the trainer; sizes the CPU engine's KV cache when ``cpu_kvcache_space_gib`` is null).
         agent_plugins: the driver's registered tools and interactions
