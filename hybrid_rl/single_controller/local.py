@@ -57,6 +57,12 @@ class LocalFuture(WorkerGroupFuture):
                            self.method, self.workers[rank:rank + 1], error=self.error)
 
 
+def _process_group_up() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
 class LocalWorkerGroup(WorkerGroup):
     """``ray_cls_with_init``'s worker built in this process as rank 0 of 1, its registered methods bound
     onto this object (see the module docstring).
@@ -76,6 +82,7 @@ class LocalWorkerGroup(WorkerGroup):
         self._method_names: list[str] = []
         # What the worker changes in this process, given back at shutdown (a notebook goes on).
         self._threads = (torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"))
+        self._had_process_group = _process_group_up()  # the worker's own group is destroyed at shutdown
         if num_threads is not None:
             torch.set_num_threads(num_threads)
             os.environ["OMP_NUM_THREADS"] = str(num_threads)  # read by child processes, not by torch
@@ -126,6 +133,10 @@ class LocalWorkerGroup(WorkerGroup):
             del worker
             gc.collect()
             self._restore_threads()
+            if not self._had_process_group and _process_group_up():
+                import torch.distributed as dist
+
+                dist.destroy_process_group()  # the worker's 1-rank group: later code in this process starts clean
 
     def _restore_threads(self) -> None:
         import torch
