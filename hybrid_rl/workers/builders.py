@@ -147,15 +147,20 @@ def offload_frozen_to_disk(module: nn.Module, setting: Optional[bool], device: t
                              "actor_rollout_ref.ref.fsdp_config.param_offload=true (weights in CPU memory between uses).")
         return None
     directory = tempfile.gettempdir()
-    reason = ("FSDP2 shards it across the workers" if any(isinstance(p, DTensor) for p in module.parameters())
-              else f"TMPDIR ({directory}) is on {ram_file_system(directory)}, which is memory"
-              if ram_file_system(directory) else None)
-    if reason:
-        if setting:
-            logger.warning("actor_rollout_ref.ref.disk_offload=true: the reference stays in memory: %s "
-                           "(set TMPDIR to a disk-backed directory for a one-process run).", reason)
-        return None
-    return FileMappedWeights(module, directory)
+    reason = None
+    if any(isinstance(p, DTensor) for p in module.parameters()):
+        reason = "FSDP2 shards it across the workers"
+    elif ram_file_system(directory):
+        reason = f"TMPDIR ({directory}) is on {ram_file_system(directory)}, which is memory"
+    if reason is None:
+        try:
+            return FileMappedWeights(module, directory)
+        except OSError as error:  # e.g. a full disk; the module is untouched until the file is mapped
+            reason = f"writing its weights to TMPDIR ({directory}) failed: {error}"
+    log = logger.warning if setting else logger.info
+    log("actor_rollout_ref.ref.disk_offload=%s: the reference stays in memory: %s (set TMPDIR to a "
+        "disk-backed directory with room for it).", "true" if setting else "null", reason)
+    return None
 
 
 def build_value_model(model_config: ModelConfig, path: str, fsdp_config: FSDPConfig,

@@ -51,3 +51,17 @@ def test_a_memory_tmpdir_keeps_the_reference_in_memory(monkeypatch, caplog):
     assert offload_frozen_to_disk(torch.nn.Linear(2, 2), True, torch.device("cpu")) is None
     assert "TMPDIR" in caplog.text and "tmpfs" in caplog.text
     assert offload_frozen_to_disk(torch.nn.Linear(2, 2), False, torch.device("cpu")) is None
+
+
+def test_a_failed_write_keeps_the_reference_in_memory(monkeypatch, caplog):
+    import hybrid_rl.workers.builders as builders
+
+    def full_disk(module, directory):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(builders, "FileMappedWeights", full_disk)
+    module = torch.nn.Linear(2, 2)
+    before = module.weight.detach().clone()
+    assert offload_frozen_to_disk(module, None, torch.device("cpu")) is None  # auto: quietly in memory
+    assert offload_frozen_to_disk(module, True, torch.device("cpu")) is None
+    assert "No space left on device" in caplog.text and torch.equal(module.weight, before)

@@ -120,8 +120,8 @@ class RolloutConfig:
     enforce_eager: Optional[bool] = None
     """vLLM: skip torch.compile / CUDA graphs. null = false on GPU; on CPU, compiled only when the
     run plans at least 250k generated tokens per worker (total steps x rows per call x
-    response_length) and torch finds a C++ compiler, else eager: compiling costs 60-65 s of start-up the first time (~20 s from
-    torch's cache) and saves 10-20% of the CPU time per generated token."""
+    response_length) and torch finds a C++ compiler, else eager: compiling costs ~65 s of start-up
+    the first time (~20 s from torch's cache) and saves 10-20% of the CPU time per token."""
     free_cache_engine: bool = True
     """Release the engine's memory between generations (``sleep()``), restoring it for the next
     one (``wake_up()``). GPU vLLM: sleep mode, weights + KV cache (``sleep_level``). CPU vLLM (no

@@ -4,8 +4,8 @@ vLLM-CPU samples each decode step with ``fused_gumbel_argmax``: a hashed Gumbel 
 every vocabulary entry of every row (two logarithms each), then an argmax. At 64 rows of
 SmolLM2's 49152-token vocabulary that is 17 ms a step on 2 cores (AMD Zen 4), 12-18% of the
 engine's step. Inverse-CDF sampling draws the same categorical distribution with one uniform
-number per row: a float32 softmax, block totals, and a binary search over the blocks and then
-inside the chosen block, ~1.3 ms a step in the engine (64 rows, AMD Zen 4).
+number per row: a float32 softmax (~1.1 ms a step in the engine at 64 rows, AMD Zen 4), block
+totals, and a binary search over the blocks and then inside the chosen block (~0.4 ms).
 
 The search runs in two levels so its rounding stays at the scale of a 1024-entry block, not of
 the whole vocabulary: float64 running totals over the blocks' float32 sums, then a float32
