@@ -11,7 +11,7 @@ discarded at the next release.
 
 The file is unlinked as soon as it is mapped: it takes no name on disk and vanishes with the
 process, even after a crash. It must live on a disk-backed file system: on tmpfs (RAM) the pages
-would still take memory, only not this process's (:func:`disk_backed`).
+would still take memory, only not this process's (:func:`ram_file_system`).
 """
 
 from __future__ import annotations
@@ -49,11 +49,6 @@ def ram_file_system(directory: str, mountinfo: Optional[str] = None) -> Optional
         if inside and len(mount_point) >= len(best):
             best, fs_type = mount_point, fs
     return fs_type if fs_type in _RAM_FILE_SYSTEMS else None
-
-
-def disk_backed(directory: str) -> bool:
-    """Whether files in ``directory`` are backed by a disk (their clean pages can leave memory)."""
-    return ram_file_system(directory) is None
 
 
 class FileMappedWeights:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from hybrid_rl.utils.mapped_weights import FileMappedWeights, disk_backed, ram_file_system
+from hybrid_rl.utils.mapped_weights import FileMappedWeights, ram_file_system
 
 
 def _model() -> nn.Module:
@@ -67,4 +67,3 @@ MOUNTINFO = """\
 ])
 def test_ram_file_systems_are_found_by_the_longest_mount_point(directory, expected):
     assert ram_file_system(directory, MOUNTINFO) == expected
-    assert disk_backed(directory) == (ram_file_system(directory) is None)
