@@ -67,7 +67,7 @@ class FileMappedWeights:
             with os.fdopen(os.dup(fd), "wb") as f:
                 for p, offset in zip(params, offsets):
                     f.seek(offset)
-                    f.write(p.detach().contiguous().view(torch.uint8).reshape(-1).numpy().tobytes())
+                    f.write(p.detach().contiguous().view(torch.uint8).reshape(-1).numpy())  # no bytes copy
                 f.truncate(max(size, 1))
             self._mm = mmap.mmap(fd, max(size, 1), access=mmap.ACCESS_COPY)
         finally:

@@ -147,11 +147,11 @@ def offload_frozen_to_disk(module: nn.Module, setting: Optional[bool], device: t
                              "actor_rollout_ref.ref.fsdp_config.param_offload=true (weights in CPU memory between uses).")
         return None
     directory = tempfile.gettempdir()
-    reason = None
+    reason, memory_fs = None, ram_file_system(directory)
     if any(isinstance(p, DTensor) for p in module.parameters()):
         reason = "FSDP2 shards it across the workers"
-    elif ram_file_system(directory):
-        reason = f"TMPDIR ({directory}) is on {ram_file_system(directory)}, which is memory"
+    elif memory_fs:
+        reason = f"TMPDIR ({directory}) is on {memory_fs}, which is memory"
     if reason is None:
         try:
             return FileMappedWeights(module, directory)

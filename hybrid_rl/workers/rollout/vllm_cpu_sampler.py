@@ -29,7 +29,6 @@ import types
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 
 BLOCK = 1024
 """Vocabulary entries per block of the two-level cumulative sum."""
@@ -52,7 +51,7 @@ def block_sums(probs: torch.Tensor, block: int) -> torch.Tensor:
     parts = [probs[:, : full * block].view(rows, full, block).sum(-1)] if full else []  # [B, full]
     if vocab % block:
         parts.append(probs[:, full * block:].sum(-1, keepdim=True))  # [B, 1]
-    return torch.cat(parts, dim=1).double() if len(parts) > 1 else parts[0].double()
+    return torch.cat(parts, dim=1).double()
 
 
 def sample_from_probs(probs: torch.Tensor, u: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
