@@ -54,6 +54,8 @@ class DataParallelPPOActor:
         device: where micro-batches are moved for compute.
         attn_implementation: ``*.model.attn_implementation``, the packed-attention kernel
             (:mod:`hybrid_rl.workers.attention_backend`); None = this process's current choice.
+        fused_head: log-probs straight from the LM head's input, no ``[N, V]`` logits held
+            (``*.model.use_fused_kernels``, :mod:`hybrid_rl.workers.fused_head`).
     """
 
     def __init__(self, config: ActorConfig, actor_module: nn.Module,
@@ -61,8 +63,9 @@ class DataParallelPPOActor:
                  ppo_mini_batch_size_per_gpu: Optional[int] = None,
                  ppo_micro_batch_size_per_gpu: Optional[int] = None,
                  use_remove_padding: bool = False, device: torch.device | str = "cpu",
-                 attn_implementation: Optional[str] = None):
+                 attn_implementation: Optional[str] = None, fused_head: bool = False):
         self.config = config
+        self.fused_head = fused_head  # the LM head returns log-probs (model.use_fused_kernels)
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.mini_batch_rows = ppo_mini_batch_size_per_gpu or config.ppo_mini_batch_size
@@ -104,7 +107,8 @@ class DataParallelPPOActor:
             groups = batch_prompt_groups(batch, self.group_prompts)
             self._count_tokens(batch, groups)
             lp, ent = response_log_probs(self.actor_module, batch, meta["temperature"], self.use_remove_padding,
-                                         calculate_entropy, groups=groups, device=self.device)
+                                         calculate_entropy, groups=groups, device=self.device,
+                                         fused_head=self.fused_head)
             log_probs.append(lp)
             entropys.append(ent)
         # one copy back to the host per call, not one per micro-batch
@@ -215,7 +219,7 @@ class DataParallelPPOActor:
         log_prob, entropy = response_log_probs(self.actor_module, batch, temperature,
                                                self.use_remove_padding, calculate_entropy=True,
                                                entropy_grad=cfg.entropy_coeff != 0, groups=groups,
-                                               device=self.device)
+                                               device=self.device, fused_head=self.fused_head)
         batch = {k: to_device(v, self.device) for k, v in batch.items() if k not in _MODEL_INPUTS}
         mask = batch["response_mask"]
         old_log_prob = log_prob.detach() if detach_old else batch["old_log_probs"]

@@ -69,6 +69,11 @@ class ModelConfig:
     the elementwise ops instead of keeping them): about 44% fewer saved activations per token for a
     Llama-style layer, at no measured cost in step time (hybrid_rl/workers/lean_layers.py). Applies
     to the trainable actor and critic; off when use_torch_compile is on (the compiler decides there)."""
+    use_fused_kernels: bool = True
+    """The LM head returns the log-probs and entropies itself (veRL's key; done in torch here): the
+    ``[tokens, vocab]`` logits are computed block by block and never held, nor their gradient; the
+    update's backward recomputes the head's matmul (hybrid_rl/workers/fused_head.py). Llama, Mistral
+    and Qwen-style models with a plain head; others keep the regular head."""
     override_config: dict[str, Any] = field(default_factory=dict)
     """Entries that override the HF ``config.json`` (e.g. ``{attention_dropout: 0.0}``)."""
     dtype: str = "float32"

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from hybrid_rl.algorithms import entropy_from_logits, logprobs_and_entropy_from_logits, logprobs_from_logits
+from hybrid_rl.workers.fused_head import entropy_mode, fusable_head, head_returns_log_probs
 from hybrid_rl.workers.fsdp_utils import to_device
 from hybrid_rl.workers.packing import PackedBatch, computed_tokens, first_valid_column, pack
 from hybrid_rl.workers.varlen_attention import VARLEN_ATTENTION
@@ -89,8 +90,8 @@ def _unpack(values: torch.Tensor, index: torch.Tensor, shape: torch.Size) -> tor
 
 def response_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float,
                        use_remove_padding: bool, calculate_entropy: bool, entropy_grad: bool = True,
-                       groups: Optional[list[list[int]]] = None, device: Optional[torch.device] = None
-                       ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                       groups: Optional[list[list[int]]] = None, device: Optional[torch.device] = None,
+                       fused_head: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(log_probs [B, R], entropy [B, R] | None)`` of the response tokens (float32) under
     ``softmax(logits / temperature)``, on ``device`` (default: where ``batch`` is).
 
@@ -99,22 +100,33 @@ def response_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temper
     a host batch costs the device no synchronisation. Only the columns predicting a response token
     go through the LM head (``logits_to_keep``). ``entropy_grad=False`` computes the entropy outside
     autograd (a metric only), in the same pass over the logits as the log-probs; its backward, a
-    second vocab-sized pass per response token, is then skipped.
+    second vocab-sized pass per response token, is then skipped. ``fused_head``: the LM head returns
+    the log-probs itself where the model allows it (:mod:`hybrid_rl.workers.fused_head`), so no
+    ``[N, V]`` logits or logit gradients are held.
     """
     device = torch.device(device) if device is not None else batch["input_ids"].device
     shape = batch["responses"].shape
     if use_remove_padding:
         packed, index, host_index = _packed_inputs(batch, groups, device)
         labels = to_device(batch["responses"].reshape(-1)[host_index], device)  # [N]
-        logits = module(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                        attention_mask=packed_attention_mask(module, device),
-                        use_cache=False, logits_to_keep=packed.keep, **packed.attention_kwargs).logits[0]  # [N, V]
+        inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                      attention_mask=packed_attention_mask(module, device), logits_to_keep=packed.keep,
+                      **packed.attention_kwargs)
         place = lambda values: _unpack(values, index, shape)  # noqa: E731
     else:
         input_ids, attention_mask, position_ids = _padded_inputs(batch, device)
-        logits = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        use_cache=False, logits_to_keep=shape[1] + 1).logits[:, :-1, :]  # [B, R, V]
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                      logits_to_keep=shape[1] + 1)
         labels, place = to_device(batch["responses"], device), lambda values: values
+    head = fusable_head(module) if fused_head else None
+    if head is not None:
+        mode = entropy_mode(calculate_entropy, entropy_grad)
+        with head_returns_log_probs(head, labels, temperature, mode, drop_last=not use_remove_padding):
+            out = module(use_cache=False, **inputs).logits  # [1, N, k] packed, [B, R, k] padded
+        out = out[0] if use_remove_padding else out
+        return place(out[..., 0]), (place(out[..., 1]) if mode else None)
+    logits = module(use_cache=False, **inputs).logits
+    logits = logits[0] if use_remove_padding else logits[:, :-1, :]  # [N, V] packed, [B, R, V] padded
     if calculate_entropy and not (entropy_grad and torch.is_grad_enabled()):
         log_probs, entropy = logprobs_and_entropy_from_logits(logits, labels, temperature=temperature)
         return place(log_probs), place(entropy)

@@ -125,7 +125,8 @@ class ActorRolloutRefWorker(Worker):
                                       offload_frozen_to_disk(ref_module, cfg.ref.disk_offload, self.device))
             self.ref_policy = DataParallelPPOActor(cfg.actor, ref_module, use_remove_padding=use_rmpad,
                                                    device=self.device,
-                                                   attn_implementation=cfg.model.attn_implementation)
+                                                   attn_implementation=cfg.model.attn_implementation,
+                                                   fused_head=cfg.model.use_fused_kernels)
         if self._is_rollout:
             from hybrid_rl.workers.rollout import build_rollout
 
@@ -164,7 +165,8 @@ class ActorRolloutRefWorker(Worker):
             cfg.actor, self.actor_module, self.actor_optimizer,
             ppo_mini_batch_size_per_gpu=self.batch_sizes.ppo_mini_batch_size_per_gpu,
             ppo_micro_batch_size_per_gpu=self.batch_sizes.ppo_micro_batch_size_per_gpu,
-            use_remove_padding=use_rmpad, device=self.device, attn_implementation=cfg.model.attn_implementation)
+            use_remove_padding=use_rmpad, device=self.device, attn_implementation=cfg.model.attn_implementation,
+            fused_head=cfg.model.use_fused_kernels)
         self.optimizer_offload.offload()
 
     def _require(self, part: str, method: str) -> None:

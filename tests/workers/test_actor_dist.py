@@ -27,7 +27,7 @@ def _prepared_batch(model):
     return data
 
 
-def _update_on_rank(model_dir, data, rank, world, fsdp_config, remove_padding=False, **cfg):
+def _update_on_rank(model_dir, data, rank, world, fsdp_config, remove_padding=False, fused_head=False, **cfg):
     """Shard of ``data`` for ``rank``, updated on a fresh FSDP model; returns (full params, metrics)."""
     model = build_causal_lm(ModelConfig(path=model_dir), model_dir, fsdp_config, torch.device("cpu"),
                             trainable=True)
@@ -37,7 +37,7 @@ def _update_on_rank(model_dir, data, rank, world, fsdp_config, remove_padding=Fa
                                log_prob_micro_batch_size_per_gpu=3)
     actor = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=1e-2),
                                  ppo_mini_batch_size_per_gpu=sizes.ppo_mini_batch_size_per_gpu,
-                                 use_remove_padding=remove_padding)
+                                 use_remove_padding=remove_padding, fused_head=fused_head)
     shard = data.chunk(world)[rank]
     log_probs, _ = actor.compute_log_prob(shard)
     metrics = actor.update_policy(shard)
@@ -49,7 +49,8 @@ def _two_rank_job(rank, world, model_dir, data, grouped, out_path):
     for name, fsdp_config, cfg in [("fixed", FP32, {}),
                                    ("dynamic", FP32, dict(use_dynamic_bsz=True,
                                                           ppo_max_token_len_per_gpu=16)),
-                                   ("bf16", BF16, {})]:
+                                   ("bf16", BF16, {}),
+                                   ("fused", FP32, dict(remove_padding=True, fused_head=True))]:
         results[name] = _update_on_rank(model_dir, data, rank, world, fsdp_config, **cfg)
     # prefix grouper: 4 prompts x 2 responses, 2 groups per rank; a budget of one group per
     # micro-batch on one rank and two on the other makes the ranks agree on the pass count
@@ -102,7 +103,7 @@ def test_two_rank_log_probs_match_hf(two_rank_results):
     torch.testing.assert_close(res["log_probs"]["fixed"][mask], expected[mask], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("variant", ["fixed", "dynamic"])
+@pytest.mark.parametrize("variant", ["fixed", "dynamic", "fused"])
 def test_two_ranks_half_batch_equal_one_rank_full_batch(two_rank_results, variant):
     base, data, res = two_rank_results
     params, metrics = _single_process_update(base, data)

@@ -98,7 +98,8 @@ def _lora_update_job(rank, world, model_dir, data, out_path):
     assert is_lora_model(model)
     actor = DataParallelPPOActor(actor_config(**COMMON), model, torch.optim.SGD(
         [p for p in model.parameters() if p.requires_grad], lr=5e-2),
-        ppo_mini_batch_size_per_gpu=8 // world, use_remove_padding=True)
+        ppo_mini_batch_size_per_gpu=8 // world, use_remove_padding=True,
+        fused_head=world == 2)  # the regular head on one rank, the fused one (the default) on two
     metrics = actor.update_policy(data.chunk(world)[rank])
     merged = dict(merged_lora_weights(iter_full_state(model), model))  # collective
     if rank == 0:
