@@ -133,6 +133,7 @@ def test_sleep_can_release_the_cpu_weights_and_a_sync_rebuilds_them(engine, stat
     try:
         engine.sleep()
         assert engine.needs_weights and engine.memory_owners(set())["rollout/weights"] < held
+        assert engine.llm.collective_rpc(_parameter_bytes) == [0]  # the embedding and norms too
         engine.wake_up()
         with pytest.raises(RuntimeError, match="call update_weights"):
             engine.generate_sequences(batch)
@@ -143,6 +144,11 @@ def test_sleep_can_release_the_cpu_weights_and_a_sync_rebuilds_them(engine, stat
         engine.release_weights_in_sleep = False
     for key in ("responses", "rollout_log_probs"):
         assert torch.equal(first[key], second[key]), key
+
+
+def _parameter_bytes(worker) -> int:
+    model = getattr(worker, "worker", worker).model_runner.model
+    return sum(p.untyped_storage().nbytes() for p in model.parameters())
 
 
 def test_trainer_rng_is_untouched(engine):

@@ -47,7 +47,7 @@ from hybrid_rl.workers.rollout.sequences import build_rollout_output, check_prom
 from hybrid_rl.workers.rollout.vllm_cpu_kernels import cpu_ir_op_priority
 from hybrid_rl.workers.rollout.vllm_cpu_sampler import install as install_cpu_sampler
 from hybrid_rl.workers.rollout.vllm_cpu_sleep import (flatten_tensors, release_kv_cache, release_linear_weights,
-                                                   restore_kv_cache)
+                                                   restore_kv_cache, restore_released_parameters)
 
 logger = logging.getLogger(__name__)
 
@@ -331,6 +331,8 @@ class VLLMRollout(BaseRollout):
         cast = ((name, tensor.detach().to(self._dtype)) for name, tensor in stream)
         self._weights_valid = False  # a reload that stops midway leaves fused modules half-updated
         try:
+            if self.on_cpu:  # parameters emptied in sleep get their memory back before the reload
+                self.llm.collective_rpc(restore_released_parameters)
             with self._rng.active():
                 self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": cast})
             stream.check_complete()
