@@ -10,6 +10,7 @@ error.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -18,6 +19,7 @@ import yaml
 from hybrid_rl.studio.form import (changed_values, check_values, command_line, format_value, parse_command_line,
                                    parse_overrides, to_yaml, values_from_yaml)
 from hybrid_rl.studio.presets import load_presets
+from hybrid_rl.studio.runs import RunLauncher, read_progress
 from hybrid_rl.studio.schema import BEGINNER_KEYS, FieldSpec, config_schema
 
 STATIC_DIR = Path(__file__).with_name("static")
@@ -103,6 +105,7 @@ def create_app() -> Any:
     from fastapi.responses import FileResponse
 
     app = FastAPI(title="hybrid_rl studio")
+    launcher = RunLauncher()
 
     @app.get("/")
     def page() -> FileResponse:
@@ -122,4 +125,35 @@ def create_app() -> Any:
     def load(text: str = Body(..., embed=True), kind: str = Body("yaml", embed=True)) -> dict:
         return import_json(text, kind)
 
+    @app.post("/api/runs")
+    def launch(values: dict = Body(..., embed=True)) -> dict:
+        typed, errors = typed_values(values)
+        errors = errors or check_values(typed)
+        if errors:
+            return {"errors": errors}
+        run_id = launcher.launch(changed_values(typed))
+        return {"errors": {}, "id": run_id, "run_dir": str(launcher.get(run_id).run_dir)}
+
+    @app.get("/api/runs/{run_id}")
+    def run_state(run_id: int) -> dict:
+        try:
+            return launcher.get(run_id).state()
+        except KeyError as error:
+            return {"error": str(error.args[0])}
+
+    @app.post("/api/runs/{run_id}/stop")
+    def stop(run_id: int) -> dict:
+        try:
+            launcher.get(run_id).stop()
+        except KeyError as error:
+            return {"error": str(error.args[0])}
+        return {"stopping": True}
+
+    @app.get("/api/watch")
+    def watch(run_dir: str) -> dict:
+        if not os.path.isdir(os.path.expanduser(run_dir)):
+            return {"error": f"{run_dir} is not a folder; give a run's trainer.default_local_dir"}
+        return read_progress(run_dir)
+
+    app.router.on_shutdown.append(launcher.stop_all)
     return app

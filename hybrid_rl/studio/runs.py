@@ -1,0 +1,104 @@
+"""Launch a run from the studio and watch any run's folder as it grows.
+
+A launched run is the command line's own: the exported YAML is written into the run's folder
+(``trainer.default_local_dir``) as ``studio_config.yaml`` and ``python -m hybrid_rl.trainer.main_ppo
+--config-path <folder> --config-name studio_config`` runs as a subprocess, its output in
+``studio_console.log`` beside it. Watching reads what every run writes there (``metrics.jsonl``
+from the ``jsonl`` logger, ``val_generations.jsonl``), so a run started from the CLI is watched the
+same way. Stopping sends SIGINT, as Ctrl-C would; the run resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from hybrid_rl.studio.form import to_yaml
+
+CONFIG_NAME = "studio_config"
+"""The YAML a launched run reads, in its run folder."""
+CONSOLE_LOG = "studio_console.log"
+"""A launched run's console output, in its run folder."""
+CURVES = ("critic/score/mean", "training/global_step", "timing_s/step")
+"""Metric keys a progress report keeps, with every ``val-core/*`` key (the validation curves)."""
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """The parseable JSON lines of ``path`` (a line being written is skipped until complete)."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def read_progress(run_dir: str, num_samples: int = 3) -> dict[str, Any]:
+    """``{"metrics": [{step, curve keys...}], "samples": [last validation samples]}`` of a run folder."""
+    folder = Path(run_dir).expanduser()
+    metrics = [{k: v for k, v in row.items() if k == "step" or k in CURVES or k.startswith("val-core/")}
+               for row in _rows(folder / "metrics.jsonl")]
+    samples = _rows(folder / "val_generations.jsonl")[-num_samples:]
+    return {"run_dir": str(folder.resolve()), "metrics": metrics, "samples": samples}
+
+
+@dataclass
+class LaunchedRun:
+    """A run the studio started."""
+
+    run_dir: Path
+    """Its ``trainer.default_local_dir``."""
+    process: subprocess.Popen = field(repr=False)
+    """The ``main_ppo`` subprocess."""
+
+    def state(self) -> dict[str, Any]:
+        code = self.process.poll()
+        return {"running": code is None, "returncode": code, **read_progress(str(self.run_dir))}
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+
+
+class RunLauncher:
+    """Starts ``main_ppo`` runs from form values and keeps them by id (this server's lifetime)."""
+
+    def __init__(self, cwd: Optional[str] = None):
+        self.cwd = Path(cwd or os.getcwd())
+        self.runs: dict[int, LaunchedRun] = {}
+
+    def launch(self, values: Mapping[str, Any]) -> int:
+        """Start a run of ``values`` (already checked); returns its id."""
+        from hybrid_rl.studio.form import to_overrides
+        from hybrid_rl.trainer.config_loader import get_config, to_ppo_config
+
+        folder = to_ppo_config(get_config(to_overrides(values))).trainer.default_local_dir  # interpolated
+        run_dir = (self.cwd / os.path.expanduser(folder)).resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / f"{CONFIG_NAME}.yaml").write_text(to_yaml(values), encoding="utf-8")
+        command = [sys.executable, "-m", "hybrid_rl.trainer.main_ppo", "--config-path", str(run_dir),
+                   "--config-name", CONFIG_NAME]
+        with open(run_dir / CONSOLE_LOG, "ab") as log:
+            process = subprocess.Popen(command, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL)
+        run_id = len(self.runs) + 1
+        self.runs[run_id] = LaunchedRun(run_dir=run_dir, process=process)
+        return run_id
+
+    def get(self, run_id: int) -> LaunchedRun:
+        if run_id not in self.runs:
+            raise KeyError(f"no run {run_id} was started from this studio; started: {sorted(self.runs)}")
+        return self.runs[run_id]
+
+    def stop_all(self) -> None:
+        for run in self.runs.values():
+            run.stop()

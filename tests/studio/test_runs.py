@@ -1,0 +1,89 @@
+"""Launch and watch from the studio: progress read from a run folder; a real 2-step run launched."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from hybrid_rl.studio.runs import CONFIG_NAME, CONSOLE_LOG, read_progress
+
+fastapi = pytest.importorskip("fastapi", reason="the studio extra (fastapi) is not installed")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from hybrid_rl.studio.server import create_app  # noqa: E402
+
+
+def _write_run(folder):
+    rows = [{"step": 0, "val-core/arithmetic/reward/mean@1": 0.25, "timing_s/validate": 3.0},
+            {"step": 1, "critic/score/mean": 0.5, "training/global_step": 1, "actor/pg_loss": 0.1}]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 2, "crit')
+    samples = [{"step": 0, "response": f"#### {i}", "score": float(i % 2)} for i in range(5)]
+    (folder / "val_generations.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+
+
+def test_progress_keeps_the_curves_and_the_last_samples_and_skips_a_line_being_written(tmp_path):
+    _write_run(tmp_path)
+    progress = read_progress(str(tmp_path), num_samples=2)
+    assert progress["metrics"] == [{"step": 0, "val-core/arithmetic/reward/mean@1": 0.25},
+                                   {"step": 1, "critic/score/mean": 0.5, "training/global_step": 1}]
+    assert [s["response"] for s in progress["samples"]] == ["#### 3", "#### 4"]
+    assert read_progress(str(tmp_path / "empty")) == {"run_dir": str((tmp_path / "empty").resolve()),
+                                                      "metrics": [], "samples": []}
+
+
+def test_a_cli_runs_folder_is_watched_the_same_way_and_a_bad_folder_is_one_line(tmp_path):
+    _write_run(tmp_path)
+    client = TestClient(create_app())
+    assert client.get("/api/watch", params={"run_dir": str(tmp_path)}).json()["metrics"][1]["critic/score/mean"] == 0.5
+    assert "is not a folder" in client.get("/api/watch", params={"run_dir": str(tmp_path / "nope")}).json()["error"]
+    assert "no run 7" in client.get("/api/runs/7").json()["error"]
+
+
+def test_an_invalid_form_launches_nothing(tmp_path):
+    client = TestClient(create_app())
+    out = client.post("/api/runs", json={"values": {"data.train_batch_size": "x"}}).json()
+    assert list(out["errors"]) == ["data.train_batch_size"] and "id" not in out
+
+
+def _tiny_run(tmp_path, tiny_model_dir, steps: int) -> dict:
+    return {"actor_rollout_ref.model.path": tiny_model_dir, "data.arithmetic.cache_dir": str(tmp_path / "data"),
+             "data.arithmetic.num_train": "16", "data.arithmetic.num_test": "4", "data.arithmetic.num_shots": "0",
+             "data.max_response_length": "8", "data.train_batch_size": "4", "actor_rollout_ref.rollout.n": "2",
+             "actor_rollout_ref.rollout.name": "hf", "actor_rollout_ref.actor.ppo_mini_batch_size": "2",
+             "trainer.total_training_steps": str(steps), "trainer.val_before_train": "false",
+             "trainer.default_local_dir": str(tmp_path / "run")}
+
+
+def _wait(client, run_id, until, timeout_s=600):
+    deadline = time.monotonic() + timeout_s
+    while not until(state := client.get(f"/api/runs/{run_id}").json()) and time.monotonic() < deadline:
+        time.sleep(1)
+    return state
+
+
+@pytest.mark.slow
+def test_a_two_step_run_launched_from_the_page_shows_its_reward_curve(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    texts = _tiny_run(tmp_path, tiny_model_dir, steps=2)
+    client = TestClient(create_app())
+    out = client.post("/api/runs", json={"values": texts}).json()
+    assert out["errors"] == {} and (tmp_path / "run" / f"{CONFIG_NAME}.yaml").is_file()
+    state = _wait(client, out["id"], lambda s: not s["running"])
+    console = (tmp_path / "run" / CONSOLE_LOG).read_text()
+    assert state["returncode"] == 0, console[-3000:]
+    rewards = [m["critic/score/mean"] for m in state["metrics"] if "critic/score/mean" in m]
+    assert len(rewards) == 2 and all(0.0 <= r <= 1.0 for r in rewards)
+
+
+@pytest.mark.slow
+def test_stop_ends_a_launched_run_as_ctrl_c_does(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    client = TestClient(create_app())
+    run_id = client.post("/api/runs", json={"values": _tiny_run(tmp_path, tiny_model_dir, steps=500)}).json()["id"]
+    assert _wait(client, run_id, lambda s: s["metrics"] or not s["running"])["running"]  # training
+    assert client.post(f"/api/runs/{run_id}/stop", json={}).json() == {"stopping": True}
+    state = _wait(client, run_id, lambda s: not s["running"], timeout_s=120)
+    assert not state["running"] and state["returncode"] != 0
+    assert len(state["metrics"]) < 500
