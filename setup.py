@@ -38,7 +38,8 @@ install_requires = [
 ]
 
 extras_require = {
-    "test": ["pytest>=8", "pytest-timeout>=2.3"],
+    # playwright drives the system's Chromium in the studio's browser test (it downloads no browser)
+    "test": ["pytest>=8", "pytest-timeout>=2.3", "playwright>=1.40", "httpx"],
     # vLLM pins one exact torch per release (docs/gpu.md has the table); install the release that
     # matches the installed torch. 0.11.1-0.19 require transformers<5 (outside the window above);
     # earlier releases were built against transformers 4.5x.

