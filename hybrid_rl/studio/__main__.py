@@ -20,7 +20,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"the studio needs FastAPI and uvicorn ({error.name} is missing). "
                  "Fix: pip install 'hybrid_rl[studio]'")
     print(f"hybrid_rl studio on http://{args.host}:{args.port}", flush=True)
-    uvicorn.run(create_app(), host=args.host, port=args.port, log_level="warning")
+    from hybrid_rl.studio.server import LOCAL_HOSTS
+
+    hosts = LOCAL_HOSTS + ((args.host,) if args.host not in LOCAL_HOSTS else ())
+    uvicorn.run(create_app(hosts), host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,9 @@ def format_value(value: Any) -> str:
     if isinstance(value, str):
         if _BARE.match(value) and value.lower() not in _RESERVED:
             return value
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        # Hydra keeps a backslash literal unless a quote (or the closing quote) follows it
+        escaped = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value)
+        return "'" + escaped.replace("'", "\\'") + "'"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(format_value(v) for v in value) + "]"
     if isinstance(value, Mapping):
@@ -76,6 +78,9 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
             (override,) = parser.parse_overrides([text])
         except OverrideParseException as error:
             raise ValueError(f"cannot parse {text!r}: {str(error).splitlines()[0]}. Fix: write key=value") from None
+        if override.is_sweep_override():
+            raise ValueError(f"{text!r} is a sweep (several values); the studio configures one run. Fix: quote "
+                             "a value holding commas (key='a,b') or write a list as key=[a,b]")
         key, value = override.key_or_group, _plain(override.value())
         owner = next((m for m in mappings if key.startswith(m + ".")), None)
         if owner:  # +key.entry=value of a mapping-valued field
@@ -150,13 +155,26 @@ def values_from_yaml(text: str) -> dict[str, Any]:
     return changed_values(dict(_leaves(tree, "", leaf_keys)))
 
 
-def _owner(message: str, keys: Iterable[str]) -> str:
-    """The longest config key ``message`` names (the most specific), else :data:`FORM_LEVEL`."""
-    named = [k for k in keys if re.search(rf"(?<![\w.]){re.escape(k)}(?![\w])", message)]
-    if not named:  # sections' own checks name keys relative to their section (rollout.name, ...)
-        named = [k for k in keys if re.search(rf"(?<![\w]){re.escape(k.split('.', 1)[-1])}(?![\w])", message)
-                 and "." in k.split(".", 1)[-1]]
-    return max(named, key=len) if named else FORM_LEVEL
+def _named(message: str, keys: Iterable[str], relative: bool) -> list[str]:
+    """The keys ``message`` names in full, or (``relative``) without their top section, as the
+    sections' own checks write them (``rollout.name``)."""
+    found = []
+    for key in keys:
+        text = key.split(".", 1)[-1] if relative else key
+        if (not relative or "." in text) and re.search(rf"(?<![\w.]){re.escape(text)}(?![\w])", message):
+            found.append(key)
+    return found
+
+
+def _owner(message: str, edited: list[str], keys: list[str]) -> str:
+    """The key a message belongs to: a full key it names (an edited one first), else a key it names
+    relative to its section (an edited one first), else :data:`FORM_LEVEL`; the longest wins."""
+    for relative in (False, True):
+        for candidates in (edited, keys):
+            named = _named(message, candidates, relative)
+            if named:
+                return max(named, key=len)
+    return FORM_LEVEL
 
 
 def check_values(values: Mapping[str, Any]) -> dict[str, str]:
@@ -169,15 +187,17 @@ def check_values(values: Mapping[str, Any]) -> dict[str, str]:
     from hybrid_rl.trainer.validate import validate_config
 
     keys = [f.key for f in config_schema()[0]]
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
         overrides = to_overrides(values)
         validate_config(to_ppo_config(get_config(overrides)))
-    except (ValueError, TypeError) as error:
+    except (ValueError, TypeError, OmegaConfBaseException) as error:
         lines = [line.removeprefix("- ") for line in str(error).splitlines() if line.strip()]
         if len(lines) > 1 and lines[0].endswith("config problems:"):
             lines = lines[1:]
         edited, errors = [k for k in keys if k in values], {}
         for line in lines:
-            errors.setdefault(_owner(line, edited) or _owner(line, keys), line)
+            errors.setdefault(_owner(line, edited, keys), line)
         return errors
     return {}

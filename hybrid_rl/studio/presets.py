@@ -36,11 +36,10 @@ def load_presets(recipes_dir: Path = RECIPES_DIR) -> dict[str, dict[str, Any]]:
     ``{"default": {}}`` first (the default run)."""
     presets: dict[str, dict[str, Any]] = {"default": {}}
     for script in sorted(recipes_dir.glob("*/run.sh")):
-        overrides = recipe_overrides(script.read_text())
-        if overrides is None:
-            continue
         try:
-            presets[script.parent.name] = parse_overrides(overrides)
-        except ValueError:  # a recipe the parser cannot read is left out, not an error of the page
+            overrides = recipe_overrides(script.read_text(encoding="utf-8", errors="replace"))
+            if overrides is not None:
+                presets[script.parent.name] = parse_overrides(overrides)
+        except ValueError:  # a recipe the parsers cannot read is left out, not an error of the page
             continue
     return presets

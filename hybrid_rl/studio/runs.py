@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -34,11 +35,13 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(row, dict):
+            rows.append(row)
     return rows
 
 
@@ -65,8 +68,12 @@ class LaunchedRun:
         return {"running": code is None, "returncode": code, **read_progress(str(self.run_dir))}
 
     def stop(self) -> None:
+        """SIGINT to the run's process group (its own session), as Ctrl-C sends it to a terminal's."""
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
+            try:
+                os.killpg(self.process.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
 
 
 class RunLauncher:
@@ -75,6 +82,7 @@ class RunLauncher:
     def __init__(self, cwd: Optional[str] = None):
         self.cwd = Path(cwd or os.getcwd())
         self.runs: dict[int, LaunchedRun] = {}
+        self._lock = threading.Lock()  # FastAPI runs plain endpoints in a thread pool
 
     def launch(self, values: Mapping[str, Any]) -> int:
         """Start a run of ``values`` (already checked); returns its id."""
@@ -83,13 +91,21 @@ class RunLauncher:
 
         folder = to_ppo_config(get_config(to_overrides(values))).trainer.default_local_dir  # interpolated
         run_dir = (self.cwd / os.path.expanduser(folder)).resolve()
+        with self._lock:
+            busy = [i for i, run in self.runs.items() if run.run_dir == run_dir and run.process.poll() is None]
+            if busy:
+                raise ValueError(f"run {busy[0]} is still writing to {run_dir}; stop it or set "
+                                 "trainer.default_local_dir (or trainer.experiment_name) to another folder")
+            return self._start(run_dir, values)
+
+    def _start(self, run_dir: Path, values: Mapping[str, Any]) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / f"{CONFIG_NAME}.yaml").write_text(to_yaml(values), encoding="utf-8")
         command = [sys.executable, "-m", "hybrid_rl.trainer.main_ppo", "--config-path", str(run_dir),
                    "--config-name", CONFIG_NAME]
         with open(run_dir / CONSOLE_LOG, "ab") as log:
             process = subprocess.Popen(command, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL)
+                                       stdin=subprocess.DEVNULL, start_new_session=True)
         run_id = len(self.runs) + 1
         self.runs[run_id] = LaunchedRun(run_dir=run_dir, process=process)
         return run_id

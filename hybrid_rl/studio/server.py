@@ -99,12 +99,37 @@ def import_json(text: str, kind: str) -> dict[str, Any]:
     return {"values": {k: to_text(v) for k, v in values.items()}}
 
 
-def create_app() -> Any:
-    """The FastAPI application (``hybrid_rl[studio]``)."""
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "testserver")
+"""Host names the server answers by default (``testserver``: FastAPI's test client)."""
+
+
+def _same_origin_only(app: Any, hosts: tuple[str, ...]) -> None:
+    """Refuse requests addressed to another host name (DNS rebinding) and state-changing requests
+    from another page's origin: a web page the user visits must not launch runs (a run may execute
+    code: a reward file, ``trust_remote_code``)."""
+    from urllib.parse import urlsplit
+
+    from fastapi.responses import JSONResponse
+
+    @app.middleware("http")
+    async def guard(request: Any, call_next: Any) -> Any:
+        host = (request.headers.get("host") or "").rsplit(":", 1)[0].strip("[]")
+        origin = request.headers.get("origin")
+        if host not in hosts:
+            return JSONResponse({"error": f"host {host!r} is not served; open the studio by one of {list(hosts)}"},
+                                status_code=403)
+        if request.method != "GET" and origin and urlsplit(origin).netloc != request.headers.get("host"):
+            return JSONResponse({"error": "requests from another page are refused"}, status_code=403)
+        return await call_next(request)
+
+
+def create_app(hosts: tuple[str, ...] = LOCAL_HOSTS) -> Any:
+    """The FastAPI application (``hybrid_rl[studio]``), answering requests addressed to ``hosts``."""
     from fastapi import Body, FastAPI
     from fastapi.responses import FileResponse
 
     app = FastAPI(title="hybrid_rl studio")
+    _same_origin_only(app, hosts)
     launcher = RunLauncher()
 
     @app.get("/")
@@ -131,7 +156,10 @@ def create_app() -> Any:
         errors = errors or check_values(typed)
         if errors:
             return {"errors": errors}
-        run_id = launcher.launch(changed_values(typed))
+        try:
+            run_id = launcher.launch(changed_values(typed))
+        except ValueError as error:  # the folder is in use by a run still going
+            return {"errors": {"trainer.default_local_dir": str(error)}}
         return {"errors": {}, "id": run_id, "run_dir": str(launcher.get(run_id).run_dir)}
 
     @app.get("/api/runs/{run_id}")

@@ -59,11 +59,15 @@ def head_returns_log_probs(head: nn.Linear, labels: torch.Tensor, temperature: f
         columns = [log_probs] if ent is None else [log_probs, ent]
         return torch.stack(columns, dim=-1).view(*hidden.shape[:-1], len(columns))
 
+    own = head.__dict__.get("forward")  # an instance forward set by someone else comes back too
     head.forward = forward  # an instance attribute shadows the class's forward; removed below
     try:
         yield
     finally:
-        del head.forward
+        if own is None:
+            del head.forward
+        else:
+            head.forward = own
 
 
 def entropy_mode(calculate_entropy: bool, entropy_grad: bool) -> Optional[str]:

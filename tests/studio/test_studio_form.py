@@ -25,7 +25,9 @@ VALUES = {
 
 @pytest.mark.parametrize("value, text", [(None, "null"), (True, "true"), (1e-06, "1e-06"), (4, "4"),
                                          ("sdpa", "sdpa"), ("null", "'null'"), ("a b", "'a b'"),
-                                         ([1, "x y"], "[1,'x y']"), ({"k": 1}, "{k:1}")])
+                                         ([1, "x y"], "[1,'x y']"), ({"k": 1}, "{k:1}"),
+                                         ("a\\b c", "'a\\b c'"), ("end\\ ", "'end\\ '"),
+                                         ("it's\\", "'it\\'s\\\\'")])
 def test_values_are_written_in_hydras_grammar(value, text):
     assert format_value(value) == text
     assert parse_overrides([f"k={text}"]) == {"k": value}
@@ -80,3 +82,10 @@ def test_a_bad_yaml_or_command_line_is_one_line():
         values_from_yaml("- a\n- b\n")
     with pytest.raises(ValueError, match="cannot parse"):
         parse_overrides(["data.train_batch_size=[1"])
+    with pytest.raises(ValueError, match="is a sweep"):
+        parse_overrides(["trainer.logger=console,jsonl"])
+
+
+def test_a_message_naming_a_key_in_full_goes_to_that_key_not_to_an_edited_look_alike():
+    errors = check_values({"critic.model.path": "/no/such/model", "actor_rollout_ref.model.path": "/no/such/model"})
+    assert all(key in message for key, message in errors.items() if key)

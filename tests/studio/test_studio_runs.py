@@ -81,8 +81,11 @@ def test_a_two_step_run_launched_from_the_page_shows_its_reward_curve(tmp_path, 
 def test_stop_ends_a_launched_run_as_ctrl_c_does(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.chdir(tmp_path)
     client = TestClient(create_app())
-    run_id = client.post("/api/runs", json={"values": _tiny_run(tmp_path, tiny_model_dir, steps=500)}).json()["id"]
+    values = _tiny_run(tmp_path, tiny_model_dir, steps=500)
+    run_id = client.post("/api/runs", json={"values": values}).json()["id"]
     assert _wait(client, run_id, lambda s: s["metrics"] or not s["running"])["running"]  # training
+    again = client.post("/api/runs", json={"values": values}).json()  # the same folder, still in use
+    assert "still writing to" in again["errors"]["trainer.default_local_dir"] and "id" not in again
     assert client.post(f"/api/runs/{run_id}/stop", json={}).json() == {"stopping": True}
     state = _wait(client, run_id, lambda s: not s["running"], timeout_s=120)
     assert not state["running"] and state["returncode"] != 0

@@ -64,3 +64,11 @@ def test_unreadable_imports_are_one_line_and_unknown_keys_are_named(client):
 def test_a_fields_text_round_trips_to_its_value(value):
     spec = next(f for f in config_schema()[0] if f.kind == "any")
     assert parse_text(spec, to_text(value)) == value
+
+
+def test_other_hosts_and_cross_site_posts_are_refused(client):
+    assert client.get("/api/schema", headers={"host": "evil.example"}).status_code == 403
+    cross = client.post("/api/check", json={"values": {}}, headers={"origin": "http://evil.example"})
+    assert cross.status_code == 403
+    same = client.post("/api/check", json={"values": {}}, headers={"origin": "http://testserver"})
+    assert same.status_code == 200
