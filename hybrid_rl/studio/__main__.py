@@ -11,6 +11,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind; the default serves this machine only")
+    parser.add_argument("--plugins", nargs="+", default=[], metavar="FILE",
+                        help="Python files that register estimators, losses, rewards or tools (imported "
+                             "first: their names appear among the choices, and launched runs import them)")
     args = parser.parse_args(argv)
     try:
         import uvicorn
@@ -23,7 +26,11 @@ def main(argv: list[str] | None = None) -> None:
     from hybrid_rl.studio.server import LOCAL_HOSTS
 
     hosts = LOCAL_HOSTS + ((args.host,) if args.host not in LOCAL_HOSTS else ())
-    uvicorn.run(create_app(hosts), host=args.host, port=args.port, log_level="warning")
+    try:
+        app = create_app(hosts, plugins=tuple(args.plugins))
+    except ValueError as error:
+        sys.exit(str(error))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -79,8 +79,9 @@ class LaunchedRun:
 class RunLauncher:
     """Starts ``main_ppo`` runs from form values and keeps them by id (this server's lifetime)."""
 
-    def __init__(self, cwd: Optional[str] = None):
+    def __init__(self, cwd: Optional[str] = None, plugins: tuple[str, ...] = ()):
         self.cwd = Path(cwd or os.getcwd())
+        self.plugins = tuple(os.path.abspath(p) for p in plugins)  # imported by each launched run
         self.runs: dict[int, LaunchedRun] = {}
         self._lock = threading.Lock()  # FastAPI runs plain endpoints in a thread pool
 
@@ -101,8 +102,9 @@ class RunLauncher:
     def _start(self, run_dir: Path, values: Mapping[str, Any]) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / f"{CONFIG_NAME}.yaml").write_text(to_yaml(values), encoding="utf-8")
-        command = [sys.executable, "-m", "hybrid_rl.trainer.main_ppo", "--config-path", str(run_dir),
-                   "--config-name", CONFIG_NAME]
+        arguments = ["--config-path", str(run_dir), "--config-name", CONFIG_NAME]
+        command = ([sys.executable, "-m", "hybrid_rl.studio.run_with_plugins", *self.plugins, "--", *arguments]
+                   if self.plugins else [sys.executable, "-m", "hybrid_rl.trainer.main_ppo", *arguments])
         with open(run_dir / CONSOLE_LOG, "ab") as log:
             process = subprocess.Popen(command, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True)

@@ -123,14 +123,19 @@ def _same_origin_only(app: Any, hosts: tuple[str, ...]) -> None:
         return await call_next(request)
 
 
-def create_app(hosts: tuple[str, ...] = LOCAL_HOSTS) -> Any:
-    """The FastAPI application (``hybrid_rl[studio]``), answering requests addressed to ``hosts``."""
+def create_app(hosts: tuple[str, ...] = LOCAL_HOSTS, plugins: tuple[str, ...] = ()) -> Any:
+    """The FastAPI application (``hybrid_rl[studio]``), answering requests addressed to ``hosts``;
+    ``plugins``: files imported now (their registered names join the choices) and by every run
+    launched from the page."""
+    from hybrid_rl.studio.plugins import load_plugin_files
+
+    load_plugin_files(list(plugins))
     from fastapi import Body, FastAPI
     from fastapi.responses import FileResponse
 
     app = FastAPI(title="hybrid_rl studio")
     _same_origin_only(app, hosts)
-    launcher = RunLauncher()
+    launcher = RunLauncher(plugins=plugins)
 
     @app.get("/")
     def page() -> FileResponse:
