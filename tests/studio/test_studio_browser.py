@@ -91,19 +91,26 @@ def test_views_errors_export_launch_and_the_reward_curve(page, tmp_path, monkeyp
     assert page.locator("#export").is_disabled()
     _shot(page, "3_invalid")
 
+    default = next(f.default for f in config_schema()[0] if f.key == "data.train_batch_size")
+    page.fill(_field("data.train_batch_size"), str(default))  # fixed in the field: the message goes
+    page.wait_for_function("document.querySelector('[data-error-for=\"data.train_batch_size\"]').textContent == ''"
+                           " && !document.querySelector('#export').disabled")
+
     run_dir = tmp_path / "run"
     small = (f"data.train_batch_size=4 actor_rollout_ref.rollout.n=2 "
              f"actor_rollout_ref.actor.ppo_mini_batch_size=2 trainer.total_training_steps=2 "
              f"trainer.val_before_train=false data.arithmetic.cache_dir={tmp_path}/data "
              f"trainer.default_local_dir={run_dir}")
-    page.fill("#import-text", small)  # the fix, loaded as a command line
+    page.fill("#import-text", small)  # a small run's settings, loaded as a command line
     page.click("#import-command")
     page.wait_for_function("document.querySelector('[data-error-for=\"data.train_batch_size\"]').textContent == ''"
                            " && !document.querySelector('#export').disabled")
     page.click("#export")
     page.wait_for_function("document.querySelector('#yaml').textContent.length > 0")
     _shot(page, "4_exported")
-    (tmp_path / "exported.yaml").write_text(page.locator("#yaml").inner_text())
+    with page.expect_download() as download:  # the YAML as a file, as a user saves it
+        page.click("#download")
+    download.value.save_as(tmp_path / "exported.yaml")
     assert "trainer.total_training_steps=2" in page.locator("#command").inner_text()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):  # main_ppo --config-path/-name
