@@ -48,7 +48,7 @@ def to_text(value: Any) -> Any:
 
 
 def typed_values(texts: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """``(values, errors)`` of the page's texts: unknown keys and unreadable YAML are errors."""
+    """``(values, errors)`` of the page's texts: unknown keys and unreadable list or mapping text are errors."""
     specs = {f.key: f for f in config_schema()[0]}
     values, errors = {}, {}
     for key, text in texts.items():

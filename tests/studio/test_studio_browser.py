@@ -40,6 +40,9 @@ def studio_url(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # launched runs start in the server's working directory (Hydra writes main_ppo.log there)
+    home = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("studio_cwd"))
     server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -48,6 +51,7 @@ def studio_url(tmp_path_factory):
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(timeout=30)
+    os.chdir(home)
 
 
 @pytest.fixture(scope="module")
