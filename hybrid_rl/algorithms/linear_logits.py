@@ -42,13 +42,17 @@ def _block_logits(hidden: torch.Tensor, weight: torch.Tensor, start: int, dtype:
     return z if temperature == 1.0 else z.div_(temperature)
 
 
-def _label_logit(z: torch.Tensor, labels: torch.Tensor, start: int, current: torch.Tensor) -> torch.Tensor:
-    """``current`` ``[N]`` with the rows whose label falls in this block ``[start, start + b)`` set to
-    ``z[row, label - start]``."""
+def _in_block(labels: torch.Tensor, start: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(column [N, 1], inside [N])``: each label's column in the block ``[start, start + width)``
+    (clamped into it) and whether the label falls there."""
     local = labels - start  # [N]
-    inside = (local >= 0) & (local < z.shape[1])
-    picked = z.gather(1, local.clamp(0, z.shape[1] - 1)[:, None]).squeeze(1)
-    return torch.where(inside, picked, current)
+    return local.clamp(0, width - 1)[:, None], (local >= 0) & (local < width)
+
+
+def _label_logit(z: torch.Tensor, labels: torch.Tensor, start: int, current: torch.Tensor) -> torch.Tensor:
+    """``current`` ``[N]`` with the rows whose label falls in this block set to ``z[row, label - start]``."""
+    column, inside = _in_block(labels, start, z.shape[1])
+    return torch.where(inside, z.gather(1, column).squeeze(1), current)
 
 
 def _fold(lse: torch.Tensor, mean: Optional[torch.Tensor], z: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -98,9 +102,8 @@ class _LinearLogProbs(torch.autograd.Function):
             # g_z = -p * (g_lp + g_H * (z - E_p[z])) + 1[j = y] * g_lp, in place in z's buffers
             coeff = g_lp[:, None] if g_ent is None else z.sub_(mean[:, None]).mul_(g_ent[:, None]).add_(g_lp[:, None])
             g_z = p.mul_(coeff).neg_()
-            local = labels - start
-            inside = (local >= 0) & (local < g_z.shape[1])
-            g_z.scatter_add_(1, local.clamp(0, g_z.shape[1] - 1)[:, None], (g_lp * inside)[:, None])
+            column, inside = _in_block(labels, start, g_z.shape[1])
+            g_z.scatter_add_(1, column, (g_lp * inside)[:, None])
             if temperature != 1.0:
                 g_z.div_(temperature)
             g_z = g_z.to(hidden.dtype)

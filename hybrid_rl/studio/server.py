@@ -73,17 +73,21 @@ def schema_json() -> dict[str, Any]:
     }
 
 
-def check_json(texts: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"errors": {key: message}}``: unreadable input, else the CLI's checks."""
+def checked_values(texts: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``(values, errors)``: the messages of unreadable input, else of the CLI's checks."""
     values, errors = typed_values(texts)
-    return {"errors": errors or check_values(values)}
+    return values, errors or check_values(values)
+
+
+def check_json(texts: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"errors": {key: message}}``."""
+    return {"errors": checked_values(texts)[1]}
 
 
 def export_json(texts: Mapping[str, Any]) -> dict[str, Any]:
     """The YAML and the command line of valid input; only ``errors`` otherwise (nothing invalid
     can be exported)."""
-    values, errors = typed_values(texts)
-    errors = errors or check_values(values)
+    values, errors = checked_values(texts)
     if errors:
         return {"errors": errors}
     changed = changed_values(values)
@@ -157,8 +161,7 @@ def create_app(hosts: tuple[str, ...] = LOCAL_HOSTS, plugins: tuple[str, ...] = 
 
     @app.post("/api/runs")
     def launch(values: dict = Body(..., embed=True)) -> dict:
-        typed, errors = typed_values(values)
-        errors = errors or check_values(typed)
+        typed, errors = checked_values(values)
         if errors:
             return {"errors": errors}
         try:

@@ -119,19 +119,19 @@ def response_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temper
                       logits_to_keep=shape[1] + 1)
         labels, place = to_device(batch["responses"], device), lambda values: values
     head = fusable_head(module) if fused_head else None
+    mode = entropy_mode(calculate_entropy, entropy_grad)
     if head is not None:
-        mode = entropy_mode(calculate_entropy, entropy_grad)
         with head_returns_log_probs(head, labels, temperature, mode, drop_last=not use_remove_padding):
             out = module(use_cache=False, **inputs).logits  # [1, N, k] packed, [B, R, k] padded
         out = out[0] if use_remove_padding else out
         return place(out[..., 0]), (place(out[..., 1]) if mode else None)
     logits = module(use_cache=False, **inputs).logits
     logits = logits[0] if use_remove_padding else logits[:, :-1, :]  # [N, V] packed, [B, R, V] padded
-    if calculate_entropy and not (entropy_grad and torch.is_grad_enabled()):
+    if mode == "metric":  # the entropy from the log-probs' own pass, outside autograd
         log_probs, entropy = logprobs_and_entropy_from_logits(logits, labels, temperature=temperature)
         return place(log_probs), place(entropy)
     log_probs = place(logprobs_from_logits(logits, labels, temperature=temperature))
-    entropy = place(entropy_from_logits(logits, temperature=temperature)) if calculate_entropy else None
+    entropy = place(entropy_from_logits(logits, temperature=temperature)) if mode == "grad" else None
     return log_probs, entropy
 
 

@@ -26,7 +26,7 @@ the reload writes them.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -59,13 +59,27 @@ def _storages(worker: Any) -> list[torch.UntypedStorage]:
     return list(found.values())
 
 
+def _empty(storages: Iterable[torch.UntypedStorage]) -> list[tuple[torch.UntypedStorage, int]]:
+    """Resize each storage to 0 bytes (its tensors stay valid); returns ``[(storage, bytes)]``."""
+    kept = [(storage, storage.nbytes()) for storage in storages]
+    for storage, _ in kept:
+        storage.resize_(0)
+    return kept
+
+
+def _refill(kept: list[tuple[torch.UntypedStorage, int]]) -> int:
+    """Re-allocate and zero-fill what :func:`_empty` emptied; returns the bytes restored."""
+    for storage, nbytes in kept:
+        storage.resize_(nbytes)
+        torch.empty(0, dtype=torch.uint8).set_(storage).zero_()  # [nbytes] uint8 view, zeroed in place
+    return sum(nbytes for _, nbytes in kept)
+
+
 def release_kv_cache(worker: Any) -> int:
     """Free the KV cache's memory, keeping its tensors; returns the bytes freed (0 if already freed)."""
     if getattr(worker, _KEPT, None):
         return 0
-    kept = [(storage, storage.nbytes()) for storage in _storages(worker)]
-    for storage, _ in kept:
-        storage.resize_(0)
+    kept = _empty(_storages(worker))
     setattr(worker, _KEPT, kept)
     return sum(nbytes for _, nbytes in kept)
 
@@ -90,30 +104,20 @@ def release_linear_weights(worker: Any) -> int:
         storage = param.untyped_storage()
         if storage.nbytes():
             storages.setdefault(storage.data_ptr(), storage)
-    kept = getattr(worker, _KEPT_PARAMS, None) or []
-    for storage in storages.values():
-        kept.append((storage, storage.nbytes()))
-        storage.resize_(0)
-    setattr(worker, _KEPT_PARAMS, kept)
+    setattr(worker, _KEPT_PARAMS, (getattr(worker, _KEPT_PARAMS, None) or []) + _empty(storages.values()))
     return released
 
 
 def restore_released_parameters(worker: Any) -> int:
     """Re-allocate the parameter storages :func:`release_linear_weights` emptied (zero-filled; the
     weight reload that must follow writes them); returns the bytes restored (0: none released)."""
-    kept = getattr(worker, _KEPT_PARAMS, None) or []
-    for storage, nbytes in kept:
-        storage.resize_(nbytes)
-        torch.empty(0, dtype=torch.uint8).set_(storage).zero_()
+    restored = _refill(getattr(worker, _KEPT_PARAMS, None) or [])
     setattr(worker, _KEPT_PARAMS, None)
-    return sum(nbytes for _, nbytes in kept)
+    return restored
 
 
 def restore_kv_cache(worker: Any) -> int:
     """Re-allocate and zero-fill what :func:`release_kv_cache` freed; returns the bytes restored."""
-    kept = getattr(worker, _KEPT, None) or []
-    for storage, nbytes in kept:
-        storage.resize_(nbytes)
-        torch.empty(0, dtype=torch.uint8).set_(storage).zero_()  # [nbytes] uint8 view, zeroed in place
+    restored = _refill(getattr(worker, _KEPT, None) or [])
     setattr(worker, _KEPT, None)
-    return sum(nbytes for _, nbytes in kept)
+    return restored
