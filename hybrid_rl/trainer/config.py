@@ -1,8 +1,12 @@
 """Typed configuration of the trainer-owned groups and the top-level :class:`PPOConfig`.
 
-Hydra composes ``config/ppo_trainer.yaml`` on top of :class:`PPOConfig` (registered as the schema
-``ppo_trainer_schema``), so a misspelt key or a wrong type is an error at composition time. Key
-names follow veRL wherever the feature is the same. The worker groups (``actor_rollout_ref``,
+The dataclasses are the one source of every default: Hydra composes ``config/ppo_trainer.yaml``,
+which holds only Hydra's own settings, over :class:`PPOConfig` (registered as the schema
+``ppo_trainer_schema``), so ``RayPPOTrainer(PPOConfig())`` in a notebook and the bare
+``python -m hybrid_rl.trainer.main_ppo`` run the same job, and a misspelt key or a wrong type is an
+error at composition time. Keys that follow another key unless set (veRL's YAML interpolations,
+``rollout.response_length`` -> ``data.max_response_length``) are listed in :data:`LINKED_DEFAULTS`.
+Key names follow veRL wherever the feature is the same. The worker groups (``actor_rollout_ref``,
 ``critic``) are the workers' own dataclasses from :mod:`hybrid_rl.workers.config`.
 
 Values computed from the config (device, world size, number of steps) never overwrite a field the
@@ -12,7 +16,7 @@ user set: they live in :class:`hybrid_rl.trainer.validate.RunPlan`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from hybrid_rl.buffer.base import BufferConfig
 from hybrid_rl.workers.config import ActorRolloutRefConfig, CriticConfig, CriticModelConfig, FSDPConfig
@@ -331,15 +335,56 @@ class AsyncTrainingConfig:
     """Where experiences wait between the rollout and the trainer (memory or sql)."""
 
 
+LINKED_DEFAULTS: dict[str, str] = {
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": "actor_rollout_ref.actor.use_dynamic_bsz",
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "actor_rollout_ref.rollout.response_length": "data.max_response_length",
+    "actor_rollout_ref.rollout.prompt_length": "data.max_prompt_length",
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": "actor_rollout_ref.actor.use_dynamic_bsz",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "actor_rollout_ref.rollout.seed": "trainer.seed",
+    "critic.model.path": "actor_rollout_ref.model.path",
+    "critic.rollout_n": "actor_rollout_ref.rollout.n",
+    "critic.ppo_mini_batch_size": "actor_rollout_ref.actor.ppo_mini_batch_size",
+}
+"""``key -> the key it follows`` in a composed run unless the key is set itself (veRL writes these as
+``${...}`` interpolations in its YAML). The group's own dataclass, built alone, holds the value the
+followed key has by default (a test keeps them equal)."""
+
+_Group = TypeVar("_Group")
+
+
+def _linked(group: str, factory: Callable[[], _Group]) -> Callable[[], _Group]:
+    """A default factory for ``group`` whose linked keys hold their ``${...}`` interpolation (resolved
+    by OmegaConf: :func:`hybrid_rl.trainer.config_loader.to_ppo_config`)."""
+
+    def make() -> _Group:
+        node = factory()
+        for key, target in LINKED_DEFAULTS.items():
+            head, _, rest = key.partition(".")
+            if head != group:
+                continue
+            *parents, leaf = rest.split(".")
+            owner = node
+            for part in parents:
+                owner = getattr(owner, part)
+            # after the group's own checks ran on the plain default; the resolved copy is checked again
+            object.__setattr__(owner, leaf, "${" + target + "}")
+        return node
+
+    return make
+
+
 @dataclass
 class PPOConfig:
     """The whole run. Groups mirror veRL's ``ppo_trainer.yaml``."""
 
     data: DataConfig = field(default_factory=DataConfig)
     """Datasets and batch sizes."""
-    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(
+        default_factory=_linked("actor_rollout_ref", ActorRolloutRefConfig))
     """Model, actor optimisation, reference policy and rollout engine (workers' config)."""
-    critic: CriticConfig = field(default_factory=CriticConfig)
+    critic: CriticConfig = field(default_factory=_linked("critic", CriticConfig))
     """Value model (used by GAE)."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """Advantage estimator and in-reward KL."""

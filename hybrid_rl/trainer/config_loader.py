@@ -8,6 +8,7 @@ one-line error that names the nearest valid key (Hydra's own message does not).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 from typing import Any, Iterable, Union
@@ -56,7 +57,7 @@ def unknown_key_message(key: str, valid: Iterable[str]) -> str:
     hint = f" Did you mean '{match[0]}'?" if match else ""
     return (
         f"Unknown config key '{key}'.{hint} All keys are listed in "
-        "hybrid_rl/trainer/config/ppo_trainer.yaml (documented in hybrid_rl/trainer/config.py)."
+        "python -m hybrid_rl.trainer.main_ppo --help (documented in hybrid_rl/trainer/config.py)."
     )
 
 
@@ -120,9 +121,11 @@ def composition_error_message(error: Exception) -> str:
 
 
 def to_ppo_config(cfg: Union[DictConfig, PPOConfig]) -> PPOConfig:
-    """The typed :class:`PPOConfig` of ``cfg`` (interpolations resolved, group checks run)."""
+    """The typed :class:`PPOConfig` of ``cfg`` (interpolations resolved, group checks run). A
+    :class:`PPOConfig` built in Python is resolved the same way (its linked keys follow the keys
+    they name, as on the command line)."""
     if isinstance(cfg, PPOConfig):
-        return cfg
+        return cfg if _is_resolved(cfg) else OmegaConf.to_object(OmegaConf.structured(cfg))
     if not isinstance(cfg, DictConfig):
         raise TypeError(f"expected a DictConfig from get_config() or a PPOConfig, got {type(cfg).__name__}")
     cfg = cfg.copy()
@@ -130,6 +133,22 @@ def to_ppo_config(cfg: Union[DictConfig, PPOConfig]) -> PPOConfig:
         with _open(cfg):
             cfg.pop("hydra")
     return OmegaConf.to_object(cfg)
+
+
+def _is_resolved(cfg: PPOConfig) -> bool:
+    """True when no value of ``cfg`` is still a ``${...}`` interpolation."""
+    def walk(node: Any) -> bool:
+        if isinstance(node, str):
+            return "${" not in node
+        if dataclasses.is_dataclass(node):
+            return all(walk(getattr(node, f.name)) for f in dataclasses.fields(node))
+        if isinstance(node, (list, tuple)):
+            return all(walk(v) for v in node)
+        if isinstance(node, dict):
+            return all(walk(v) for v in node.values())
+        return True
+
+    return walk(cfg)
 
 
 class _open:

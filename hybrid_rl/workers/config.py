@@ -108,7 +108,7 @@ class ModelConfig:
 class OptimConfig:
     """AdamW and its learning-rate schedule (veRL ``*.optim.*``)."""
 
-    lr: float = 1e-6
+    lr: float = 1e-5
     """Peak learning rate."""
     weight_decay: float = 0.01
     """AdamW decoupled weight decay."""
@@ -265,15 +265,17 @@ class ActorConfig:
     """Training backend: fsdp2 (``fsdp`` is accepted as an alias)."""
     ppo_mini_batch_size: int = 16
     """Prompts per optimizer step; each brings rollout.n responses, split over the DP ranks."""
-    ppo_micro_batch_size_per_gpu: Optional[int] = 4
-    """Rows per forward/backward on one rank (gradient accumulation unit)."""
+    ppo_micro_batch_size_per_gpu: Optional[int] = 32
+    """Rows per forward/backward on one rank (gradient accumulation unit) when use_dynamic_bsz is false."""
     ppo_micro_batch_size: Optional[int] = None
     """Deprecated veRL key: rows per forward/backward over ALL ranks; when set it is divided by the
     number of data-parallel workers and replaces ppo_micro_batch_size_per_gpu (FutureWarning)."""
-    use_dynamic_bsz: bool = False
-    """Pack rows into micro-batches of at most ppo_max_token_len_per_gpu tokens instead."""
-    ppo_max_token_len_per_gpu: int = 16384
-    """Token budget of one micro-batch when use_dynamic_bsz is true."""
+    use_dynamic_bsz: bool = True
+    """Pack rows into micro-batches of at most ppo_max_token_len_per_gpu computed tokens instead of a
+    fixed row count."""
+    ppo_max_token_len_per_gpu: int = 4096
+    """Token budget of one micro-batch when use_dynamic_bsz is true; the update's activations scale
+    with it (2048 saves ~1 GiB on the default run, docs/memory.md)."""
     use_prefix_grouper: bool = True
     """With model.use_remove_padding: rows of one micro-batch sharing a prompt (GRPO's rollout.n
     responses) run that prompt once (exact; PrefixGrouper). Also used by the reference policy."""
@@ -334,12 +336,14 @@ class ActorConfig:
 class RefConfig:
     """Frozen reference policy (veRL ``actor_rollout_ref.ref.*``)."""
 
-    log_prob_micro_batch_size_per_gpu: Optional[int] = 8
-    """Rows per forward when computing ref_log_prob."""
-    log_prob_use_dynamic_bsz: bool = False
-    """Pack rows by log_prob_max_token_len_per_gpu instead of a fixed row count."""
-    log_prob_max_token_len_per_gpu: int = 16384
-    """Token budget of one forward when log_prob_use_dynamic_bsz is true."""
+    log_prob_micro_batch_size_per_gpu: Optional[int] = 32
+    """Rows per forward when computing ref_log_prob (when log_prob_use_dynamic_bsz is false)."""
+    log_prob_use_dynamic_bsz: bool = True
+    """Pack rows by log_prob_max_token_len_per_gpu instead of a fixed row count; in a run it follows
+    ``actor.use_dynamic_bsz`` unless set (``hybrid_rl.trainer.config.LINKED_DEFAULTS``)."""
+    log_prob_max_token_len_per_gpu: int = 4096
+    """Token budget of one forward when log_prob_use_dynamic_bsz is true; in a run it follows
+    ``actor.ppo_max_token_len_per_gpu`` unless set."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """Sharding of the reference model (param_offload saves GPU memory)."""
     disk_offload: Optional[bool] = None
@@ -382,21 +386,22 @@ class CriticConfig:
     """Training backend: fsdp2 (``fsdp`` is accepted as an alias)."""
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
     """Backbone the value head is put on (usually the actor's model path) and its sharding."""
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and LR schedule of the critic."""
-    rollout_n: int = 1
-    """Responses per prompt (= actor_rollout_ref.rollout.n) to turn prompts into rows."""
+    rollout_n: int = 8
+    """Responses per prompt (= actor_rollout_ref.rollout.n, which it follows in a run) to turn prompts
+    into rows."""
     ppo_mini_batch_size: int = 16
     """Prompts per critic optimizer step (x rollout_n rows, split over the DP ranks)."""
-    ppo_micro_batch_size_per_gpu: Optional[int] = 4
-    """Rows per forward/backward on one rank."""
+    ppo_micro_batch_size_per_gpu: Optional[int] = 32
+    """Rows per forward/backward on one rank when use_dynamic_bsz is false."""
     ppo_micro_batch_size: Optional[int] = None
     """Deprecated veRL key: rows per forward/backward over ALL ranks (see actor.ppo_micro_batch_size)."""
     forward_micro_batch_size_per_gpu: Optional[int] = None
     """Rows per forward in compute_values; null = ppo_micro_batch_size_per_gpu."""
-    use_dynamic_bsz: bool = False
+    use_dynamic_bsz: bool = True
     """Pack rows into micro-batches of at most ppo_max_token_len_per_gpu tokens."""
-    ppo_max_token_len_per_gpu: int = 32768
+    ppo_max_token_len_per_gpu: int = 4096
     """Token budget of one micro-batch when use_dynamic_bsz is true."""
     use_prefix_grouper: bool = True
     """With model.use_remove_padding: rows of one micro-batch sharing a prompt run it once."""

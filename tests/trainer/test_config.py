@@ -32,18 +32,56 @@ def _flat_keys(node, prefix=""):
     return keys
 
 
-def test_yaml_lists_every_schema_key():
+def test_yaml_holds_no_defaults():
+    """The dataclasses are the one source of defaults: the YAML carries Hydra's settings only, so no
+    value can be written twice and drift."""
     raw = OmegaConf.to_container(OmegaConf.load(os.path.join(CONFIG_DIR, "ppo_trainer.yaml")), resolve=False)
-    raw.pop("defaults"), raw.pop("hydra")
-    schema = OmegaConf.to_container(OmegaConf.structured(PPOConfig), resolve=False)
-    assert _flat_keys(raw) == _flat_keys(schema)
+    assert set(raw) == {"defaults", "hydra"}
+    assert raw["defaults"][0] == "ppo_trainer_schema"
 
 
-def test_yaml_and_dataclass_defaults_agree_for_trainer_groups():
-    composed = OmegaConf.to_container(get_config(), resolve=False)
-    schema = OmegaConf.to_container(OmegaConf.structured(PPOConfig), resolve=False)
-    for group in ("data", "algorithm", "custom_reward_function", "reward_model", "trainer", "ray_init"):
-        assert composed[group] == schema[group], group
+def _resolved(cfg):
+    return OmegaConf.to_container(OmegaConf.structured(to_ppo_config(cfg)), resolve=True)
+
+
+def test_python_and_command_line_defaults_are_one_job():
+    """A notebook's PPOConfig() and the bare main_ppo command line resolve to the same config, and a
+    trainer built from PPOConfig() holds it."""
+    from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
+
+    assert _resolved(PPOConfig()) == _resolved(get_config([]))
+    trainer = RayPPOTrainer(PPOConfig())
+    assert _resolved(trainer.config) == _resolved(get_config([]))
+    assert trainer.config.trainer.default_local_dir == "checkpoints/hybrid_rl/arithmetic_grpo"
+
+
+def test_linked_keys_follow_in_python_as_on_the_command_line():
+    from hybrid_rl.trainer.config import LINKED_DEFAULTS, DataConfig, TrainerConfig
+
+    cfg = to_ppo_config(PPOConfig(data=DataConfig(max_response_length=32), trainer=TrainerConfig(seed=7)))
+    assert cfg.actor_rollout_ref.rollout.response_length == 32 and cfg.actor_rollout_ref.rollout.seed == 7
+    assert _cfg("data.max_response_length=32").actor_rollout_ref.rollout.response_length == 32
+    assert _cfg("actor_rollout_ref.rollout.response_length=8").data.max_response_length == 16  # set: not linked
+    assert len(LINKED_DEFAULTS) == 10
+
+
+def test_a_group_built_alone_holds_its_linked_default():
+    """Each linked key's own dataclass default is the followed key's default (or null = follow), so a
+    worker config built outside a run matches the composed one."""
+    from hybrid_rl.trainer.config import LINKED_DEFAULTS
+    from hybrid_rl.workers.config import ActorRolloutRefConfig, CriticConfig
+
+    resolved = _resolved(PPOConfig())
+    alone = {"actor_rollout_ref": OmegaConf.to_container(OmegaConf.structured(ActorRolloutRefConfig())),
+             "critic": OmegaConf.to_container(OmegaConf.structured(CriticConfig()))}
+    for key, target in LINKED_DEFAULTS.items():
+        value = alone
+        for part in key.split("."):
+            value = value[part]
+        expected = resolved
+        for part in target.split("."):
+            expected = expected[part]
+        assert value in (expected, None), key
 
 
 def test_default_run_config():

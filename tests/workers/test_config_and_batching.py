@@ -23,7 +23,7 @@ def test_defaults_build_and_keep_user_fields():
 
 
 @pytest.mark.parametrize("build, message", [
-    (lambda: ActorConfig(ppo_micro_batch_size_per_gpu=None), "ppo_micro_batch_size_per_gpu"),
+    (lambda: ActorConfig(use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=None), "ppo_micro_batch_size_per_gpu"),
     (lambda: ActorConfig(loss_agg_mode="mean"), "actor.loss_agg_mode='mean'"),
     (lambda: ActorConfig(kl_loss_type="full"), "actor.kl_loss_type"),
     (lambda: ActorConfig(clip_ratio_c=1.0), "clip_ratio_c"),

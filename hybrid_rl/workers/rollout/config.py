@@ -82,10 +82,10 @@ class RolloutConfig:
     sync here always streams one tensor at a time from the shards (peak = one layer's weights)."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Multi-turn rollout with tools and interactions (veRL names; hybrid_rl/agents/config.py)."""
-    n: int = 1
+    n: int = 8
     """Responses per prompt. The driver repeats each prompt row n times before generation; the
     engine produces one response per row."""
-    temperature: float = 1.0
+    temperature: float = 0.8
     """Softmax temperature for training rollouts."""
     top_p: float = 1.0
     """Nucleus sampling mass; 1.0 disables it."""
@@ -93,17 +93,19 @@ class RolloutConfig:
     """Sample among the k most likely tokens; -1 disables it."""
     do_sample: bool = True
     """False = greedy decoding."""
-    response_length: int = 512
-    """Maximum new tokens per response (R, the width of ``responses``)."""
-    prompt_length: int = 512
-    """Maximum prompt length (P); the engine's context is prompt_length + response_length."""
+    response_length: int = 16
+    """Maximum new tokens per response (R, the width of ``responses``); in a run it follows
+    ``data.max_response_length`` (set that one)."""
+    prompt_length: int = 128
+    """Maximum prompt length (P); the engine's context is prompt_length + response_length. In a run
+    it follows ``data.max_prompt_length`` (set that one)."""
     dtype: str = "auto"
     """Weights/compute dtype of the inference copy: ``auto``, ``bfloat16``, ``float32`` or
     ``float16``. ``auto`` = bf16 where the device computes it fast, else fp32 on CPU and fp16 on
     GPUs without bf16 (hybrid_rl/utils/precision.py); the run logs the choice. In bf16 the
     engine's log-probs drift from the fp32 actor's by up to ~0.2; use the actor's
     ``old_log_probs`` for the PPO ratio (or float32 here if you need ``rollout_log_probs`` exact)."""
-    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    log_prob_micro_batch_size_per_gpu: Optional[int] = 32
     """Rows per forward when the actor recomputes log-probs of rollouts (``compute_log_prob``);
     null = the actor's ``ppo_micro_batch_size_per_gpu``. Lives here as in veRL."""
     log_prob_use_dynamic_bsz: Optional[bool] = None
@@ -156,8 +158,9 @@ class RolloutConfig:
     whole blocks x the model's KV bytes per token (SmolLM2-135M in bf16: 22.5 KiB per token, so 64
     rows x 160 tokens take 0.22 GiB); 1 GiB where the rows are not known (an engine built outside the
     trainer). A smaller cache than the work needs only queues rows: slower, never wrong."""
-    seed: int = 0
-    """Seed of the engine's private random stream (the trainer's RNG is never touched)."""
+    seed: int = 42
+    """Seed of the engine's private random stream (the trainer's RNG is never touched); in a run it
+    follows ``trainer.seed``."""
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling parameters for validation batches (``meta_info["validate"]``)."""
 
