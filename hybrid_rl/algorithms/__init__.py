@@ -7,6 +7,8 @@ response_len]`` unless stated) and returns tensors. Names and semantics follow v
 
 from hybrid_rl.algorithms.advantage import (
     ADV_ESTIMATOR_INPUTS,
+    AdvEstimatorInfo,
+    adv_estimator_info,
     compute_advantage,
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
@@ -14,11 +16,13 @@ from hybrid_rl.algorithms.advantage import (
     compute_reinforce_plus_plus_outcome_advantage,
     compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage,
+    describe_adv_estimators,
     get_adv_estimator_fn,
     group_ids,
     group_mean_std,
     register_adv_est,
     registered_adv_estimators,
+    unregister_adv_est,
 )
 from hybrid_rl.algorithms.kl import (
     KL_PENALTY_TYPES,
@@ -32,13 +36,17 @@ from hybrid_rl.algorithms.logits import entropy_from_logits, logprobs_and_entrop
 from hybrid_rl.algorithms.loss_agg import LOSS_AGG_MODES, agg_loss, global_batch_denominators
 from hybrid_rl.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from hybrid_rl.algorithms.policy_loss import (
+    PolicyLossInfo,
     behaviour_weight_stats,
     compute_policy_loss,
     compute_policy_loss_gspo,
     compute_policy_loss_vanilla,
+    describe_policy_losses,
     get_policy_loss_fn,
+    policy_loss_info,
     register_policy_loss,
     registered_policy_losses,
+    unregister_policy_loss,
 )
 from hybrid_rl.algorithms.reward_loss import bradley_terry_loss, preference_metrics
 from hybrid_rl.algorithms.value_loss import compute_value_loss
@@ -48,6 +56,14 @@ __all__ = [
     "KL_PENALTY_TYPES",
     "LOSS_AGG_MODES",
     "AdaptiveKLController",
+    "AdvEstimatorInfo",
+    "PolicyLossInfo",
+    "adv_estimator_info",
+    "describe_adv_estimators",
+    "describe_policy_losses",
+    "policy_loss_info",
+    "unregister_adv_est",
+    "unregister_policy_loss",
     "FixedKLController",
     "agg_loss",
     "compute_advantage",

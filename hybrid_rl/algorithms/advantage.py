@@ -19,15 +19,33 @@ Group statistics are vectorised (``index_add_`` over dense group ids) instead of
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
 from hybrid_rl.algorithms.masked import masked_whiten
-from hybrid_rl.algorithms.registry import Registry
+from hybrid_rl.algorithms.registry import Registry, first_doc_line
 
-_ADV_REGISTRY = Registry("advantage estimator", "algorithm.adv_estimator")
+
+@dataclass(frozen=True)
+class AdvEstimatorInfo:
+    """What an advantage estimator needs from the run; the driver and the config checks read it."""
+
+    needs_critic: bool = False
+    """It reads ``values``: the run trains a critic (``critic.*``) and computes values each step."""
+    needs_groups: bool = False
+    """Its baseline comes from the other responses to the same prompt (``index``): with
+    ``rollout.n=1`` every advantage is zero, so the run requires ``rollout.n >= 2``."""
+    needs_greedy_baseline: bool = False
+    """It reads ``reward_baselines``: the driver generates and scores one greedy response per prompt
+    each step (a synchronous-mode step; the decoupled mode refuses it)."""
+    description: str = ""
+    """One line for listings (``--help``, the studio); default: the function's first docstring line."""
+
+
+_ADV_REGISTRY: Registry[AdvEstimatorInfo] = Registry("advantage estimator", "algorithm.adv_estimator")
 
 #: The keyword arguments every estimator receives from :func:`compute_advantage`, with defaults.
 #: ``token_level_rewards`` [B, R] and ``response_mask`` [B, R] are required.
@@ -43,14 +61,38 @@ ADV_ESTIMATOR_INPUTS: dict[str, Any] = {
 _REQUIRED_INPUTS = ("token_level_rewards", "response_mask")
 
 
-def register_adv_est(name: str) -> Callable:
+def register_adv_est(name: str, *, needs_critic: bool = False, needs_groups: bool = False,
+                     needs_greedy_baseline: bool = False, description: Optional[str] = None) -> Callable:
     """Decorator registering an advantage estimator under ``name`` (duplicate names raise ValueError).
 
     The function must accept the keywords of :data:`ADV_ESTIMATOR_INPUTS` plus
     ``token_level_rewards`` and ``response_mask`` (take ``**kwargs`` for the ones it ignores) and
-    return ``(advantages [B, R], returns [B, R])``.
+    return ``(advantages [B, R], returns [B, R])``. The flags say what it needs from the run
+    (:class:`AdvEstimatorInfo`): the trainer provides it and the config checks require it.
     """
-    return _ADV_REGISTRY.register(name)
+
+    def decorator(fn: Callable) -> Callable:
+        info = AdvEstimatorInfo(needs_critic=needs_critic, needs_groups=needs_groups,
+                                needs_greedy_baseline=needs_greedy_baseline,
+                                description=first_doc_line(fn) if description is None else description)
+        return _ADV_REGISTRY.register(name, info)(fn)
+
+    return decorator
+
+
+def adv_estimator_info(name: str) -> AdvEstimatorInfo:
+    """What the estimator registered as ``name`` needs; unknown names raise ValueError listing the valid ones."""
+    return _ADV_REGISTRY.info(name)
+
+
+def describe_adv_estimators() -> dict[str, AdvEstimatorInfo]:
+    """Every registered estimator's :class:`AdvEstimatorInfo`, by name."""
+    return _ADV_REGISTRY.describe()
+
+
+def unregister_adv_est(name: str) -> None:
+    """Remove a registered estimator (tests, plugin reloads); a no-op for unknown names."""
+    _ADV_REGISTRY.unregister(name)
 
 
 def get_adv_estimator_fn(name: str) -> Callable:
@@ -159,7 +201,7 @@ def group_mean_std(scores: torch.Tensor, ids: torch.Tensor, num_groups: int) -> 
 # ----------------------------------------------------------------------------- estimators
 
 
-@register_adv_est("gae")
+@register_adv_est("gae", needs_critic=True)
 @torch.no_grad()
 def compute_gae_advantage_return(
     token_level_rewards: torch.Tensor,
@@ -201,7 +243,7 @@ def compute_gae_advantage_return(
     return masked_whiten(advantages, mask), returns
 
 
-@register_adv_est("grpo")
+@register_adv_est("grpo", needs_groups=True)
 @torch.no_grad()
 def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -235,7 +277,7 @@ def compute_grpo_outcome_advantage(
     return adv, adv
 
 
-@register_adv_est("rloo")
+@register_adv_est("rloo", needs_groups=True)
 @torch.no_grad()
 def compute_rloo_outcome_advantage(
     token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, **kwargs: Any
@@ -291,7 +333,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return advantages, returns
 
 
-@register_adv_est("reinforce_plus_plus_baseline")
+@register_adv_est("reinforce_plus_plus_baseline", needs_groups=True)
 @torch.no_grad()
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, **kwargs: Any
@@ -320,7 +362,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     return adv, adv
 
 
-@register_adv_est("remax")
+@register_adv_est("remax", needs_greedy_baseline=True)
 @torch.no_grad()
 def compute_remax_outcome_advantage(
     token_level_rewards: torch.Tensor, reward_baselines: torch.Tensor, response_mask: torch.Tensor, **kwargs: Any

@@ -28,15 +28,33 @@ call's tokens (for logging, not for summing).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
 from hybrid_rl.algorithms.loss_agg import agg_loss
 from hybrid_rl.algorithms.masked import masked_mean
-from hybrid_rl.algorithms.registry import Registry
+from hybrid_rl.algorithms.registry import Registry, first_doc_line
 
-_POLICY_LOSS_REGISTRY = Registry("policy loss", "actor.policy_loss.loss_mode")
+
+@dataclass(frozen=True)
+class PolicyLossInfo:
+    """What a policy loss needs from the run; the driver and the config checks read it."""
+
+    needs_rollout_log_probs: bool = False
+    """It reads ``rollout_log_probs`` (the behaviour policy's log-probs from the engine): the run must
+    set ``actor_rollout_ref.rollout.calculate_log_probs=true``."""
+    uses_advantages: bool = True
+    """It weights tokens by ``advantages``; false for a supervised loss (no rewards needed)."""
+    recommended: Mapping[str, Any] = field(default_factory=dict)
+    """Config values it is meant to run with (``key -> value``, e.g. GSPO's tiny clip ratios); a run
+    that picks the loss and leaves one of them at another value gets a one-line notice."""
+    description: str = ""
+    """One line for listings (``--help``, the studio); default: the function's first docstring line."""
+
+
+_POLICY_LOSS_REGISTRY: Registry[PolicyLossInfo] = Registry("policy loss", "actor.policy_loss.loss_mode")
 
 #: Bound on ``log_prob - old_log_prob`` before exponentiation (exp(20) ~ 5e8 is still finite in fp32).
 LOG_RATIO_CLAMP = 20.0
@@ -44,9 +62,34 @@ LOG_RATIO_CLAMP = 20.0
 GSPO_LOG_RATIO_MAX = 10.0
 
 
-def register_policy_loss(name: str) -> Callable:
-    """Decorator registering a policy loss with the uniform signature (duplicate names raise ValueError)."""
-    return _POLICY_LOSS_REGISTRY.register(name)
+def register_policy_loss(name: str, *, needs_rollout_log_probs: bool = False, uses_advantages: bool = True,
+                         recommended: Optional[Mapping[str, Any]] = None,
+                         description: Optional[str] = None) -> Callable:
+    """Decorator registering a policy loss with the uniform signature (duplicate names raise ValueError);
+    the keywords say what it needs from the run (:class:`PolicyLossInfo`)."""
+
+    def decorator(fn: Callable) -> Callable:
+        info = PolicyLossInfo(needs_rollout_log_probs=needs_rollout_log_probs, uses_advantages=uses_advantages,
+                              recommended=dict(recommended or {}),
+                              description=first_doc_line(fn) if description is None else description)
+        return _POLICY_LOSS_REGISTRY.register(name, info)(fn)
+
+    return decorator
+
+
+def policy_loss_info(name: str) -> PolicyLossInfo:
+    """What the loss registered as ``name`` needs; unknown names raise ValueError listing the valid ones."""
+    return _POLICY_LOSS_REGISTRY.info(name)
+
+
+def describe_policy_losses() -> dict[str, PolicyLossInfo]:
+    """Every registered policy loss's :class:`PolicyLossInfo`, by name."""
+    return _POLICY_LOSS_REGISTRY.describe()
+
+
+def unregister_policy_loss(name: str) -> None:
+    """Remove a registered policy loss (tests, plugin reloads); a no-op for unknown names."""
+    _POLICY_LOSS_REGISTRY.unregister(name)
 
 
 def get_policy_loss_fn(name: str) -> Callable:
@@ -130,7 +173,9 @@ def _clipped_token_losses(old_log_prob, log_prob, advantages, response_mask, cli
     return pg_losses, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
 
-@register_policy_loss("decoupled")
+@register_policy_loss("decoupled", needs_rollout_log_probs=True, description=(
+    "AReaL's decoupled PPO for stale samples: the clipped surrogate against the recomputed proximal policy, "
+    "weighted by the capped behaviour importance weight."))
 def compute_policy_loss_decoupled(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -179,7 +224,8 @@ def compute_policy_loss_decoupled(
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
 
-@register_policy_loss("sft")
+@register_policy_loss("sft", uses_advantages=False,
+                      description="Supervised fine-tuning: the negative log-likelihood of the target tokens.")
 def compute_policy_loss_sft(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -221,7 +267,9 @@ def behaviour_weight_stats(old_log_prob: torch.Tensor, rollout_log_probs: torch.
     return out
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", recommended={  # the GSPO paper's and veRL's / TRL's GSPO recipes
+    "actor_rollout_ref.actor.clip_ratio_low": 3e-4, "actor_rollout_ref.actor.clip_ratio_high": 4e-4,
+    "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean"})
 def compute_policy_loss_gspo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,

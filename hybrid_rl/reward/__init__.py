@@ -15,6 +15,7 @@ from hybrid_rl.reward.manager import (
     NaiveRewardManager,
     get_reward_manager_cls,
     register_reward_manager,
+    registered_reward_managers,
 )
 from hybrid_rl.reward.registry import (
     MATH_DATA_SOURCES,
@@ -43,6 +44,7 @@ __all__ = [
     "normalize_score",
     "register_reward",
     "register_reward_manager",
+    "registered_reward_managers",
     "registered_data_sources",
     "safe_score",
     "safe_score_many",

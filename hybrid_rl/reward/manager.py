@@ -45,7 +45,8 @@ from hybrid_rl.reward.guard import ScoreOutcome, normalize_score, run_guarded, s
 from hybrid_rl.reward.registry import (check_data_sources, default_compute_score, default_compute_score_batched,
                                       thread_safe_sources)
 
-__all__ = ["BatchRewardManager", "NaiveRewardManager", "get_reward_manager_cls", "register_reward_manager"]
+__all__ = ["BatchRewardManager", "NaiveRewardManager", "get_reward_manager_cls", "register_reward_manager",
+           "registered_reward_managers"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,9 @@ _MAX_LOGGED_CHARS = 500
 
 
 def register_reward_manager(name: str) -> Callable[[type], type]:
-    """Class decorator adding a reward manager under ``name`` (``reward_model.reward_manager``)."""
+    """Class decorator adding a reward manager under ``name`` (``reward_model.reward_manager``). The
+    class describes itself: its ``batched`` attribute (default false) says that a custom scorer
+    (``custom_reward_function``) receives whole batches (``data_sources, solution_strs, ...``)."""
 
     def decorator(cls: type) -> type:
         if name in _MANAGERS and _MANAGERS[name] is not cls:
@@ -63,6 +66,11 @@ def register_reward_manager(name: str) -> Callable[[type], type]:
         return cls
 
     return decorator
+
+
+def registered_reward_managers() -> list[str]:
+    """Names of all registered reward managers."""
+    return sorted(_MANAGERS)
 
 
 def get_reward_manager_cls(name: str) -> type:
@@ -301,6 +309,8 @@ class _RewardManagerBase(abc.ABC):
 class NaiveRewardManager(_RewardManagerBase):
     """One guarded ``compute_score`` call per row (each bounded by ``timeout_s``)."""
 
+    batched = False
+
     _default_compute_score = staticmethod(default_compute_score)
 
     def _score(self, rows: _Rows) -> list[ScoreOutcome]:
@@ -314,6 +324,8 @@ class NaiveRewardManager(_RewardManagerBase):
 @register_reward_manager("batch")
 class BatchRewardManager(_RewardManagerBase):
     """One guarded batched ``compute_score`` call for all rows (bounded as a whole by ``timeout_s``)."""
+
+    batched = True
 
     _default_compute_score = staticmethod(default_compute_score_batched)
 

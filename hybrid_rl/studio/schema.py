@@ -60,17 +60,18 @@ class GroupSpec:
 
 
 def _choices_of(name: str) -> Callable[[], tuple[str, ...]]:
-    """A source of choices read from a module attribute at call time: ``"module:ATTRIBUTE"``."""
+    """A source of choices read at call time from a public ``"module:NAME"``: a function returning the
+    names (a registry's ``registered_*``, so user registrations count) or a tuple of names."""
     def read() -> tuple[str, ...]:
         module, _, attribute = name.partition(":")
         value = getattr(__import__(module, fromlist=[attribute]), attribute)
-        return tuple(value.names() if hasattr(value, "names") else value)
+        return tuple(value() if callable(value) else value)
     return read
 
 
 CHOICE_SOURCES: dict[str, Callable[[], tuple[str, ...]]] = {
-    "algorithm.adv_estimator": _choices_of("hybrid_rl.algorithms.advantage:_ADV_REGISTRY"),
-    "actor_rollout_ref.actor.policy_loss.loss_mode": _choices_of("hybrid_rl.algorithms.policy_loss:_POLICY_LOSS_REGISTRY"),
+    "algorithm.adv_estimator": _choices_of("hybrid_rl.algorithms:registered_adv_estimators"),
+    "actor_rollout_ref.actor.policy_loss.loss_mode": _choices_of("hybrid_rl.algorithms:registered_policy_losses"),
     "actor_rollout_ref.actor.loss_agg_mode": _choices_of("hybrid_rl.algorithms.loss_agg:LOSS_AGG_MODES"),
     "actor_rollout_ref.actor.kl_loss_type": _choices_of("hybrid_rl.algorithms.kl:KL_PENALTY_TYPES"),
     "algorithm.kl_penalty": _choices_of("hybrid_rl.algorithms.kl:KL_PENALTY_TYPES"),
@@ -80,6 +81,7 @@ CHOICE_SOURCES: dict[str, Callable[[], tuple[str, ...]]] = {
     "actor_rollout_ref.rollout.mode": _choices_of("hybrid_rl.workers.rollout.config:ROLLOUT_MODES"),
     "actor_rollout_ref.rollout.load_format": _choices_of("hybrid_rl.workers.rollout.config:LOAD_FORMATS"),
     "actor_rollout_ref.rollout.dtype": _choices_of("hybrid_rl.workers.rollout.config:ROLLOUT_DTYPES"),
+    "reward_model.reward_manager": _choices_of("hybrid_rl.reward:registered_reward_managers"),
     "trainer.cpu_allocator": _choices_of("hybrid_rl.utils.cpu_env:CPU_ALLOCATORS"),
     "async_training.buffer.storage_type": _choices_of("hybrid_rl.buffer.base:BUFFER_STORAGE_TYPES"),
 }

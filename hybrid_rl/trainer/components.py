@@ -95,7 +95,7 @@ def build_reward_manager(cfg: PPOConfig, tokenizer, num_examine: int):
         compute_score = load_custom_reward_fn(
             cfg.custom_reward_function.path,
             cfg.custom_reward_function.name,
-            batched=cfg.reward_model.reward_manager == "batch",
+            batched=getattr(manager_cls, "batched", False),
         )
     return manager_cls(
         tokenizer,

@@ -28,7 +28,7 @@ from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config_loader import CONFIG_DIR, CONFIG_NAME, check_override_keys, get_config, to_ppo_config
 from hybrid_rl.trainer.preflight import check_agent_config, check_reward_coverage
 from hybrid_rl.trainer.single_process import reexec_for_single_process, resolve_single_process
-from hybrid_rl.trainer.verl_compat import verl_default_notices
+from hybrid_rl.trainer.verl_compat import recommended_setting_notices, verl_default_notices
 
 logger = logging.getLogger(__name__)
 
@@ -136,9 +136,10 @@ def _hydra_task(cfg: DictConfig, command_line: bool = False) -> None:
         from hybrid_rl.trainer.supervisor import run_supervised
 
         _configure_driver_logging(cfg, always=True)
-        for notice in verl_default_notices(to_ppo_config(cfg), _override_args(sys.argv[1:])):
-            logger.warning(notice)
         cfg = to_ppo_config(cfg)
+        overrides = _override_args(sys.argv[1:])
+        for notice in verl_default_notices(cfg, overrides) + recommended_setting_notices(cfg, overrides):
+            logger.warning(notice)
         trainer = build_trainer(resolve_single_process(cfg) if command_line else cfg)
         run_supervised(trainer, build_trainer)  # trainer.max_restarts: restart after a worker failure
     except Exception as error:  # noqa: BLE001 - re-raised unless it is a user mistake

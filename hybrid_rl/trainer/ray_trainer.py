@@ -228,7 +228,7 @@ class RayPPOTrainer:
         """Names of the step methods run at ``self.global_steps``, in order (override to customise)."""
         cfg = self.config
         steps = ["generate"]
-        if cfg.algorithm.adv_estimator == "remax":
+        if self.plan.use_greedy_baseline:
             steps.append("compute_reward_baseline")
         if cfg.reward_model.enable:
             steps.append("compute_rm_score")
@@ -314,7 +314,8 @@ class RayPPOTrainer:
         return ppo_ops.merge_generation_output(rest, output)
 
     def compute_reward_baseline(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
-        """ReMax: score one greedy response per prompt; its reward is the baseline of the group."""
+        """``reward_baselines`` (an estimator's ``needs_greedy_baseline``, e.g. ReMax): score one greedy
+        response per prompt; its reward is the baseline of the group."""
         n = self.config.actor_rollout_ref.rollout.n
         first = batch.select_idxs(np.arange(0, len(batch), n))
         width = first.batch["prompts"].shape[-1]

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.utils.cpu_env import CPU_ALLOCATORS
 
-# Estimators whose baseline comes from the other responses to the same prompt: with n=1 every
-# group has one member and the advantage is identically zero (nothing is learned).
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -42,6 +39,9 @@ class RunPlan:
     """A colocated reward-model worker scores responses (reward_model.enable with a local model)."""
     single_process: bool = False
     """The one worker lives in the driver's process (``trainer.single_process``), not in a Ray actor."""
+    use_greedy_baseline: bool = False
+    """Each step also generates and scores one greedy response per prompt (the estimator's
+    ``needs_greedy_baseline``)."""
 
 
 def as_file_list(files: Any) -> list[str]:
@@ -69,6 +69,23 @@ def run_dir(cfg: PPOConfig) -> str:
     return os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
 
 
+def estimator_needs(cfg: PPOConfig) -> "AdvEstimatorInfo":
+    """What ``algorithm.adv_estimator`` needs (its registry info); an unregistered name needs nothing
+    here (:func:`validate_config` reports it)."""
+    from hybrid_rl.algorithms import AdvEstimatorInfo, adv_estimator_info, registered_adv_estimators
+
+    name = cfg.algorithm.adv_estimator
+    return adv_estimator_info(name) if name in registered_adv_estimators() else AdvEstimatorInfo()
+
+
+def loss_needs(cfg: PPOConfig) -> "PolicyLossInfo":
+    """What ``actor.policy_loss.loss_mode`` needs (its registry info); nothing when unregistered."""
+    from hybrid_rl.algorithms import PolicyLossInfo, policy_loss_info, registered_policy_losses
+
+    name = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    return policy_loss_info(name) if name in registered_policy_losses() else PolicyLossInfo()
+
+
 def make_run_plan(cfg: PPOConfig) -> RunPlan:
     """Derived values (call after :func:`validate_config`)."""
     device = resolve_device(cfg.trainer.device)
@@ -80,13 +97,14 @@ def make_run_plan(cfg: PPOConfig) -> RunPlan:
     return RunPlan(
         device=device,
         world_size=world,
-        use_critic=cfg.algorithm.adv_estimator == "gae",
+        use_critic=estimator_needs(cfg).needs_critic,
         use_reference_policy=cfg.algorithm.use_kl_in_reward or actor.use_kl_loss,
         threads_per_worker=max(1, cores // per_node),
         rollout_world_size=cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node if decoupled else 0,
         use_reward_model=cfg.reward_model.enable and not str(cfg.reward_model.model.path or "").startswith(
             ("http://", "https://")),
         single_process=cfg.trainer.single_process is True,
+        use_greedy_baseline=estimator_needs(cfg).needs_greedy_baseline,
     )
 
 
@@ -157,7 +175,7 @@ def _check_batch_sizes(cfg: PPOConfig) -> list[str]:
             f"the {world} workers (trainer.nnodes * trainer.n_gpus_per_node); change the batch size or the worker count."
         )
     groups = [("actor_rollout_ref.actor", arr.actor)]
-    if cfg.algorithm.adv_estimator == "gae":
+    if estimator_needs(cfg).needs_critic:
         groups.append(("critic", cfg.critic))
     for prefix, group in groups:
         errors.extend(_check_group_batches(prefix, group, data.train_batch_size, n, world))
@@ -169,7 +187,7 @@ def _check_batch_sizes(cfg: PPOConfig) -> list[str]:
                 f"data.{data_key}={getattr(data, data_key)}; set only data.{data_key} "
                 f"(rollout.{rollout_key} follows it by default)."
             )
-    if cfg.critic.rollout_n != n and cfg.algorithm.adv_estimator == "gae":
+    if cfg.critic.rollout_n != n and estimator_needs(cfg).needs_critic:
         errors.append(
             f"critic.rollout_n={cfg.critic.rollout_n} differs from actor_rollout_ref.rollout.n={n}; "
             "leave critic.rollout_n at its default (${actor_rollout_ref.rollout.n})."
@@ -230,26 +248,19 @@ def _check_group_batches(prefix: str, group: Any, train_batch_size: int, n: int,
     return errors
 
 
-def _check_algorithm(cfg: PPOConfig) -> list[str]:
-    from hybrid_rl.algorithms import KL_PENALTY_TYPES, registered_adv_estimators, registered_policy_losses
+def estimators_where(predicate: Callable[[Any], bool]) -> str:
+    """The registered estimators whose info satisfies ``predicate``, as 'a or b' for a fix-it message."""
+    from hybrid_rl.algorithms import describe_adv_estimators
 
-    alg, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
-    errors = []
-    if alg.adv_estimator not in registered_adv_estimators():
-        errors.append(
-            f"algorithm.adv_estimator={alg.adv_estimator!r} is not registered; valid: {registered_adv_estimators()}."
-        )
-    if alg.adv_estimator in GROUP_ESTIMATORS and n < 2:
-        errors.append(
-            f"algorithm.adv_estimator={alg.adv_estimator} compares the responses to the same prompt but "
-            f"actor_rollout_ref.rollout.n={n}; set rollout.n >= 2 (e.g. 8), or use adv_estimator=gae with a critic."
-        )
-    loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
-    if loss_mode not in registered_policy_losses():
-        errors.append(
-            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode!r} is not registered; "
-            f"valid: {registered_policy_losses()}."
-        )
+    names = [name for name, info in describe_adv_estimators().items() if predicate(info)]
+    return " or ".join(names) if names else "none registered"
+
+
+def _check_algorithm(cfg: PPOConfig) -> list[str]:
+    from hybrid_rl.algorithms import KL_PENALTY_TYPES
+
+    alg = cfg.algorithm
+    errors = _check_estimator(cfg) + _check_policy_loss(cfg)
     if alg.kl_penalty not in KL_PENALTY_TYPES:
         errors.append(
             f"algorithm.kl_penalty={alg.kl_penalty!r} is not one of {list(KL_PENALTY_TYPES)}; set one of them "
@@ -259,14 +270,45 @@ def _check_algorithm(cfg: PPOConfig) -> list[str]:
         errors.append(f"algorithm.kl_ctrl.type={alg.kl_ctrl.type!r} must be fixed or adaptive.")
     if not 0.0 <= alg.gamma <= 1.0 or not 0.0 <= alg.lam <= 1.0:
         errors.append(f"algorithm.gamma={alg.gamma} and algorithm.lam={alg.lam} must lie in [0, 1].")
-    if cfg.trainer.critic_warmup > 0 and alg.adv_estimator != "gae":
+    return errors
+
+
+def _check_estimator(cfg: PPOConfig) -> list[str]:
+    """``algorithm.adv_estimator`` is registered and the run gives it what its registry info says it needs."""
+    from hybrid_rl.algorithms import registered_adv_estimators
+
+    name, n, needs = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n, estimator_needs(cfg)
+    if name not in registered_adv_estimators():
+        return [f"algorithm.adv_estimator={name!r} is not registered; valid: {registered_adv_estimators()}."]
+    errors = []
+    if needs.needs_groups and n < 2:
         errors.append(
-            f"trainer.critic_warmup={cfg.trainer.critic_warmup} but algorithm.adv_estimator={alg.adv_estimator} "
-            "trains no critic; set trainer.critic_warmup=0 or adv_estimator=gae."
+            f"algorithm.adv_estimator={name} compares the responses to the same prompt but "
+            f"actor_rollout_ref.rollout.n={n}; set rollout.n >= 2 (e.g. 8), or use an estimator with a critic "
+            f"({estimators_where(lambda i: i.needs_critic)})."
         )
-    if alg.adv_estimator == "gae":
+    if cfg.trainer.critic_warmup > 0 and not needs.needs_critic:
+        errors.append(
+            f"trainer.critic_warmup={cfg.trainer.critic_warmup} but algorithm.adv_estimator={name} trains no "
+            f"critic; set trainer.critic_warmup=0 or an estimator with a critic ({estimators_where(lambda i: i.needs_critic)})."
+        )
+    if needs.needs_critic:
         errors.extend(_check_model_path("critic.model.path", cfg.critic.model.path))
     return errors
+
+
+def _check_policy_loss(cfg: PPOConfig) -> list[str]:
+    """``actor.policy_loss.loss_mode`` is registered and gets what its registry info says it needs."""
+    from hybrid_rl.algorithms import registered_policy_losses
+
+    name = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    if name not in registered_policy_losses():
+        return [f"actor_rollout_ref.actor.policy_loss.loss_mode={name!r} is not registered; "
+                f"valid: {registered_policy_losses()}."]
+    if loss_needs(cfg).needs_rollout_log_probs and not cfg.actor_rollout_ref.rollout.calculate_log_probs:
+        return [f"actor_rollout_ref.actor.policy_loss.loss_mode={name} needs the behaviour log-probs of the rollout: "
+                "set actor_rollout_ref.rollout.calculate_log_probs=true."]
+    return []
 
 
 def _check_model_path(key: str, path: str, trust_remote_code: Optional[bool] = None) -> list[str]:
@@ -274,7 +316,8 @@ def _check_model_path(key: str, path: str, trust_remote_code: Optional[bool] = N
     from hybrid_rl.workers.model_loader import EMBEDDED_MODEL_ID, causal_lm_problem
 
     if not path:
-        return [f"{key} is empty but algorithm.adv_estimator=gae needs a critic; set {key} (usually the actor's model path)."]
+        return [f"{key} is empty; set it to a local HF model folder or {EMBEDDED_MODEL_ID!r} (a critic usually "
+                "starts from the actor's model path)."]
     if path == EMBEDDED_MODEL_ID:
         return []
     local = os.path.expanduser(path)
@@ -395,9 +438,10 @@ def resume_point_problems(cfg: PPOConfig, point: Any) -> list[str]:
             f"workers: set trainer.n_gpus_per_node so that nnodes * n_gpus_per_node = {saved}, or start fresh "
             "with trainer.resume_mode=disable (or another trainer.default_local_dir)."
         )
-    if cfg.algorithm.adv_estimator == "gae" and not os.path.isdir(os.path.join(point.step_dir, "critic")):
+    if estimator_needs(cfg).needs_critic and not os.path.isdir(os.path.join(point.step_dir, "critic")):
         errors.append(
-            f"cannot resume from {point.step_dir}: it has no critic/ folder but algorithm.adv_estimator=gae needs "
+            f"cannot resume from {point.step_dir}: it has no critic/ folder but algorithm.adv_estimator="
+            f"{cfg.algorithm.adv_estimator} needs "
             "one; resume a GAE run's checkpoint or set trainer.resume_mode=disable."
         )
     if point.state.get("async") and not cfg.async_training.enable:
@@ -433,11 +477,8 @@ def _check_async(cfg: PPOConfig) -> list[str]:
             errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} training + rollout.n_gpus_per_node="
                           f"{pool.n_gpus_per_node} rollout CPU workers but only {cores} cores are available; lower "
                           "them so they sum to at most the core count (each process needs a core).")
-    if cfg.algorithm.adv_estimator == "remax":
-        errors.append("algorithm.adv_estimator=remax generates a greedy baseline inside each training step, which "
-                      "the decoupled mode does not run; use grpo or rloo with async_training.enable=true.")
-    rollout = cfg.actor_rollout_ref.rollout
-    if cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "decoupled" and not rollout.calculate_log_probs:
-        errors.append("actor_rollout_ref.actor.policy_loss.loss_mode=decoupled needs the behaviour log-probs: set "
-                      "actor_rollout_ref.rollout.calculate_log_probs=true.")
+    if estimator_needs(cfg).needs_greedy_baseline:
+        errors.append(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} generates a greedy baseline inside each "
+                      "training step, which the decoupled mode does not run; use one that needs none with "
+                      f"async_training.enable=true ({estimators_where(lambda i: not i.needs_greedy_baseline)}).")
     return errors

@@ -9,9 +9,12 @@ the run says so in one line, with the override that restores veRL's behaviour.
 
 from __future__ import annotations
 
-from hybrid_rl.trainer.config import PPOConfig
+from typing import Any
 
-__all__ = ["verl_default_notices"]
+from hybrid_rl.trainer.config import PPOConfig
+from hybrid_rl.trainer.validate import estimator_needs, estimators_where, loss_needs
+
+__all__ = ["recommended_setting_notices", "verl_default_notices"]
 
 
 def _keys(overrides: list[str]) -> set[str]:
@@ -23,12 +26,13 @@ def verl_default_notices(cfg: PPOConfig, overrides: list[str]) -> list[str]:
     """One line per veRL default that differs from ours and that the command line relies on."""
     keys = _keys(overrides)
     notices = []
+    needs = estimator_needs(cfg)
     if any(k.startswith("critic.") for k in keys) and "algorithm.adv_estimator" not in keys \
-            and cfg.algorithm.adv_estimator != "gae":
+            and not needs.needs_critic:
         notices.append(f"critic.* is set but algorithm.adv_estimator={cfg.algorithm.adv_estimator} (hybrid_rl's "
-                       "default; veRL's is gae) trains no critic: add algorithm.adv_estimator=gae to run PPO as "
-                       "veRL does.")
-    if cfg.algorithm.adv_estimator == "gae" and "actor_rollout_ref.rollout.n" not in keys \
+                       "default; veRL's trains a critic) trains no critic: add algorithm.adv_estimator="
+                       f"{estimators_where(lambda i: i.needs_critic)} to run PPO as veRL does.")
+    if needs.needs_critic and "actor_rollout_ref.rollout.n" not in keys \
             and cfg.actor_rollout_ref.rollout.n != 1:
         notices.append(f"actor_rollout_ref.rollout.n={cfg.actor_rollout_ref.rollout.n} is hybrid_rl's default "
                        "(veRL's is 1): add actor_rollout_ref.rollout.n=1 for one response per prompt as in veRL.")
@@ -44,3 +48,20 @@ def verl_default_notices(cfg: PPOConfig, overrides: list[str]) -> list[str]:
                        f"trainer.total_epochs={cfg.trainer.total_epochs}: add trainer.total_training_steps=null to "
                        "train every epoch as veRL does.")
     return notices
+
+
+def _value(cfg: PPOConfig, key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def recommended_setting_notices(cfg: PPOConfig, overrides: list[str]) -> list[str]:
+    """One line per value the chosen policy loss is meant to run with (its registry info's
+    ``recommended``) that the run neither sets nor has."""
+    keys, info = _keys(overrides), loss_needs(cfg)
+    loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    return [f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} is usually run with {key}={value} "
+            f"(this run has {'null' if _value(cfg, key) is None else _value(cfg, key)}); add {key}={value} to follow it."
+            for key, value in info.recommended.items() if key not in keys and _value(cfg, key) != value]

@@ -24,7 +24,7 @@ from hybrid_rl.algorithms import (
     register_adv_est,
     registered_adv_estimators,
 )
-from hybrid_rl.algorithms.advantage import _ADV_REGISTRY
+from hybrid_rl.algorithms import unregister_adv_est
 
 F64 = torch.float64
 BUILTINS = ["gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo"]
@@ -373,4 +373,4 @@ def test_duplicate_registration_rejected_and_custom_estimator_dispatches():
         adv, _ = compute_advantage("test_only_score_minus_baseline", **inputs)
         assert torch.allclose(adv[:, 0], inputs["token_level_rewards"].sum(-1) - inputs["reward_baselines"])
     finally:
-        _ADV_REGISTRY._fns.pop("test_only_score_minus_baseline", None)
+        unregister_adv_est("test_only_score_minus_baseline")

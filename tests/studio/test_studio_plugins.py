@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hybrid_rl.algorithms.advantage import _ADV_REGISTRY
+from hybrid_rl.algorithms import unregister_adv_est
 from hybrid_rl.studio.plugins import load_plugin_files
 
 pytest.importorskip("fastapi", reason="the studio extra (fastapi) is not installed")
@@ -36,7 +36,7 @@ def plugin(tmp_path):
     path = tmp_path / "my_plugin.py"
     path.write_text(textwrap.dedent(PLUGIN))
     yield path
-    _ADV_REGISTRY._fns.pop(NAME, None)
+    unregister_adv_est(NAME)
     sys.modules.pop("hybrid_rl_plugin_my_plugin", None)
 
 

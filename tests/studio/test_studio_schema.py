@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from omegaconf import OmegaConf
 
-from hybrid_rl.algorithms.advantage import _ADV_REGISTRY, register_adv_est
+from hybrid_rl.algorithms import register_adv_est, registered_adv_estimators, unregister_adv_est
 from hybrid_rl.studio.schema import BEGINNER_KEYS, CHOICE_SOURCES, FieldSpec, config_schema, field_docs
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config_loader import get_config
@@ -58,14 +58,14 @@ def test_inherited_fields_get_the_base_classes_docstrings():
 
 def test_choices_come_from_the_registries_including_plugins_registered_later():
     fields = {f.key: f for f in config_schema()[0]}
-    assert fields["algorithm.adv_estimator"].choices == tuple(_ADV_REGISTRY.names())
+    assert fields["algorithm.adv_estimator"].choices == tuple(registered_adv_estimators())
     assert "vllm" in fields["actor_rollout_ref.rollout.name"].choices
     name = "studio_test_estimator"
     try:
         register_adv_est(name)(lambda **kw: None)
         assert name in {f.key: f for f in config_schema()[0]}["algorithm.adv_estimator"].choices
     finally:
-        _ADV_REGISTRY._fns.pop(name, None)
+        unregister_adv_est(name)
     for f in fields.values():
         if f.choices and isinstance(f.default, str):
             assert f.default in f.choices, f.key
