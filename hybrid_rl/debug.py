@@ -23,6 +23,8 @@ from typing import Any, Optional, Sequence
 __all__ = ["debug_reward", "debug_rollout", "main"]
 
 _SHOWN_CHARS = 80
+CONFIG_KEYS_EPILOG = ("key=value: any key of the trainer's config (python -m hybrid_rl.trainer.main_ppo --help lists "
+                      "them with their documentation). Nothing is trained, so the update's batch sizes are not checked.")
 
 
 def _short(text: str) -> str:
@@ -47,7 +49,7 @@ def debug_rollout(overrides: Sequence[str], num_prompts: int = 4, output: Option
     from hybrid_rl.trainer.main_ppo import build_trainer
     from hybrid_rl.trainer.config_loader import get_config
 
-    trainer = build_trainer(get_config(list(overrides)))
+    trainer = build_trainer(get_config(list(overrides)), for_training=False)  # nothing is trained here
     try:
         dataset = trainer.train_dataset
         items = [dataset[i] for i in range(min(num_prompts, len(dataset)))]
@@ -118,7 +120,8 @@ def _read_samples(path: str) -> list[dict]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m hybrid_rl.debug", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m hybrid_rl.debug", description=__doc__.splitlines()[0],
+                                     epilog=CONFIG_KEYS_EPILOG)
     sub = parser.add_subparsers(dest="command", required=True)
     rollout = sub.add_parser("rollout", help="generate + score a few prompts of the config, no training")
     rollout.add_argument("--prompts", type=int, default=4, help="training prompts to use (each x rollout.n)")

@@ -84,7 +84,8 @@ def evaluate(model: str, data: Sequence[str] = (), n: int = 1, engine: Optional[
     with tempfile.TemporaryDirectory(prefix="hybrid_rl_eval_") as workdir:
         model_dir = resolve_eval_model(model, workdir)
         run_dir = os.path.dirname(os.path.abspath(output)) if output else workdir
-        trainer = build_trainer(get_config(_overrides(model_dir, data, n, engine, run_dir, overrides)))
+        trainer = build_trainer(get_config(_overrides(model_dir, data, n, engine, run_dir, overrides)),
+                                for_training=False)
         if trainer.val_dataset is None:
             raise ValueError("nothing to evaluate: the config has no validation files. Fix: pass --data FILE "
                              "(parquet or JSONL rows with prompt, data_source and reward_model.ground_truth).")
@@ -119,7 +120,10 @@ def _print(result: dict[str, Any]) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m hybrid_rl.eval", description=__doc__.splitlines()[0])
+    from hybrid_rl.debug import CONFIG_KEYS_EPILOG
+
+    parser = argparse.ArgumentParser(prog="python -m hybrid_rl.eval", description=__doc__.splitlines()[0],
+                                     epilog=CONFIG_KEYS_EPILOG)
     parser.add_argument("--model", required=True, help="HF folder, embedded model name, or hybrid_rl checkpoint")
     parser.add_argument("--data", nargs="*", default=[], help="parquet/JSONL files (default: the config's val files)")
     parser.add_argument("--n", type=int, default=1, help="samples per prompt (mean@n, pass@k)")

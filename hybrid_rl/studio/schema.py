@@ -1,26 +1,24 @@
 """The studio's form, derived from the config itself: every leaf of :class:`PPOConfig` as a field spec.
 
 Nothing here lists fields by hand. The walk goes over the dataclasses (types from their annotations),
-takes each field's docstring from the source (the string literal under the field, the house's
-convention; Python keeps no attribute docstrings, so they are read with :mod:`ast`), and takes the
-default from the composed ``ppo_trainer.yaml``, which is what a run without overrides gets (an
-interpolation such as ``${actor_rollout_ref.model.path}`` stays as written). Choices come from the
-registries and the tuples the config checks against (:data:`CHOICE_SOURCES`), read when asked, so
-a plugin registered before the call shows up.
+takes each field's docstring from the source (:func:`hybrid_rl.trainer.config_docs.field_docs`: the
+string literal under the field, read with :mod:`ast`), and takes the default from the composed
+config, which is what a run without overrides gets (an interpolation such as
+``${actor_rollout_ref.model.path}`` stays as written). Choices come from the registries and the
+tuples the config checks against (:data:`CHOICE_SOURCES`), read when asked, so a plugin registered
+before the call shows up.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
-import textwrap
 import typing
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
+from hybrid_rl.trainer.config_docs import field_docs
 
 KINDS = ("bool", "int", "float", "str", "list", "dict", "any")
 """What a field's widget edits: a checkbox, a number, text, or YAML for lists, dicts and ``Any``."""
@@ -98,23 +96,6 @@ def _kind(annotation: Any) -> tuple[str, bool]:
     origin = typing.get_origin(annotation) or annotation
     names = {bool: "bool", int: "int", float: "float", str: "str", list: "list", dict: "dict"}
     return names.get(origin, "any"), optional
-
-
-@lru_cache(maxsize=None)
-def field_docs(cls: type) -> dict[str, str]:
-    """``{field name: docstring}`` of a dataclass and its bases (the string under each field)."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        body = tree.body[0].body
-        for node, after in zip(body, body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                    and isinstance(after.value.value, str)):
-                docs[node.target.id] = inspect.cleandoc(after.value.value)
-    return docs
 
 
 def _get(tree: Any, key: str) -> Any:

@@ -125,7 +125,8 @@ class AlgorithmConfig:
     """Advantage estimation and in-reward KL (veRL ``algorithm.*``)."""
 
     adv_estimator: str = "grpo"
-    """Name in the advantage-estimator registry: gae, grpo, reinforce_plus_plus, rloo, remax, ..."""
+    """Name in the advantage-estimator registry (``--help`` lists the registered ones and what each
+    needs; ``@hybrid_rl.algorithms.register_adv_est`` adds one)."""
     gamma: float = 1.0
     """Discount factor (GAE / returns)."""
     lam: float = 1.0

@@ -51,16 +51,19 @@ def _configure_driver_logging(cfg: Union[DictConfig, PPOConfig], always: bool) -
         configure_logging(cfg.trainer.log_level, os.path.join(run_dir(cfg), "logs", "driver.log"))
 
 
-def build_trainer(cfg: Union[DictConfig, PPOConfig], trainer_cls: Optional[type] = None):
+def build_trainer(cfg: Union[DictConfig, PPOConfig], trainer_cls: Optional[type] = None, *,
+                  for_training: bool = True):
     """Validate ``cfg`` and build the trainer (datasets, reward, tokenizer); workers not started.
-    Default class: :class:`DecoupledPPOTrainer` with ``async_training.enable``, else :class:`RayPPOTrainer`."""
+    Default class: :class:`DecoupledPPOTrainer` with ``async_training.enable``, else :class:`RayPPOTrainer`.
+    ``for_training=False``: only generate and score (``eval``, ``debug``), so the update's settings are
+    not checked."""
     cfg = to_ppo_config(cfg)
     if trainer_cls is None and cfg.async_training.enable:
         from hybrid_rl.trainer.async_trainer import DecoupledPPOTrainer as trainer_cls
     elif trainer_cls is None:
         from hybrid_rl.trainer.ray_trainer import RayPPOTrainer as trainer_cls
 
-    trainer = trainer_cls(cfg)
+    trainer = trainer_cls(cfg) if for_training else trainer_cls(cfg, for_training=False)
     check_reward_coverage(trainer.config, trainer.train_dataset, trainer.val_dataset)
     check_agent_config(trainer.config, trainer.tokenizer)
     return trainer
@@ -159,6 +162,42 @@ def _hydra_task(cfg: DictConfig, command_line: bool = False) -> None:
             trainer.shutdown()
 
 
+USAGE = ("usage: python -m hybrid_rl.trainer.main_ppo [key=value ...] [--cfg job] [--config-path DIR "
+         "--config-name NAME]")
+INTRO = ("RL training of the PPO family (PPO, GRPO, RLOO, REINFORCE++, ReMax and any registered estimator), "
+         "colocated or decoupled. Every key below is set as key=value on the command line (veRL's names); the "
+         "value shown is the one this command line gets. --cfg job prints the resolved config as YAML.")
+
+
+def print_help(overrides: list[str]) -> None:
+    """Every key with its value under ``overrides`` and its documentation (``--help``)."""
+    from omegaconf import OmegaConf
+
+    from hybrid_rl.trainer.config_docs import config_help
+
+    composed = OmegaConf.to_container(get_config(overrides), resolve=False)
+    composed.pop("hydra", None)
+    sys.stdout.write(config_help(PPOConfig, composed, USAGE, INTRO, registry_notes()))
+
+
+def registry_notes() -> dict[str, list[str]]:
+    """The registered estimators, losses and reward managers under the keys that pick them."""
+    from hybrid_rl.algorithms import describe_adv_estimators, describe_policy_losses
+    from hybrid_rl.reward import registered_reward_managers
+
+    def needs(info) -> str:
+        flags = [name.replace("_", " ") for name, value in vars(info).items()
+                 if name.startswith("needs_") and value is True]
+        return f" [{', '.join(flags)}]" if flags else ""
+
+    return {
+        "algorithm.adv_estimator": [f"{name}{needs(i)}: {i.description}" for name, i in describe_adv_estimators().items()],
+        "actor_rollout_ref.actor.policy_loss.loss_mode": [f"{name}{needs(i)}: {i.description}"
+                                                          for name, i in describe_policy_losses().items()],
+        "reward_model.reward_manager": [f"registered: {', '.join(registered_reward_managers())}"],
+    }
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """``python -m hybrid_rl.trainer.main_ppo [key=value ...]`` (Hydra command line)."""
     import hydra
@@ -167,6 +206,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         sys.argv = [sys.argv[0], *argv]
     overrides = _override_args(sys.argv[1:])
     try:
+        if {"--help", "-h"} & set(sys.argv[1:]):  # Hydra's own help shows no documentation
+            print_help([o for o in overrides if not o.lstrip("+~").startswith("hydra.")])
+            return
         check_override_keys(overrides)
         # Compose once outside Hydra's app runner, which would print a multi-line report and a
         # HYDRA_FULL_ERROR hint for a wrong type instead of one line.

@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
-from hybrid_rl.trainer.main_sft import default_data_files, run_cli, translate_overrides, typed_config
+from hybrid_rl.trainer.main_sft import ModeHelp, default_data_files, run_cli, translate_overrides, typed_config
 
 __all__ = ["RM_KEY_MAP", "main", "rm_config", "rm_overrides", "run_rm"]
 
@@ -83,7 +83,9 @@ def _run(config) -> dict[str, float]:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_cli(sys.argv[1:] if argv is None else argv, rm_config, _run)
+    run_cli(sys.argv[1:] if argv is None else argv, rm_config, _run,
+            ModeHelp("main_rm", "Reward-model training on preference pairs (Bradley-Terry), veRL's SFT keys applied "
+                     "to the reward model.", RM_KEY_MAP))
 
 
 if __name__ == "__main__":

@@ -20,10 +20,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
 
-__all__ = ["SFT_KEY_MAP", "default_data_files", "main", "run_cli", "run_sft", "sft_config", "sft_overrides",
-           "translate_overrides", "typed_config"]
+__all__ = ["ModeHelp", "SFT_KEY_MAP", "default_data_files", "main", "mode_help", "run_cli", "run_sft", "sft_config",
+           "sft_overrides", "translate_overrides", "typed_config"]
 
 SFT_KEY_MAP = {
     "model.partial_pretrain": "actor_rollout_ref.model.path",
@@ -119,17 +120,55 @@ def _run(config) -> dict[str, float]:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_cli(sys.argv[1:] if argv is None else argv, sft_config, _run)
+    run_cli(sys.argv[1:] if argv is None else argv, sft_config, _run,
+            ModeHelp("main_sft", "Supervised fine-tuning of the actor with the sft loss, veRL's SFT keys.", SFT_KEY_MAP))
 
 
-def run_cli(argv: Sequence[str], make_config, run) -> None:
+@dataclass(frozen=True)
+class ModeHelp:
+    """What ``--help`` says of a mode's command line."""
+
+    module: str
+    """The entry point's module under ``hybrid_rl.trainer`` (``main_sft``)."""
+    summary: str
+    """One sentence on what the command trains."""
+    key_map: dict[str, str]
+    """The mode's own keys (veRL's names) -> the trainer keys they set."""
+
+
+def mode_help(help: ModeHelp, cfg: Any) -> str:
+    """The mode's own keys with this command line's values and their documentation."""
+    from hybrid_rl.trainer.config_docs import field_docs, indented, show_value
+
+    out = [f"usage: python -m hybrid_rl.trainer.{help.module} [key=value ...] [--cfg job]", "",
+           *indented(help.summary + " The keys it adds (value: this command line's):", ""), ""]
+    for key, target in help.key_map.items():
+        *parents, leaf = target.split(".")
+        owner = cfg
+        for part in parents:
+            owner = getattr(owner, part)
+        out.append(f"  {key}={show_value(getattr(owner, leaf))}    (sets {target})")
+        out += indented(field_docs(type(owner)).get(leaf, ""), "      ")
+    out += ["", *indented("Every key of the RL trainer is accepted as well (python -m hybrid_rl.trainer.main_ppo "
+                           "--help lists them with their documentation); --cfg job prints the resolved config.", "")]
+    return "\n".join(out) + "\n"
+
+
+def run_cli(argv: Sequence[str], make_config, run, help: Optional[ModeHelp] = None) -> None:
     """Build the config from ``argv``, log to the console and ``logs/driver.log``, run; a user
-    mistake ends in one line (as ``main_ppo``)."""
+    mistake ends in one line (as ``main_ppo``). ``--help`` prints the mode's keys, ``--cfg job`` the
+    resolved config (Hydra's flag), and neither runs anything."""
     from hybrid_rl.trainer.main_ppo import _fail, _is_reported_user_error
     from hybrid_rl.trainer.validate import run_dir
     from hybrid_rl.utils.log_setup import configure_logging
 
+    argv = list(argv)
+    flags = [a for a in argv if a.startswith("-")]
+    args = [a for a in argv if not a.startswith("-") and a != "job"]
     try:
+        if flags:
+            _answer_flags(flags, argv, make_config(args), help)
+            return
         cfg = make_config(argv)
         if not logging.getLogger().handlers:  # the console main_ppo gets from Hydra: messages only
             console = logging.StreamHandler(sys.stdout)
@@ -141,6 +180,20 @@ def run_cli(argv: Sequence[str], make_config, run) -> None:
         if _is_reported_user_error(error):
             _fail(error)
         raise
+
+
+def _answer_flags(flags: list[str], argv: list[str], cfg: Any, help: Optional[ModeHelp]) -> None:
+    """``--help`` / ``-h`` and ``--cfg job``; any other flag is a one-line error."""
+    from omegaconf import OmegaConf
+
+    from hybrid_rl.trainer.config_loader import to_container
+
+    if {"--help", "-h"} & set(flags) and help is not None:
+        sys.stdout.write(mode_help(help, cfg))
+    elif flags == ["--cfg"] and "job" in argv[argv.index("--cfg") + 1:argv.index("--cfg") + 2]:
+        sys.stdout.write(OmegaConf.to_yaml(to_container(cfg)))
+    else:
+        raise ValueError(f"unknown flag(s) {flags}: this command takes key=value settings, --help and --cfg job.")
 
 
 if __name__ == "__main__":

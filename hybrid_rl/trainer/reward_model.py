@@ -92,7 +92,7 @@ def rm_worker_config(cfg: PPOConfig, world_size: int) -> CriticConfig:
     (scoring only: its optimizer never steps, so it holds no state)."""
     rm = cfg.reward_model
     return CriticConfig(model=rm.model.as_critic_model(), rollout_n=1, ppo_mini_batch_size=world_size,
-                        ppo_micro_batch_size_per_gpu=rm.micro_batch_size_per_gpu)
+                        use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=rm.micro_batch_size_per_gpu)
 
 
 def combine_scores(rm_scores: torch.Tensor, rule_scores: Optional[torch.Tensor], rm_weight: float,

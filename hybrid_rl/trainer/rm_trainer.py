@@ -1,7 +1,7 @@
-"""Reward-model training with the RL trainer's machinery: ``RMTrainer`` (``main_rm``).
+"""Reward-model training, a mode on the trainer core: ``RMTrainer`` (``main_rm``).
 
-The same :meth:`RayPPOTrainer.fit`, checkpoints, resume, trackers, progress bar and plot; the
-hook points differ:
+:class:`~hybrid_rl.trainer.core.TrainerCore` gives it the loop, checkpoints, resume, trackers, the
+progress bar, the plot and the validate/save cadence. What is its own:
 
 * the worker group hosts one :class:`~hybrid_rl.workers.rm_worker.RewardModelWorker` per device
   (built from the ``critic`` section: the value-model layout, FSDP2, AdamW) and nothing else;
@@ -28,9 +28,10 @@ import torch
 
 from hybrid_rl.algorithms.reward_loss import bradley_terry_loss, preference_metrics
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer import components, metrics as metric_fns
+from hybrid_rl.trainer import components
 from hybrid_rl.trainer.checkpoint_manager import estimate_checkpoint_bytes
-from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
+from hybrid_rl.trainer.core import TrainerCore
+from hybrid_rl.trainer.validation import dataset_batches
 
 __all__ = ["RMTrainer", "RM_CHECKPOINT_DIR"]
 
@@ -40,11 +41,19 @@ RM_CHECKPOINT_DIR = "reward_model"
 """Sub-folder of ``global_step_N`` the reward model is saved in."""
 
 
-class RMTrainer(RayPPOTrainer):
-    """:class:`RayPPOTrainer` whose step is one pairwise reward-model update (see the module docstring)."""
+class RMTrainer(TrainerCore):
+    """The trainer core whose step is one pairwise reward-model update (see the module docstring).
 
-    def __init__(self, config, tokenizer=None, **kwargs: Any):
-        super().__init__(config, tokenizer, **kwargs)
+    Args:
+        config: a reward-model config (``main_rm``'s :func:`~hybrid_rl.trainer.main_rm.rm_config`).
+        tokenizer, train_dataset, val_dataset: as :class:`~hybrid_rl.trainer.core.TrainerCore`'s.
+        worker_cls: the reward-model worker class to use instead of the default one.
+    """
+
+    def __init__(self, config, tokenizer=None, *, train_dataset=None, val_dataset=None,
+                 worker_cls: Optional[type] = None):
+        super().__init__(config, tokenizer, train_dataset=train_dataset, val_dataset=val_dataset,
+                         worker_classes=(worker_cls,))
         self.score_stats: Optional[tuple[float, float]] = None  # (mean, std) of the latest scores
         self._stats_step: Optional[int] = None
 
@@ -77,7 +86,7 @@ class RMTrainer(RayPPOTrainer):
     def init_workers(self) -> None:
         """Start the reward-model worker group (no actor, rollout or reference)."""
         self.workers = components.build_reward_model_group(
-            self.config, self.plan, self.total_training_steps, worker_cls=self._worker_classes[1],
+            self.config, self.plan, self.total_training_steps, worker_cls=self._worker_classes[0],
             call_timeout_s=self.config.trainer.worker_call_timeout_s, log_dir=os.path.join(self.run_dir, "logs"))
 
     @property
@@ -86,27 +95,16 @@ class RMTrainer(RayPPOTrainer):
 
     # ------------------------------------------------------------------ steps
     def step_plan(self) -> list[str]:
-        steps = ["update_reward_model"]
-        if self._validation_due():
-            steps.append("validate")
-        if self._save_due():
-            steps.append("save_checkpoint")
-        return steps
+        return ["update_reward_model"] + self.cadence_steps()
 
     def update_reward_model(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """One optimizer step on the Bradley-Terry loss of this batch of pairs."""
-        batch.meta_info["global_steps"] = self.global_steps
-        output = self.rm_wg.update_reward_model(batch)
-        metrics.update(metric_fns.reduce_metrics(output.meta_info.get("metrics", {})))
-        return batch
+        return self._update(self.rm_wg.update_reward_model, batch, metrics)
 
     def _pair_scores(self, dataset) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(chosen [N], rejected [N], margin [N])`` scores of every pair of ``dataset``."""
-        size = self.config.data.val_batch_size or len(dataset)
         chosen, rejected, margins = [], [], []
-        for start in range(0, len(dataset), size):
-            items = [dataset[i] for i in range(start, min(start + size, len(dataset)))]
-            batch = DataProto.from_single_dict(dataset.collate_fn(items))
+        for batch in dataset_batches(dataset, self.config.data.val_batch_size):
             out = self.rm_wg.compute_pair_scores(batch)
             chosen.append(out.batch["chosen_scores"])
             rejected.append(out.batch["rejected_scores"])
@@ -153,9 +151,8 @@ class RMTrainer(RayPPOTrainer):
     def _driver_state(self) -> dict[str, Any]:
         return {**super()._driver_state(), "rm_score_stats": self.score_stats}
 
-    def load_checkpoint(self) -> None:
-        super().load_checkpoint()
-        stats = (self.resumed_state or {}).get("rm_score_stats")
+    def _load_driver_state(self, state: dict[str, Any]) -> None:
+        stats = state.get("rm_score_stats")
         if stats:
             self.score_stats = (float(stats[0]), float(stats[1]))
             self.rm_wg.set_score_normalization(*self.score_stats)

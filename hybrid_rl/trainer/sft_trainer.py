@@ -1,7 +1,8 @@
-"""Supervised fine-tuning with the RL trainer's machinery: ``SFTTrainer`` (``main_sft``).
+"""Supervised fine-tuning, a mode on the trainer core: ``SFTTrainer`` (``main_sft``).
 
-The same :meth:`RayPPOTrainer.fit`, worker group, checkpoints, resume, trackers, progress bar and
-plot; the hook points differ:
+:class:`~hybrid_rl.trainer.core.TrainerCore` gives it the loop, checkpoints, resume, trackers, the
+progress bar, the plot and the validate/save cadence; the actor worker gives it packing,
+micro-batching, FSDP2 and LoRA. What is its own:
 
 * the training set is an :class:`~hybrid_rl.data.sft.SFTDataset` (conversations tokenised with a
   loss mask on the assistant turns) and each step is ``update_actor`` on one batch of it with the
@@ -16,25 +17,61 @@ plot; the hook points differ:
 from __future__ import annotations
 
 import logging
-from typing import Any
+import os
+from typing import Any, Optional
 
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer import metrics as metric_fns
-from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
+from hybrid_rl.trainer import components, metrics as metric_fns
+from hybrid_rl.trainer.checkpoint_manager import estimate_checkpoint_bytes
+from hybrid_rl.trainer.core import TrainerCore
+from hybrid_rl.trainer.validation import dataset_batches, generation_meta, run_validation
 
 __all__ = ["SFTTrainer"]
 
 logger = logging.getLogger(__name__)
 
 
-class SFTTrainer(RayPPOTrainer):
-    """:class:`RayPPOTrainer` whose step is one supervised update (see the module docstring)."""
+class SFTTrainer(TrainerCore):
+    """The trainer core whose step is one supervised update of the actor (see the module docstring).
 
-    def __init__(self, config, tokenizer=None, **kwargs: Any):
-        super().__init__(config, tokenizer, **kwargs)
-        if self.config.actor_rollout_ref.actor.policy_loss.loss_mode != "sft":
-            raise ValueError("SFTTrainer trains with actor_rollout_ref.actor.policy_loss.loss_mode=sft; use "
-                             "python -m hybrid_rl.trainer.main_sft, which sets it.")
+    Args:
+        config: an SFT config (``main_sft``'s :func:`~hybrid_rl.trainer.main_sft.sft_config`).
+        tokenizer, train_dataset, val_dataset: as :class:`~hybrid_rl.trainer.core.TrainerCore`'s.
+        actor_worker_cls: the actor worker class to use instead of the default one.
+    """
+
+    def __init__(self, config, tokenizer=None, *, train_dataset=None, val_dataset=None,
+                 actor_worker_cls: Optional[type] = None):
+        super().__init__(config, tokenizer, train_dataset=train_dataset, val_dataset=val_dataset,
+                         worker_classes=(actor_worker_cls, None))
+        from hybrid_rl.algorithms import policy_loss_info
+
+        loss_mode = self.config.actor_rollout_ref.actor.policy_loss.loss_mode
+        if policy_loss_info(loss_mode).uses_advantages:
+            raise ValueError(f"SFTTrainer trains with a supervised loss, not actor_rollout_ref.actor.policy_loss."
+                             f"loss_mode={loss_mode}; use python -m hybrid_rl.trainer.main_sft, which sets one.")
+        # held-out generations are scored like the RL trainer's validation (no samples logged per step)
+        self.val_reward_fn = (components.build_reward_manager(self.config, self.tokenizer, num_examine=0)
+                              if self.val_dataset is not None else None)
+
+    @property
+    def actor_rollout_wg(self):
+        return self.workers.actor_rollout
+
+    def init_workers(self) -> None:
+        """Start the actor worker group (actor and the rollout engine for held-out generations)."""
+        cfg = self.config
+        self.workers = components.build_worker_groups(
+            cfg, self.plan, self.total_training_steps, actor_cls=self._worker_classes[0],
+            call_timeout_s=cfg.trainer.worker_call_timeout_s, log_dir=os.path.join(self.run_dir, "logs"),
+            rollout_rows_per_call=components.rollout_rows_per_call(cfg, self.plan, self.val_dataset))
+
+    def _checkpoint_bytes(self) -> int:
+        contents = [list(self.config.actor_rollout_ref.actor.checkpoint.save_contents)]
+        return estimate_checkpoint_bytes(components.count_model_params(self.config), contents)
+
+    def _checkpoint_parts(self) -> list[tuple[str, Any]]:
+        return [("actor", self.actor_rollout_wg)]
 
     def _sft_dataset(self, files: list[str]):
         from hybrid_rl.data.sft import SFTDataset
@@ -47,8 +84,6 @@ class SFTTrainer(RayPPOTrainer):
     def _datasets(self, train_dataset, val_dataset) -> tuple[Any, Any]:
         """Train: SFT conversations. Val: the same files read twice, as SFT rows (the loss) and, when
         they carry prompts with a data source and ground truth, as prompts (generation metrics)."""
-        from hybrid_rl.trainer import components
-
         train_files, val_files = components.resolve_data_files(self.config)
         self.sft_val_dataset = self._sft_dataset(val_files) if val_files else None
         if train_dataset is None:
@@ -61,12 +96,11 @@ class SFTTrainer(RayPPOTrainer):
         return train_dataset, val_dataset
 
     def step_plan(self) -> list[str]:
-        steps = ["update_actor"]
-        if self._validation_due():
-            steps.append("validate")
-        if self._save_due():
-            steps.append("save_checkpoint")
-        return steps
+        return ["update_actor"] + self.cadence_steps()
+
+    def update_actor(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+        """One optimizer step of the supervised loss on this batch of conversations."""
+        return self._update(self.actor_rollout_wg.update_actor, batch, metrics)
 
     def _has_validation_data(self) -> bool:
         return self.val_dataset is not None or self.sft_val_dataset is not None
@@ -74,19 +108,28 @@ class SFTTrainer(RayPPOTrainer):
     def run_validation(self) -> dict[str, float]:
         metrics = self.validation_loss()
         if self.val_dataset is not None:
-            metrics.update(super().run_validation())
+            metrics.update(self.generation_metrics())
         return metrics
+
+    def generation_metrics(self) -> dict[str, float]:
+        """What a rule scorer thinks of the model's greedy answers to the held-out prompts."""
+        cfg = self.config
+        batches = dataset_batches(self.val_dataset, cfg.data.val_batch_size)
+
+        def generate(gen: DataProto) -> DataProto:
+            gen.meta_info.update(generation_meta(self.tokenizer, cfg.trainer.seed, self.global_steps, validate=True))
+            return self.actor_rollout_wg.generate_sequences(gen)
+
+        return run_validation(batches, generate, self.val_reward_fn, self.tokenizer,
+                              n=cfg.actor_rollout_ref.rollout.val_kwargs.n, step=self.global_steps,
+                              num_logged=cfg.trainer.log_val_generations, run_dir=self.run_dir)
 
     def validation_loss(self) -> dict[str, float]:
         """``val/sft_loss``: the held-out token-mean NLL of the assistant tokens."""
         if self.sft_val_dataset is None:
             return {}
-        data = self.sft_val_dataset
-        size = self.config.data.val_batch_size or len(data)
         total, tokens = 0.0, 0.0
-        for start in range(0, len(data), size):
-            items = [data[i] for i in range(start, min(start + size, len(data)))]
-            batch = DataProto.from_single_dict(data.collate_fn(items))
+        for batch in dataset_batches(self.sft_val_dataset, self.config.data.val_batch_size):
             log_probs = self.actor_rollout_wg.compute_log_prob(batch).batch["old_log_probs"]  # [B, R]
             mask = batch.batch["response_mask"].to(log_probs.dtype)
             total += float(-(log_probs * mask).sum())
@@ -100,6 +143,3 @@ class SFTTrainer(RayPPOTrainer):
         metrics.update({f"timing_s/{name}": value for name, value in timing.items()})
         metrics.update(metric_fns.compute_throughput_metrics(batch, timing, self.plan.world_size))
         return self._publish(metrics)
-
-    def _actor_mfu(self, *args: Any, **kwargs: Any) -> None:  # the PPO MFU counts rollout tokens
-        return None

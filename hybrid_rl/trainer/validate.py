@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.utils.cpu_env import CPU_ALLOCATORS
+
+if TYPE_CHECKING:
+    from hybrid_rl.algorithms import AdvEstimatorInfo, PolicyLossInfo
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -108,11 +111,14 @@ def make_run_plan(cfg: PPOConfig) -> RunPlan:
     )
 
 
-def validate_config(cfg: PPOConfig) -> None:
-    """Raise one ValueError listing every inconsistency of ``cfg`` (each line: keys, values, fix)."""
+def validate_config(cfg: PPOConfig, *, training: bool = True) -> None:
+    """Raise one ValueError listing every inconsistency of ``cfg`` (each line: keys, values, fix).
+
+    ``training=False`` (``python -m hybrid_rl.eval`` / ``debug``: generate and score, no update) skips
+    what only an update or a checkpoint uses: the mini/micro-batch sizes, token budgets and resume."""
     errors: list[str] = []
-    checks = (_check_devices, _check_batch_sizes, _check_algorithm, _check_files, _check_trainer, _check_reward,
-              _check_resume, _check_async)
+    checks = [_check_devices, _check_lengths, _check_algorithm, _check_files, _check_trainer, _check_reward,
+              _check_async] + ([_check_batch_sizes, _check_resume] if training else [])
     for check in checks:
         errors.extend(check(cfg))
     if len(errors) == 1:
@@ -180,19 +186,23 @@ def _check_batch_sizes(cfg: PPOConfig) -> list[str]:
     for prefix, group in groups:
         errors.extend(_check_group_batches(prefix, group, data.train_batch_size, n, world))
     errors.extend(_check_token_budgets(cfg, groups))
-    for data_key, rollout_key in (("max_response_length", "response_length"), ("max_prompt_length", "prompt_length")):
-        if getattr(data, data_key) != getattr(arr.rollout, rollout_key):
-            errors.append(
-                f"actor_rollout_ref.rollout.{rollout_key}={getattr(arr.rollout, rollout_key)} differs from "
-                f"data.{data_key}={getattr(data, data_key)}; set only data.{data_key} "
-                f"(rollout.{rollout_key} follows it by default)."
-            )
     if cfg.critic.rollout_n != n and estimator_needs(cfg).needs_critic:
         errors.append(
             f"critic.rollout_n={cfg.critic.rollout_n} differs from actor_rollout_ref.rollout.n={n}; "
             "leave critic.rollout_n at its default (${actor_rollout_ref.rollout.n})."
         )
     return errors
+
+
+def _check_lengths(cfg: PPOConfig) -> list[str]:
+    """The rollout's lengths are the data's (the engine's context and the batch widths agree)."""
+    data, rollout = cfg.data, cfg.actor_rollout_ref.rollout
+    return [f"actor_rollout_ref.rollout.{rollout_key}={getattr(rollout, rollout_key)} differs from "
+            f"data.{data_key}={getattr(data, data_key)}; set only data.{data_key} "
+            f"(rollout.{rollout_key} follows it by default)."
+            for data_key, rollout_key in (("max_response_length", "response_length"),
+                                          ("max_prompt_length", "prompt_length"))
+            if getattr(data, data_key) != getattr(rollout, rollout_key)]
 
 
 def _check_token_budgets(cfg: PPOConfig, groups: list[tuple[str, Any]]) -> list[str]:

@@ -28,6 +28,21 @@ logger = logging.getLogger(__name__)
 VAL_SAMPLES_FILE = "val_generations.jsonl"
 
 
+def dataset_batches(dataset: Any, size: Any = None) -> Iterable[DataProto]:
+    """``dataset`` in order, ``size`` rows a batch (None = all at once), collated by its ``collate_fn``."""
+    size = size or len(dataset)
+    for start in range(0, len(dataset), size):
+        items = [dataset[i] for i in range(start, min(start + size, len(dataset)))]
+        yield DataProto.from_single_dict(dataset.collate_fn(items))
+
+
+def generation_meta(tokenizer, seed: int, step: int, validate: bool) -> dict[str, Any]:
+    """The ``meta_info`` of a generate call: end and pad tokens, whether it validates, and the engine's
+    sampling seed (``trainer.seed``, + the step for a training batch so each step samples anew)."""
+    return {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+            "validate": validate, "seed": seed + (0 if validate else step), "global_steps": step}
+
+
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
     """Probability that at least one of k samples drawn without replacement from n is correct."""
     if num_samples - num_correct < k:

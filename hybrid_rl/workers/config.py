@@ -193,9 +193,8 @@ class PolicyLossConfig:
     """Choice of the policy-gradient loss (veRL ``actor.policy_loss.*``)."""
 
     loss_mode: str = "vanilla"
-    """Name in hybrid_rl.algorithms' policy-loss registry (vanilla = PPO clip with dual clip; gspo;
-    decoupled = AReaL's decoupled PPO for stale samples, needs rollout.calculate_log_probs; sft = the
-    negative log-likelihood of the masked tokens, for supervised fine-tuning)."""
+    """Name in hybrid_rl.algorithms' policy-loss registry (``--help`` lists the registered ones and
+    what each needs; ``@hybrid_rl.algorithms.register_policy_loss`` adds one)."""
     behav_imp_weight_cap: Optional[float] = None
     """decoupled loss (AReaL's name): tokens whose behaviour importance weight pi_prox / pi_behav
     exceeds this are dropped from the loss; must be > 1. null keeps every token."""

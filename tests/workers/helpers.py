@@ -34,8 +34,8 @@ def make_batch(num_rows: int = 8, prompt_len: int = 6, response_len: int = 5, vo
 
 
 def actor_config(**overrides) -> ActorConfig:
-    """fp32, one mini-batch of 8 rows by default, a visible learning rate, no clipping."""
-    kwargs = dict(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8, grad_clip=None,
+    """fp32, one mini-batch of 8 rows in micro-batches of rows by default, a visible learning rate, no clipping."""
+    kwargs = dict(ppo_mini_batch_size=8, use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=8, grad_clip=None,
                   clip_ratio=0.2, optim=OptimConfig(lr=1e-2, weight_decay=0.0))
     kwargs.update(overrides)
     return ActorConfig(**kwargs)

@@ -22,7 +22,7 @@ def value_model(tiny_model_dir):
 
 
 def _config(**overrides):
-    kwargs = dict(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8, grad_clip=None,
+    kwargs = dict(ppo_mini_batch_size=8, rollout_n=1, use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=8, grad_clip=None,
                   cliprange_value=0.5, optim=OptimConfig(lr=1e-3, weight_decay=0.0))
     kwargs.update(overrides)
     return CriticConfig(**kwargs)

@@ -26,14 +26,16 @@ FP32 = FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype="float32"))
 
 def _configs(model_dir):
     model = ModelConfig(path=model_dir)
-    actor = ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=1, use_kl_loss=True,
+    actor = ActorConfig(ppo_mini_batch_size=2, use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=1, use_kl_loss=True,
                         optim=OptimConfig(lr=5e-2), fsdp_config=FP32, grad_clip=None)
     rollout = RolloutConfig(name="hf", n=2, temperature=1.0, response_length=4, prompt_length=6,
                             dtype="float32", calculate_log_probs=True)
     arr = ActorRolloutRefConfig(model=model, actor=actor, rollout=rollout,
-                                ref=RefConfig(log_prob_micro_batch_size_per_gpu=2, fsdp_config=FP32))
+                                ref=RefConfig(log_prob_use_dynamic_bsz=False, log_prob_micro_batch_size_per_gpu=2,
+                                              fsdp_config=FP32))
     critic = CriticConfig(model=CriticModelConfig(path=model_dir, fsdp_config=FP32), rollout_n=2,
-                          ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, optim=OptimConfig(lr=1e-3))
+                          ppo_mini_batch_size=2, use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=2,
+                          optim=OptimConfig(lr=1e-3))
     return arr, critic
 
 

@@ -14,7 +14,8 @@ from tests.workers.helpers import make_batch
 
 def _ref_log_probs(model_dir: str, disk_offload):
     config = ActorRolloutRefConfig(model=ModelConfig(path=model_dir),
-                                   ref=RefConfig(log_prob_micro_batch_size_per_gpu=2, disk_offload=disk_offload))
+                                   ref=RefConfig(log_prob_use_dynamic_bsz=False, log_prob_micro_batch_size_per_gpu=2,
+                                                 disk_offload=disk_offload))
     group = LocalWorkerGroup(RayClassWithInitArgs(ActorRolloutRefWorker, config=config, role="ref"))
     try:
         group.init_model()

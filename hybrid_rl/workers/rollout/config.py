@@ -105,7 +105,7 @@ class RolloutConfig:
     GPUs without bf16 (hybrid_rl/utils/precision.py); the run logs the choice. In bf16 the
     engine's log-probs drift from the fp32 actor's by up to ~0.2; use the actor's
     ``old_log_probs`` for the PPO ratio (or float32 here if you need ``rollout_log_probs`` exact)."""
-    log_prob_micro_batch_size_per_gpu: Optional[int] = 32
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
     """Rows per forward when the actor recomputes log-probs of rollouts (``compute_log_prob``);
     null = the actor's ``ppo_micro_batch_size_per_gpu``. Lives here as in veRL."""
     log_prob_use_dynamic_bsz: Optional[bool] = None
