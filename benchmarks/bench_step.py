@@ -173,7 +173,7 @@ def measure_steps(overrides: list[str], warmup: int, peak_size: int = 2048,
     called with each step's logged metrics."""
     import torch
 
-    from hybrid_rl.trainer.components import measure_peak_flops, model_param_split
+    from hybrid_rl.trainer.model_facts import measure_peak_flops, model_param_split
     from hybrid_rl.trainer.main_ppo import build_trainer
     from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
     from hybrid_rl.trainer.validate import make_run_plan

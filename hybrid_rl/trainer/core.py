@@ -28,7 +28,7 @@ from codetiming import Timer
 
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.single_controller import WorkerDiedError, WorkerGroupError
-from hybrid_rl.trainer import components, metrics as metric_fns
+from hybrid_rl.trainer import inputs, metrics as metric_fns, model_facts, worker_groups
 from hybrid_rl.trainer.checkpoint_manager import CheckpointManager, capture_rng_state, restore_rng_state
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config_loader import to_container, to_ppo_config
@@ -81,9 +81,9 @@ class TrainerCore(abc.ABC):
         cfg = self.config
         self.plan = make_run_plan(cfg)
         self.actor_compute_dtype = self._report_precision()
-        self.tokenizer = tokenizer if tokenizer is not None else components.build_tokenizer(cfg)
+        self.tokenizer = tokenizer if tokenizer is not None else inputs.build_tokenizer(cfg)
         self.train_dataset, self.val_dataset = self._datasets(train_dataset, val_dataset)
-        self.train_dataloader = components.build_train_dataloader(self.train_dataset, cfg)
+        self.train_dataloader = inputs.build_train_dataloader(self.train_dataset, cfg)
         self.total_training_steps = self._count_training_steps()
         self.run_dir = run_dir(cfg)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.trainer.max_actor_ckpt_to_keep)
@@ -93,7 +93,7 @@ class TrainerCore(abc.ABC):
         self.last_committed_step: Optional[int] = None  # newest checkpoint this trainer committed
         self.global_steps = 0
         self.resumed_state: Optional[dict[str, Any]] = None  # the driver state a resume restored
-        self.workers: Optional[components.WorkerGroups] = None
+        self.workers: Optional[worker_groups.WorkerGroups] = None
         self.tracker: Optional[Tracking] = None
         self.progress: Optional[ProgressBar] = None
         self._worker_classes = tuple(worker_classes)
@@ -101,7 +101,7 @@ class TrainerCore(abc.ABC):
     # ------------------------------------------------------------------ what a mode supplies
     def _report_precision(self) -> str:
         """Log the compute dtypes of the models this run trains; returns the first one's."""
-        return components.report_precision(self.config, self.plan)
+        return model_facts.report_precision(self.config, self.plan)
 
     @abc.abstractmethod
     def _datasets(self, train_dataset, val_dataset) -> tuple[Any, Any]:

@@ -26,7 +26,7 @@ import torch
 
 from hybrid_rl.algorithms import get_kl_controller, masked_mean
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer import components, metrics as metric_fns, ppo_ops, reward_model
+from hybrid_rl.trainer import inputs, metrics as metric_fns, model_facts, ppo_ops, reward_model, worker_groups
 from hybrid_rl.trainer.checkpoint_manager import estimate_checkpoint_bytes
 from hybrid_rl.trainer.core import TrainerCore
 from hybrid_rl.trainer.validation import dataset_batches, generation_meta, run_validation
@@ -73,9 +73,9 @@ class RayPPOTrainer(TrainerCore):
         super().__init__(config, tokenizer, train_dataset=train_dataset, val_dataset=val_dataset,
                          worker_classes=(actor_worker_cls, critic_worker_cls), for_training=for_training)
         cfg = self.config
-        self.reward_fn = reward_fn or components.build_reward_manager(cfg, self.tokenizer, cfg.reward_model.num_examine)
-        self.val_reward_fn = val_reward_fn or components.build_reward_manager(cfg, self.tokenizer, num_examine=0)
-        self.remote_rm = components.build_remote_reward_model(cfg)  # None unless reward_model.model.path is a URL
+        self.reward_fn = reward_fn or inputs.build_reward_manager(cfg, self.tokenizer, cfg.reward_model.num_examine)
+        self.val_reward_fn = val_reward_fn or inputs.build_reward_manager(cfg, self.tokenizer, num_examine=0)
+        self.remote_rm = inputs.build_remote_reward_model(cfg)  # None unless reward_model.model.path is a URL
         self.kl_ctrl_in_reward = get_kl_controller(**asdict(cfg.algorithm.kl_ctrl)) if cfg.algorithm.use_kl_in_reward else None
         # ((body, head) params, peak FLOP/s per worker in the actor's compute dtype, or None)
         self._flops: Optional[tuple[tuple[int, int], Optional[float]]] = None
@@ -85,11 +85,11 @@ class RayPPOTrainer(TrainerCore):
         """The given datasets, else the ones ``data.*`` describes (val: None when there is none)."""
         if train_dataset is not None and val_dataset is not None:
             return train_dataset, val_dataset
-        train_files, val_files = components.resolve_data_files(self.config)
+        train_files, val_files = inputs.resolve_data_files(self.config)
         if train_dataset is None:
-            train_dataset = components.build_dataset(train_files, self.tokenizer, self.config)
+            train_dataset = inputs.build_dataset(train_files, self.tokenizer, self.config)
         if val_dataset is None and val_files:
-            val_dataset = components.build_dataset(val_files, self.tokenizer, self.config)
+            val_dataset = inputs.build_dataset(val_files, self.tokenizer, self.config)
         return train_dataset, val_dataset
 
     def _checkpoint_bytes(self) -> int:
@@ -97,7 +97,7 @@ class RayPPOTrainer(TrainerCore):
         contents = [list(self.config.actor_rollout_ref.actor.checkpoint.save_contents)]
         if self.plan.use_critic:
             contents.append(list(self.config.critic.checkpoint.save_contents))
-        return estimate_checkpoint_bytes(components.count_model_params(self.config), contents)
+        return estimate_checkpoint_bytes(model_facts.count_model_params(self.config), contents)
 
     @property
     def actor_rollout_wg(self):
@@ -115,15 +115,15 @@ class RayPPOTrainer(TrainerCore):
     def init_workers(self) -> None:
         """Start the colocated worker group and load the models."""
         actor_cls, critic_cls = self._worker_classes
-        self.workers = components.build_worker_groups(
+        self.workers = worker_groups.build_worker_groups(
             self.config, self.plan, self.total_training_steps, actor_cls=actor_cls, critic_cls=critic_cls,
             call_timeout_s=self.config.trainer.worker_call_timeout_s, log_dir=os.path.join(self.run_dir, "logs"),
             rollout_rows_per_call=self._rollout_rows_per_call(),
         )
 
     def _rollout_rows_per_call(self) -> int:
-        """Rows the rollout engine should hold at once per worker (:func:`components.rollout_rows_per_call`)."""
-        return components.rollout_rows_per_call(self.config, self.plan, self.val_dataset)
+        """Rows the rollout engine should hold at once per worker (:func:`worker_groups.rollout_rows_per_call`)."""
+        return worker_groups.rollout_rows_per_call(self.config, self.plan, self.val_dataset)
 
     def step_plan(self) -> list[str]:
         """Names of the step methods run at ``self.global_steps``, in order (override to customise)."""
@@ -301,9 +301,9 @@ class RayPPOTrainer(TrainerCore):
         quickly (no MFU rather than a wrong one)."""
         if self._flops is None:
             # fork_rng: the measurement must not advance the driver RNG (resumed runs replay it).
-            with components.worker_threads(self.plan), torch.random.fork_rng(devices=[]):
-                self._flops = (components.model_param_split(self.config),
-                               components.measure_peak_flops(self.plan.device, dtype=self.actor_compute_dtype))
+            with model_facts.worker_threads(self.plan), torch.random.fork_rng(devices=[]):
+                self._flops = (model_facts.model_param_split(self.config),
+                               model_facts.measure_peak_flops(self.plan.device, dtype=self.actor_compute_dtype))
             if self._flops[1] is None:
                 logger.info("perf/mfu/actor not reported: a %s matmul peak cannot be measured quickly on "
                             "this %s", self.actor_compute_dtype, self.plan.device)

@@ -28,7 +28,7 @@ import torch
 
 from hybrid_rl.algorithms.reward_loss import bradley_terry_loss, preference_metrics
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer import components
+from hybrid_rl.trainer import inputs, model_facts, worker_groups
 from hybrid_rl.trainer.checkpoint_manager import estimate_checkpoint_bytes
 from hybrid_rl.trainer.core import TrainerCore
 from hybrid_rl.trainer.validation import dataset_batches
@@ -60,7 +60,7 @@ class RMTrainer(TrainerCore):
     # ------------------------------------------------------------------ set-up
     def _report_precision(self) -> str:
         key = "critic.model.fsdp_config.mixed_precision.param_dtype"
-        return components.report_precision(self.config, self.plan,
+        return model_facts.report_precision(self.config, self.plan,
                                            {key: self.config.critic.model.fsdp_config.mixed_precision.param_dtype})
 
     def _pairs(self, files: list[str]):
@@ -72,7 +72,7 @@ class RMTrainer(TrainerCore):
                                  truncation=d.truncation)
 
     def _datasets(self, train_dataset, val_dataset) -> tuple[Any, Any]:
-        train_files, val_files = components.resolve_data_files(self.config)
+        train_files, val_files = inputs.resolve_data_files(self.config)
         if train_dataset is None:
             train_dataset = self._pairs(train_files)
         if val_dataset is None and val_files:
@@ -80,12 +80,12 @@ class RMTrainer(TrainerCore):
         return train_dataset, val_dataset
 
     def _checkpoint_bytes(self) -> int:
-        return estimate_checkpoint_bytes(components.count_model_params(self.config),
+        return estimate_checkpoint_bytes(model_facts.count_model_params(self.config),
                                          [list(self.config.critic.checkpoint.save_contents)])
 
     def init_workers(self) -> None:
         """Start the reward-model worker group (no actor, rollout or reference)."""
-        self.workers = components.build_reward_model_group(
+        self.workers = worker_groups.build_reward_model_group(
             self.config, self.plan, self.total_training_steps, worker_cls=self._worker_classes[0],
             call_timeout_s=self.config.trainer.worker_call_timeout_s, log_dir=os.path.join(self.run_dir, "logs"))
 

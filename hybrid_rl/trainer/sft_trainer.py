@@ -21,7 +21,7 @@ import os
 from typing import Any, Optional
 
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer import components, metrics as metric_fns
+from hybrid_rl.trainer import inputs, metrics as metric_fns, model_facts, worker_groups
 from hybrid_rl.trainer.checkpoint_manager import estimate_checkpoint_bytes
 from hybrid_rl.trainer.core import TrainerCore
 from hybrid_rl.trainer.validation import dataset_batches, generation_meta, run_validation
@@ -51,7 +51,7 @@ class SFTTrainer(TrainerCore):
             raise ValueError(f"SFTTrainer trains with a supervised loss, not actor_rollout_ref.actor.policy_loss."
                              f"loss_mode={loss_mode}; use python -m hybrid_rl.trainer.main_sft, which sets one.")
         # held-out generations are scored like the RL trainer's validation (no samples logged per step)
-        self.val_reward_fn = (components.build_reward_manager(self.config, self.tokenizer, num_examine=0)
+        self.val_reward_fn = (inputs.build_reward_manager(self.config, self.tokenizer, num_examine=0)
                               if self.val_dataset is not None else None)
 
     @property
@@ -61,14 +61,14 @@ class SFTTrainer(TrainerCore):
     def init_workers(self) -> None:
         """Start the actor worker group (actor and the rollout engine for held-out generations)."""
         cfg = self.config
-        self.workers = components.build_worker_groups(
+        self.workers = worker_groups.build_worker_groups(
             cfg, self.plan, self.total_training_steps, actor_cls=self._worker_classes[0],
             call_timeout_s=cfg.trainer.worker_call_timeout_s, log_dir=os.path.join(self.run_dir, "logs"),
-            rollout_rows_per_call=components.rollout_rows_per_call(cfg, self.plan, self.val_dataset))
+            rollout_rows_per_call=worker_groups.rollout_rows_per_call(cfg, self.plan, self.val_dataset))
 
     def _checkpoint_bytes(self) -> int:
         contents = [list(self.config.actor_rollout_ref.actor.checkpoint.save_contents)]
-        return estimate_checkpoint_bytes(components.count_model_params(self.config), contents)
+        return estimate_checkpoint_bytes(model_facts.count_model_params(self.config), contents)
 
     def _checkpoint_parts(self) -> list[tuple[str, Any]]:
         return [("actor", self.actor_rollout_wg)]
@@ -84,13 +84,13 @@ class SFTTrainer(TrainerCore):
     def _datasets(self, train_dataset, val_dataset) -> tuple[Any, Any]:
         """Train: SFT conversations. Val: the same files read twice, as SFT rows (the loss) and, when
         they carry prompts with a data source and ground truth, as prompts (generation metrics)."""
-        train_files, val_files = components.resolve_data_files(self.config)
+        train_files, val_files = inputs.resolve_data_files(self.config)
         self.sft_val_dataset = self._sft_dataset(val_files) if val_files else None
         if train_dataset is None:
             train_dataset = self._sft_dataset(train_files)
         if val_dataset is None and val_files and not self.config.data.multiturn.enable:
             try:
-                val_dataset = components.build_dataset(val_files, self.tokenizer, self.config)
+                val_dataset = inputs.build_dataset(val_files, self.tokenizer, self.config)
             except ValueError as error:  # no data_source / ground truth: the loss only
                 logger.info("SFT validation reports the held-out loss only (%s)", str(error).splitlines()[0])
         return train_dataset, val_dataset

@@ -69,7 +69,7 @@ def resolve_single_process(cfg: PPOConfig, device: Optional[str] = None) -> PPOC
     # by name, but a reason not to choose it.
     chosen = not single_process_blockers(cfg) and not os.environ.get("RAY_ADDRESS")
     if chosen and device is None:
-        from hybrid_rl.trainer.validate import resolve_device
+        from hybrid_rl.utils.devices import resolve_device
 
         device = resolve_device(cfg.trainer.device)
     chosen = chosen and device == "cpu"

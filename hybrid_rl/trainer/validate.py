@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.utils.cpu_env import CPU_ALLOCATORS
+from hybrid_rl.utils.devices import DEVICES, resolve_device
 
 if TYPE_CHECKING:
     from hybrid_rl.algorithms import AdvEstimatorInfo, PolicyLossInfo
-
-DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -54,17 +53,6 @@ def as_file_list(files: Any) -> list[str]:
     if isinstance(files, (str, os.PathLike)):
         return [os.fspath(files)]
     return [os.fspath(f) for f in files]
-
-
-def resolve_device(requested: str) -> str:
-    """``trainer.device`` -> cpu | cuda (auto = cuda when available)."""
-    import torch
-
-    if requested not in DEVICES:
-        raise ValueError(f"trainer.device={requested!r} must be one of {DEVICES}")
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return requested
 
 
 def run_dir(cfg: PPOConfig) -> str:

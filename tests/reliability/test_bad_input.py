@@ -409,7 +409,7 @@ def test_full_error_env_keeps_the_traceback(env, run_in_process, monkeypatch):
 # ----------------------------------------------------------------------------- custom reward security
 def _scored(env: Env, reward_file: str, name: str = "compute_score") -> tuple[list[float], dict]:
     """Build the trainer's reward manager from the config and score two responses."""
-    from hybrid_rl.trainer import components
+    from hybrid_rl.trainer import inputs
     from hybrid_rl.trainer.config_loader import to_ppo_config
     from hybrid_rl.utils.testing import build_byte_tokenizer
 
@@ -422,7 +422,7 @@ def _scored(env: Env, reward_file: str, name: str = "compute_score") -> tuple[li
         f"custom_reward_function.path={reward_file}", f"custom_reward_function.name={name}",
         "reward_model.timeout=5"]))
     tokenizer = build_byte_tokenizer()
-    manager = components.build_reward_manager(cfg, tokenizer, num_examine=0)
+    manager = inputs.build_reward_manager(cfg, tokenizer, num_examine=0)
     out = manager(make_batch(tokenizer, ["2", "3"], ["2", "3"]), return_dict=True)
     return out["reward_tensor"].sum(-1).tolist(), out["reward_metrics"]
 

@@ -18,7 +18,8 @@ from hybrid_rl.reward import NaiveRewardManager
 from hybrid_rl.single_controller import WorkerDiedError, WorkerGroupError
 from hybrid_rl.trainer.checkpoint_manager import CheckpointSaveError
 from hybrid_rl.trainer.config_loader import get_config
-from hybrid_rl.trainer.components import WorkerGroups, count_model_params
+from hybrid_rl.trainer.model_facts import count_model_params
+from hybrid_rl.trainer.worker_groups import WorkerGroups
 from hybrid_rl.trainer.health import HealthMonitor, TrainingHealthError
 from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
 from hybrid_rl.trainer.supervisor import run_supervised

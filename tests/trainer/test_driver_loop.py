@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from hybrid_rl.trainer.components import WorkerGroups
+from hybrid_rl.trainer.worker_groups import WorkerGroups
 from hybrid_rl.trainer.config_loader import get_config
 from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
 

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_grpo_with_a_colocated_reward_model_and_a_rule(tmp_path, tiny_model_dir):
-    from hybrid_rl.utils.testing import build_tiny_reward_model_dir
+    from tests.tiny_models import build_tiny_reward_model_dir
 
     rm = build_tiny_reward_model_dir(tmp_path / "rm", tiny_model_dir, mean=0.5, std=2.0)
     _assert_ok(_run_cli(tmp_path, tiny_model_dir, "reward_model.enable=true", f"reward_model.model.path={rm}",

@@ -17,7 +17,7 @@ from hybrid_rl.trainer.validate import make_run_plan, validate_config
 
 @pytest.fixture(scope="module")
 def rm_dir(tmp_path_factory, tiny_model_dir):
-    from hybrid_rl.utils.testing import build_tiny_reward_model_dir
+    from tests.tiny_models import build_tiny_reward_model_dir
 
     return build_tiny_reward_model_dir(tmp_path_factory.mktemp("rm") / "rm", tiny_model_dir)
 

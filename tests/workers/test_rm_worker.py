@@ -12,8 +12,9 @@ from hybrid_rl.data.layout import prompt_response_tensors
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.protocol_utils import to_object_array
 from hybrid_rl.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, init_ray
-from hybrid_rl.utils.testing import CHAT_TEMPLATE, build_byte_tokenizer, build_tiny_reward_model_dir
+from hybrid_rl.utils.testing import CHAT_TEMPLATE, build_byte_tokenizer
 from hybrid_rl.workers.config import CriticConfig, CriticModelConfig, FSDPConfig, MixedPrecisionConfig
+from tests.tiny_models import build_tiny_reward_model_dir
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 MEAN, STD = 0.25, 2.0

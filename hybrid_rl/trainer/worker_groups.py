@@ -1,123 +1,23 @@
-"""Builders for what the trainer drives: tokenizer, datasets and loader, reward managers, workers.
-
-Each takes the typed :class:`PPOConfig` and returns one component, so a variant trainer (or a
-notebook) can replace one of them and keep the rest.
-"""
+"""The worker groups a run drives, built from its config: Ray start-up, the colocated actor/rollout/ref
+(+ critic) group or the one worker in the driver's process, the decoupled mode's rollout pool, the
+reward-model group, and how many rows the rollout engine holds at once."""
 
 from __future__ import annotations
 
 import logging
 import os
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
-from hybrid_rl.trainer.validate import RunPlan, as_file_list
+from hybrid_rl.trainer.validate import RunPlan
 from hybrid_rl.utils.cpu_env import cpu_worker_env
 from hybrid_rl.utils.log_setup import LOG_DIR_ENV, effective_level, library_env, quiet_in_process_workers
 from hybrid_rl.utils.precision import profile_env
 
 logger = logging.getLogger(__name__)
 
-
-def build_tokenizer(cfg: PPOConfig):
-    """The tokenizer of ``data.tokenizer`` or the actor model (the embedded model is resolved)."""
-    from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path
-
-    model = cfg.actor_rollout_ref.model
-    path = cfg.data.tokenizer or model.tokenizer_path or model.path
-    key = "data.tokenizer" if cfg.data.tokenizer else "actor_rollout_ref.model.path"
-    return load_tokenizer(resolve_model_path(path, key=key), trust_remote_code=model.trust_remote_code)
-
-
-def resolve_data_files(cfg: PPOConfig) -> tuple[list[str], list[str]]:
-    """(train files, val files). Unset train files = the arithmetic task, generated on first use."""
-    if cfg.data.train_files is None:
-        from hybrid_rl.trainer.default_task import ensure_default_task
-
-        train, test = ensure_default_task(cfg.data.arithmetic)
-        return [train], [test]
-    return as_file_list(cfg.data.train_files), as_file_list(cfg.data.val_files)
-
-
-def tool_schemas(cfg: PPOConfig) -> list[dict] | None:
-    """The multi-turn tools' OpenAI schemas, rendered into the prompts by the chat template (as veRL's
-    agent loop does: templates with tool support, e.g. Qwen2.5, list them in the system turn); None
-    without tools."""
-    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
-    if not (multi_turn.enable and multi_turn.tool_config_path):
-        return None
-    from hybrid_rl.agents import load_tools
-
-    return [tool.tool_schema for tool in load_tools(multi_turn.tool_config_path).values()]
-
-
-def build_dataset(files: list[str], tokenizer, cfg: PPOConfig):
-    from hybrid_rl.data import RLHFDataset
-
-    data = cfg.data
-    return RLHFDataset(
-        files,
-        tokenizer,
-        prompt_key=data.prompt_key,
-        max_prompt_length=data.max_prompt_length,
-        filter_overlong_prompts=data.filter_overlong_prompts,
-        truncation=data.truncation,
-        return_raw_chat=data.return_raw_chat,
-        tools=tool_schemas(cfg),
-    )
-
-
-def build_train_dataloader(dataset, cfg: PPOConfig):
-    """Resumable loader: ``state_dict()`` goes into every checkpoint."""
-    from hybrid_rl.data import build_dataloader
-
-    if len(dataset) < cfg.data.train_batch_size:
-        raise ValueError(
-            f"the training set has {len(dataset)} prompts after filtering, fewer than data.train_batch_size="
-            f"{cfg.data.train_batch_size}; lower the batch size or add data"
-        )
-    return build_dataloader(dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed, drop_last=True)
-
-
-def build_reward_manager(cfg: PPOConfig, tokenizer, num_examine: int):
-    """The reward manager of ``reward_model.reward_manager`` around the custom or built-in scorer.
-
-    It runs on the driver, so a scorer registered with ``@register_reward`` in the driver process
-    (e.g. a notebook cell) is used as is.
-    """
-    from hybrid_rl.reward import get_reward_manager_cls, load_custom_reward_fn
-
-    manager_cls = get_reward_manager_cls(cfg.reward_model.reward_manager)
-    compute_score = None
-    if cfg.custom_reward_function.path:
-        compute_score = load_custom_reward_fn(
-            cfg.custom_reward_function.path,
-            cfg.custom_reward_function.name,
-            batched=getattr(manager_cls, "batched", False),
-        )
-    return manager_cls(
-        tokenizer,
-        num_examine=num_examine,
-        compute_score=compute_score,
-        reward_fn_key=cfg.data.reward_fn_key,
-        timeout_s=cfg.reward_model.timeout,
-        tool_reward_weight=cfg.reward_model.tool_reward_weight,
-        avoid_fork=bool(cfg.trainer.single_process),  # this process will hold the models
-    )
-
-
-def build_remote_reward_model(cfg: PPOConfig):
-    """The remote reward service of ``reward_model.model.path=http(s)://...`` (None otherwise)."""
-    from hybrid_rl.trainer.reward_model import is_remote
-
-    rm = cfg.reward_model
-    if not (rm.enable and is_remote(rm.model.path)):
-        return None
-    from hybrid_rl.reward.remote import RemoteRewardModel
-
-    return RemoteRewardModel(rm.model.path, timeout_s=rm.timeout, batch_size=rm.micro_batch_size_per_gpu)
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -336,121 +236,3 @@ def build_reward_model_group(cfg: PPOConfig, plan: RunPlan, total_training_steps
                                   total_training_steps=total_training_steps)
     group = _init_group(pool, worker, call_timeout_s)
     return WorkerGroups(actor_rollout=None, critic=None, resource_pool=pool, reward_model=group)
-
-
-def _actor_hf_config(cfg: PPOConfig):
-    from hybrid_rl.workers.model_loader import load_hf_config, resolve_model_path
-
-    model = cfg.actor_rollout_ref.model
-    return load_hf_config(resolve_model_path(model.path), trust_remote_code=model.trust_remote_code)
-
-
-def count_model_params(cfg: PPOConfig) -> int:
-    """Parameters of the actor model, counted on the meta device (nothing is allocated)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        module = AutoModelForCausalLM.from_config(
-            _actor_hf_config(cfg), trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
-    return sum(p.numel() for p in module.parameters())
-
-
-def model_param_split(cfg: PPOConfig) -> tuple[int, int]:
-    """``(body, head)`` parameters of the actor for FLOP counts: ``head`` = vocab x hidden (the LM
-    head, which runs only on the positions that predict a response token), ``body`` = the rest
-    (every computed token runs through it)."""
-    hf_config = _actor_hf_config(cfg)
-    head = hf_config.vocab_size * hf_config.hidden_size
-    return count_model_params(cfg) - head, head
-
-
-@contextmanager
-def worker_threads(plan: RunPlan) -> Iterator[None]:
-    """The driver measures (probe, matmul peak) with the thread count one CPU worker computes with."""
-    import torch
-
-    threads = torch.get_num_threads()
-    if plan.device == "cpu":
-        torch.set_num_threads(plan.threads_per_worker)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def compute_dtype_fields(cfg: PPOConfig, plan: RunPlan) -> dict[str, str]:
-    """The compute-dtype keys of the models this run builds, with their configured values."""
-    arr = cfg.actor_rollout_ref
-    fields = {"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype":
-              arr.actor.fsdp_config.mixed_precision.param_dtype,
-              "actor_rollout_ref.rollout.dtype": arr.rollout.dtype}
-    if plan.use_reference_policy:
-        fields["actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype"] = \
-            arr.ref.fsdp_config.mixed_precision.param_dtype
-    if plan.use_critic:
-        fields["critic.model.fsdp_config.mixed_precision.param_dtype"] = \
-            cfg.critic.model.fsdp_config.mixed_precision.param_dtype
-    if plan.use_reward_model:
-        fields["reward_model.model.fsdp_config.mixed_precision.param_dtype"] = \
-            cfg.reward_model.model.fsdp_config.mixed_precision.param_dtype
-    return fields
-
-
-def report_precision(cfg: PPOConfig, plan: RunPlan, fields: Optional[dict[str, str]] = None) -> str:
-    """Log the run's compute dtypes and why in one line (and warn about an explicit bf16 on a CPU
-    that emulates it); returns the resolved compute dtype of the first of ``fields`` (default:
-    :func:`compute_dtype_fields`, the actor's first). Resolving runs the CPU probe once here, on the
-    driver, so the workers read its cached result."""
-    from hybrid_rl.utils.precision import describe_choices, resolve_dtype, slow_bf16_warning
-
-    def role_of(key: str) -> str:
-        return "rollout" if key.endswith("rollout.dtype") else "train"
-
-    fields = fields if fields is not None else compute_dtype_fields(cfg, plan)
-    with worker_threads(plan):  # probe with the threads one worker computes with
-        logger.info(describe_choices(fields, plan.device, role_of))
-    warning = slow_bf16_warning(fields, plan.device)
-    if warning:
-        logger.warning(warning)
-    return resolve_dtype(next(iter(fields.values())), plan.device)
-
-
-def measure_peak_flops(device: str, seconds: float = 0.5, dtype: str = "bfloat16", size: int = 2048,
-                       max_matmul_s: float = 1.0) -> Optional[float]:
-    """Achievable matmul FLOP/s of one worker's device, measured with ``size``-square ``dtype`` matmuls;
-    None when one such matmul would take longer than ``max_matmul_s`` (an emulated dtype, e.g. bf16
-    on an AVX2 CPU): no peak rather than a wrong one, and never minutes of measuring.
-
-    MFU is reported against this measured peak rather than a datasheet number, so it reads the
-    same on a laptop CPU and on a GPU. On CPU the measurement uses this process's threads. The
-    matrices must be large: on a 2-core AVX-512 CPU a 512-square bf16 matmul reaches only ~10% of
-    what a 2048-square one does, which made MFU look 5-10x better than it was.
-    """
-    import time
-
-    import torch
-
-    from hybrid_rl.workers.model_loader import torch_dtype
-
-    dev = torch.device("cuda" if device == "cuda" else "cpu")
-
-    def timed(a: torch.Tensor, b: torch.Tensor) -> float:
-        start = time.perf_counter()
-        torch.matmul(a, b)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - start
-
-    scout = torch.randn(size // 4, size // 4, device=dev, dtype=torch_dtype(dtype))
-    timed(scout, scout)  # warm-up
-    if timed(scout, scout) * 64 > max_matmul_s:  # 64 = (size / (size // 4)) ** 3
-        return None
-    a = torch.randn(size, size, device=dev, dtype=torch_dtype(dtype))
-    b = torch.randn(size, size, device=dev, dtype=torch_dtype(dtype))
-    torch.matmul(a, b)  # warm-up
-    best, deadline = 0.0, time.perf_counter() + seconds
-    while True:  # best single matmul: the peak, robust to other processes taking the cores
-        best = max(best, 2.0 * size**3 / timed(a, b))
-        if time.perf_counter() > deadline:
-            return best
