@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer.model_facts import measure_peak_flops
+from hybrid_rl.trainer.core.model_facts import measure_peak_flops
 from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers.actor import DataParallelPPOActor
 from hybrid_rl.workers.builders import build_causal_lm, build_optimizer

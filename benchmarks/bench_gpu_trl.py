@@ -92,7 +92,7 @@ def phases(t: dict[str, float], step_s: float) -> dict[str, float]:
 def dataset_rows(cfg) -> list[dict]:
     """The arithmetic training prompts hybrid_rl's run sees (chat messages), with what the scorer needs."""
     from hybrid_rl.data import read_rows
-    from hybrid_rl.trainer.default_task import ensure_default_task
+    from hybrid_rl.trainer.core.default_task import ensure_default_task
 
     return [{"prompt": list(r["prompt"]), "ground_truth": r["reward_model"]["ground_truth"],
              "data_source": r["data_source"]} for r in read_rows(ensure_default_task(cfg.data.arithmetic)[0])]

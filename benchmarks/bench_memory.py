@@ -91,7 +91,7 @@ class PhaseMonitor(threading.Thread):
 
 def run(args: argparse.Namespace) -> dict:
     from hybrid_rl.trainer.main_ppo import build_trainer
-    from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
+    from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
 
     run_dir = tempfile.mkdtemp(prefix="bench_memory_")
     overrides = (PRESETS[args.preset] + [f"trainer.total_training_steps={args.steps}",

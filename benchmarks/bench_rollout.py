@@ -82,8 +82,9 @@ def prompt_batch(tokenizer, batch_size: int, prompt_length: int, eos_token_id: i
 
 def default_run_batches(tokenizer) -> dict[str, DataProto]:
     """The default training run's generate inputs: one training step (16 prompts x n) and validation."""
-    from hybrid_rl.trainer import get_config, ppo_ops
-    from hybrid_rl.trainer.inputs import build_dataset, resolve_data_files
+    from hybrid_rl.trainer import get_config
+    from hybrid_rl.trainer.ppo import ops as ppo_ops
+    from hybrid_rl.trainer.core.inputs import build_dataset, resolve_data_files
 
     cfg = get_config([])
     train_files, val_files = resolve_data_files(cfg)

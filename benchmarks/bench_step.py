@@ -146,10 +146,10 @@ def run_dir_overrides(steps: int, prefix: str = "bench_step_") -> list[str]:
 
 def command_config(overrides: list[str]):
     """The typed config a command-line run with ``overrides`` gets: ``trainer.single_process`` chosen as
-    ``main_ppo`` chooses it (hybrid_rl/trainer/single_process.py)."""
+    ``main_ppo`` chooses it (hybrid_rl/trainer/core/single_process.py)."""
     from hybrid_rl.trainer import get_config
-    from hybrid_rl.trainer.config_loader import to_ppo_config
-    from hybrid_rl.trainer.single_process import resolve_single_process
+    from hybrid_rl.trainer.config.loader import to_ppo_config
+    from hybrid_rl.trainer.core.single_process import resolve_single_process
 
     return resolve_single_process(to_ppo_config(get_config(overrides)))
 
@@ -158,7 +158,7 @@ def reexec_like_command(overrides: list[str]) -> None:
     """As ``main_ppo`` does: when the run's worker will live in this process, restart this benchmark
     once with that worker's environment (allocator, logging), so what is measured is what a user's
     command gets."""
-    from hybrid_rl.trainer.single_process import reexec_for_single_process
+    from hybrid_rl.trainer.core.single_process import reexec_for_single_process
 
     cfg = command_config(overrides)
     if cfg.trainer.single_process:
@@ -173,10 +173,10 @@ def measure_steps(overrides: list[str], warmup: int, peak_size: int = 2048,
     called with each step's logged metrics."""
     import torch
 
-    from hybrid_rl.trainer.model_facts import measure_peak_flops, model_param_split
+    from hybrid_rl.trainer.core.model_facts import measure_peak_flops, model_param_split
     from hybrid_rl.trainer.main_ppo import build_trainer
-    from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
-    from hybrid_rl.trainer.validate import make_run_plan
+    from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
+    from hybrid_rl.trainer.config.checks import make_run_plan
 
     cfg = command_config(overrides)
     steps: list[dict] = []

@@ -47,7 +47,7 @@ def debug_rollout(overrides: Sequence[str], num_prompts: int = 4, output: Option
     from hybrid_rl.buffer import experiences_from_batch
     from hybrid_rl.protocol import DataProto
     from hybrid_rl.trainer.main_ppo import build_trainer
-    from hybrid_rl.trainer.config_loader import get_config
+    from hybrid_rl.trainer.config.loader import get_config
 
     trainer = build_trainer(get_config(list(overrides)), for_training=False)  # nothing is trained here
     try:
@@ -84,7 +84,7 @@ def debug_rollout(overrides: Sequence[str], num_prompts: int = 4, output: Option
 def debug_reward(overrides: Sequence[str], input_path: str, output: Optional[str] = None) -> list[dict]:
     """Score the rows of ``input_path`` (JSONL) with the config's reward function."""
     from hybrid_rl.reward import default_compute_score, load_custom_reward_fn, safe_score_many
-    from hybrid_rl.trainer.config_loader import get_config, to_ppo_config
+    from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
 
     cfg = to_ppo_config(get_config(list(overrides)))
     fn = (load_custom_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
@@ -133,7 +133,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     unknown = [a for a in overrides if "=" not in a]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides are key=value)")
-    from hybrid_rl.trainer.config_loader import check_override_keys
+    from hybrid_rl.trainer.config.loader import check_override_keys
     from hybrid_rl.trainer.main_ppo import _fail
 
     try:

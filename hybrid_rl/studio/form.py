@@ -131,7 +131,7 @@ def to_yaml(values: Mapping[str, Any]) -> str:
     section. Interpolations stay as the defaults write them."""
     from omegaconf import OmegaConf
 
-    from hybrid_rl.trainer.config_loader import CONFIG_DIR, CONFIG_NAME, SCHEMA_NAME
+    from hybrid_rl.trainer.config.loader import CONFIG_DIR, CONFIG_NAME, SCHEMA_NAME
 
     package = OmegaConf.to_container(OmegaConf.load(f"{CONFIG_DIR}/{CONFIG_NAME}.yaml"), resolve=False)
     tree = yaml.safe_load(yaml.safe_dump(yaml_defaults()))  # a deep copy of plain data
@@ -183,8 +183,8 @@ def check_values(values: Mapping[str, Any]) -> dict[str, str]:
     Runs the CLI's composition, section checks and :func:`validate_config`. Each message goes to
     the key it names (the value's own key first when it names several), or to :data:`FORM_LEVEL`.
     """
-    from hybrid_rl.trainer.config_loader import get_config, to_ppo_config
-    from hybrid_rl.trainer.validate import validate_config
+    from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
+    from hybrid_rl.trainer.config.checks import validate_config
 
     keys = [f.key for f in config_schema()[0]]
     from omegaconf.errors import OmegaConfBaseException

@@ -88,7 +88,7 @@ class RunLauncher:
     def launch(self, values: Mapping[str, Any]) -> int:
         """Start a run of ``values`` (already checked); returns its id."""
         from hybrid_rl.studio.form import to_overrides
-        from hybrid_rl.trainer.config_loader import get_config, to_ppo_config
+        from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
 
         folder = to_ppo_config(get_config(to_overrides(values))).trainer.default_local_dir  # interpolated
         run_dir = (self.cwd / os.path.expanduser(folder)).resolve()

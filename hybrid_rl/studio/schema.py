@@ -1,7 +1,7 @@
 """The studio's form, derived from the config itself: every leaf of :class:`PPOConfig` as a field spec.
 
 Nothing here lists fields by hand. The walk goes over the dataclasses (types from their annotations),
-takes each field's docstring from the source (:func:`hybrid_rl.trainer.config_docs.field_docs`: the
+takes each field's docstring from the source (:func:`hybrid_rl.trainer.config.docs.field_docs`: the
 string literal under the field, read with :mod:`ast`), and takes the default from the composed
 config, which is what a run without overrides gets (an interpolation such as
 ``${actor_rollout_ref.model.path}`` stays as written). Choices come from the registries and the
@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any, Callable, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
-from hybrid_rl.trainer.config_docs import field_docs
+from hybrid_rl.trainer.config.docs import field_docs
 
 KINDS = ("bool", "int", "float", "str", "list", "dict", "any")
 """What a field's widget edits: a checkbox, a number, text, or YAML for lists, dicts and ``Any``."""
@@ -109,7 +109,7 @@ def yaml_defaults() -> dict[str, Any]:
     """The composed ``ppo_trainer.yaml`` without overrides, interpolations unresolved (plain dict)."""
     from omegaconf import OmegaConf
 
-    from hybrid_rl.trainer.config_loader import get_config
+    from hybrid_rl.trainer.config.loader import get_config
 
     tree = OmegaConf.to_container(get_config(), resolve=False)
     tree.pop("hydra", None)

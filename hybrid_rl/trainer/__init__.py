@@ -15,12 +15,12 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "get_config": "hybrid_rl.trainer.config_loader",
-    "to_ppo_config": "hybrid_rl.trainer.config_loader",
+    "get_config": "hybrid_rl.trainer.config.loader",
+    "to_ppo_config": "hybrid_rl.trainer.config.loader",
     "PPOConfig": "hybrid_rl.trainer.config",
-    "validate_config": "hybrid_rl.trainer.validate",
-    "RayPPOTrainer": "hybrid_rl.trainer.ray_trainer",
-    "DecoupledPPOTrainer": "hybrid_rl.trainer.async_trainer",
+    "validate_config": "hybrid_rl.trainer.config.checks",
+    "RayPPOTrainer": "hybrid_rl.trainer.ppo.trainer",
+    "DecoupledPPOTrainer": "hybrid_rl.trainer.ppo.decoupled",
     "run_ppo": "hybrid_rl.trainer.main_ppo",
 }
 

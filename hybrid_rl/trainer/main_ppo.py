@@ -25,10 +25,10 @@ from typing import Optional, Union
 from omegaconf import DictConfig
 
 from hybrid_rl.trainer.config import PPOConfig
-from hybrid_rl.trainer.config_loader import CONFIG_DIR, CONFIG_NAME, check_override_keys, get_config, to_ppo_config
-from hybrid_rl.trainer.preflight import check_agent_config, check_reward_coverage
-from hybrid_rl.trainer.single_process import reexec_for_single_process, resolve_single_process
-from hybrid_rl.trainer.verl_compat import recommended_setting_notices, verl_default_notices
+from hybrid_rl.trainer.config.loader import CONFIG_DIR, CONFIG_NAME, check_override_keys, get_config, to_ppo_config
+from hybrid_rl.trainer.ppo.preflight import check_agent_config, check_reward_coverage
+from hybrid_rl.trainer.core.single_process import reexec_for_single_process, resolve_single_process
+from hybrid_rl.trainer.config.verl_compat import recommended_setting_notices, verl_default_notices
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def _configure_driver_logging(cfg: Union[DictConfig, PPOConfig], always: bool) -
     """The quiet console of ``trainer.log_level`` and ``<run>/logs/driver.log``
     (hybrid_rl/utils/log_setup.py). From a notebook (``always=False``) only when the caller
     configured no logging at all: a user's own logging set-up is left as it is."""
-    from hybrid_rl.trainer.validate import run_dir
+    from hybrid_rl.trainer.config.checks import run_dir
     from hybrid_rl.utils.log_setup import configure_logging, only_own_handlers
 
     if always or (only_own_handlers() and not logging.getLogger("hybrid_rl").handlers):
@@ -59,9 +59,9 @@ def build_trainer(cfg: Union[DictConfig, PPOConfig], trainer_cls: Optional[type]
     not checked."""
     cfg = to_ppo_config(cfg)
     if trainer_cls is None and cfg.async_training.enable:
-        from hybrid_rl.trainer.async_trainer import DecoupledPPOTrainer as trainer_cls
+        from hybrid_rl.trainer.ppo.decoupled import DecoupledPPOTrainer as trainer_cls
     elif trainer_cls is None:
-        from hybrid_rl.trainer.ray_trainer import RayPPOTrainer as trainer_cls
+        from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer as trainer_cls
 
     trainer = trainer_cls(cfg) if for_training else trainer_cls(cfg, for_training=False)
     check_reward_coverage(trainer.config, trainer.train_dataset, trainer.val_dataset)
@@ -76,7 +76,7 @@ def run_ppo(cfg: Union[DictConfig, PPOConfig], trainer_cls: Optional[type] = Non
     ``@hybrid_rl.reward.register_reward`` (e.g. in a notebook cell) is used. The workers are
     stopped at the end; Ray itself stays up for the next run.
     """
-    from hybrid_rl.trainer.supervisor import run_supervised
+    from hybrid_rl.trainer.core.supervisor import run_supervised
 
     _configure_driver_logging(cfg, always=False)
     trainer = build_trainer(cfg, trainer_cls)
@@ -136,7 +136,7 @@ def _hydra_task(cfg: DictConfig, command_line: bool = False) -> None:
     ``main(argv)`` called from Python), so ``trainer.single_process`` may be chosen for it."""
     trainer = None
     try:
-        from hybrid_rl.trainer.supervisor import run_supervised
+        from hybrid_rl.trainer.core.supervisor import run_supervised
 
         _configure_driver_logging(cfg, always=True)
         cfg = to_ppo_config(cfg)
@@ -173,7 +173,7 @@ def print_help(overrides: list[str]) -> None:
     """Every key with its value under ``overrides`` and its documentation (``--help``)."""
     from omegaconf import OmegaConf
 
-    from hybrid_rl.trainer.config_docs import config_help
+    from hybrid_rl.trainer.config.docs import config_help
 
     composed = OmegaConf.to_container(get_config(overrides), resolve=False)
     composed.pop("hydra", None)

@@ -53,7 +53,7 @@ def rm_overrides(argv: Sequence[str]) -> list[str]:
     """The trainer's overrides for a reward-model command line (see the module docstring)."""
     out, given = translate_overrides(argv, RM_KEY_MAP, RM_DEFAULTS, RM_FIXED, BATCH_KEYS)
     if "data.train_batch_size" not in given:  # the default batch: one optimizer step per batch
-        from hybrid_rl.trainer.config_loader import get_config
+        from hybrid_rl.trainer.config.loader import get_config
 
         size = get_config(out).data.train_batch_size
         out += [f"{k}={size}" for k in BATCH_KEYS]
@@ -77,7 +77,7 @@ def run_rm(argv: Sequence[str] = ()) -> dict[str, float]:
 
 def _run(config) -> dict[str, float]:
     from hybrid_rl.trainer.rm_trainer import RMTrainer
-    from hybrid_rl.trainer.supervisor import run_supervised
+    from hybrid_rl.trainer.core.supervisor import run_supervised
 
     return run_supervised(RMTrainer(config), RMTrainer)
 

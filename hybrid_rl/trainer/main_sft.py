@@ -56,7 +56,7 @@ def default_data_files(overrides: list[str], names: tuple[str, str] = ("sft_trai
     """Without train files: the arithmetic task's SFT examples or preference pairs (``names``),
     generated once into its cache dir (the RL task's split)."""
     from hybrid_rl.data.rlhf_data import REJECTED_KINDS, arithmetic_examples, write_rlhf_data
-    from hybrid_rl.trainer.config_loader import get_config
+    from hybrid_rl.trainer.config.loader import get_config
 
     arith = get_config(overrides).data.arithmetic
     version = f"{arith.num_train}-{arith.num_test}-{arith.seed}-{arith.max_digits}-k{len(REJECTED_KINDS)}-v3"  # v3: every kind per training problem, distractors, unscored forms
@@ -106,7 +106,7 @@ def sft_config(argv: Sequence[str]):
 
 def typed_config(overrides: list[str]):
     """:class:`PPOConfig` of translated overrides (unknown keys: one line naming the nearest)."""
-    from hybrid_rl.trainer.config_loader import check_override_keys, get_config, to_ppo_config
+    from hybrid_rl.trainer.config.loader import check_override_keys, get_config, to_ppo_config
 
     check_override_keys(overrides)
     return to_ppo_config(get_config(overrides))
@@ -114,7 +114,7 @@ def typed_config(overrides: list[str]):
 
 def _run(config) -> dict[str, float]:
     from hybrid_rl.trainer.sft_trainer import SFTTrainer
-    from hybrid_rl.trainer.supervisor import run_supervised
+    from hybrid_rl.trainer.core.supervisor import run_supervised
 
     return run_supervised(SFTTrainer(config), SFTTrainer)
 
@@ -138,7 +138,7 @@ class ModeHelp:
 
 def mode_help(help: ModeHelp, cfg: Any) -> str:
     """The mode's own keys with this command line's values and their documentation."""
-    from hybrid_rl.trainer.config_docs import field_docs, indented, show_value
+    from hybrid_rl.trainer.config.docs import field_docs, indented, show_value
 
     out = [f"usage: python -m hybrid_rl.trainer.{help.module} [key=value ...] [--cfg job]", "",
            *indented(help.summary + " The keys it adds (value: this command line's):", ""), ""]
@@ -159,7 +159,7 @@ def run_cli(argv: Sequence[str], make_config, run, help: Optional[ModeHelp] = No
     mistake ends in one line (as ``main_ppo``). ``--help`` prints the mode's keys, ``--cfg job`` the
     resolved config (Hydra's flag), and neither runs anything."""
     from hybrid_rl.trainer.main_ppo import _fail, _is_reported_user_error
-    from hybrid_rl.trainer.validate import run_dir
+    from hybrid_rl.trainer.config.checks import run_dir
     from hybrid_rl.utils.log_setup import configure_logging
 
     argv = list(argv)
@@ -186,7 +186,7 @@ def _answer_flags(flags: list[str], argv: list[str], cfg: Any, help: Optional[Mo
     """``--help`` / ``-h`` and ``--cfg job``; any other flag is a one-line error."""
     from omegaconf import OmegaConf
 
-    from hybrid_rl.trainer.config_loader import to_container
+    from hybrid_rl.trainer.config.loader import to_container
 
     if {"--help", "-h"} & set(flags) and help is not None:
         sys.stdout.write(mode_help(help, cfg))

@@ -1,6 +1,6 @@
 """Reward-model training, a mode on the trainer core: ``RMTrainer`` (``main_rm``).
 
-:class:`~hybrid_rl.trainer.core.TrainerCore` gives it the loop, checkpoints, resume, trackers, the
+:class:`~hybrid_rl.trainer.core.loop.TrainerCore` gives it the loop, checkpoints, resume, trackers, the
 progress bar, the plot and the validate/save cadence. What is its own:
 
 * the worker group hosts one :class:`~hybrid_rl.workers.rm_worker.RewardModelWorker` per device
@@ -28,10 +28,10 @@ import torch
 
 from hybrid_rl.algorithms.reward_loss import bradley_terry_loss, preference_metrics
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer import inputs, model_facts, worker_groups
-from hybrid_rl.trainer.checkpoint_manager import estimate_checkpoint_bytes
-from hybrid_rl.trainer.core import TrainerCore
-from hybrid_rl.trainer.validation import dataset_batches
+from hybrid_rl.trainer.core import inputs, model_facts, worker_groups
+from hybrid_rl.trainer.core.checkpoints import estimate_checkpoint_bytes
+from hybrid_rl.trainer.core.loop import TrainerCore
+from hybrid_rl.trainer.core.validation import dataset_batches
 
 __all__ = ["RMTrainer", "RM_CHECKPOINT_DIR"]
 
@@ -46,7 +46,7 @@ class RMTrainer(TrainerCore):
 
     Args:
         config: a reward-model config (``main_rm``'s :func:`~hybrid_rl.trainer.main_rm.rm_config`).
-        tokenizer, train_dataset, val_dataset: as :class:`~hybrid_rl.trainer.core.TrainerCore`'s.
+        tokenizer, train_dataset, val_dataset: as :class:`~hybrid_rl.trainer.core.loop.TrainerCore`'s.
         worker_cls: the reward-model worker class to use instead of the default one.
     """
 

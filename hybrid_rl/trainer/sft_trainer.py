@@ -1,6 +1,6 @@
 """Supervised fine-tuning, a mode on the trainer core: ``SFTTrainer`` (``main_sft``).
 
-:class:`~hybrid_rl.trainer.core.TrainerCore` gives it the loop, checkpoints, resume, trackers, the
+:class:`~hybrid_rl.trainer.core.loop.TrainerCore` gives it the loop, checkpoints, resume, trackers, the
 progress bar, the plot and the validate/save cadence; the actor worker gives it packing,
 micro-batching, FSDP2 and LoRA. What is its own:
 
@@ -21,10 +21,10 @@ import os
 from typing import Any, Optional
 
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer import inputs, metrics as metric_fns, model_facts, worker_groups
-from hybrid_rl.trainer.checkpoint_manager import estimate_checkpoint_bytes
-from hybrid_rl.trainer.core import TrainerCore
-from hybrid_rl.trainer.validation import dataset_batches, generation_meta, run_validation
+from hybrid_rl.trainer.core import inputs, metrics as metric_fns, model_facts, worker_groups
+from hybrid_rl.trainer.core.checkpoints import estimate_checkpoint_bytes
+from hybrid_rl.trainer.core.loop import TrainerCore
+from hybrid_rl.trainer.core.validation import dataset_batches, generation_meta, run_validation
 
 __all__ = ["SFTTrainer"]
 
@@ -36,7 +36,7 @@ class SFTTrainer(TrainerCore):
 
     Args:
         config: an SFT config (``main_sft``'s :func:`~hybrid_rl.trainer.main_sft.sft_config`).
-        tokenizer, train_dataset, val_dataset: as :class:`~hybrid_rl.trainer.core.TrainerCore`'s.
+        tokenizer, train_dataset, val_dataset: as :class:`~hybrid_rl.trainer.core.loop.TrainerCore`'s.
         actor_worker_cls: the actor worker class to use instead of the default one.
     """
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The default run: GRPO on the embedded SmolLM2-135M-Instruct, synthetic 1-digit arithmetic
 # (generated into ~/.cache/hybrid_rl/arithmetic on first use), CPU, one worker using every core.
-# Every value is the config's default (hybrid_rl/trainer/config.py and the workers' dataclasses); spelled out
+# Every value is the config's default (hybrid_rl/trainer/config/schema.py and the workers' dataclasses); spelled out
 # here so the recipe documents itself. Extra key=value arguments are appended (they win).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -9,9 +9,9 @@ from hybrid_rl.algorithms import (AdvEstimatorInfo, PolicyLossInfo, adv_estimato
                                   registered_adv_estimators, registered_policy_losses, unregister_adv_est,
                                   unregister_policy_loss)
 from hybrid_rl.algorithms.registry import Registry, first_doc_line
-from hybrid_rl.trainer.config_loader import get_config, to_ppo_config
-from hybrid_rl.trainer.validate import make_run_plan, validate_config
-from hybrid_rl.trainer.verl_compat import recommended_setting_notices
+from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
+from hybrid_rl.trainer.config.checks import make_run_plan, validate_config
+from hybrid_rl.trainer.config.verl_compat import recommended_setting_notices
 
 USER = "test_only_user_estimator"
 
@@ -80,7 +80,7 @@ def test_a_user_estimator_that_needs_a_critic_gets_one(user_estimator):
 
 
 def test_a_user_estimator_that_needs_a_greedy_baseline_gets_the_step(user_estimator):
-    from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
+    from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
 
     user_estimator(needs_greedy_baseline=True)
     trainer = RayPPOTrainer(_cfg(f"algorithm.adv_estimator={USER}"))

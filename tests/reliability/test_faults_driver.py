@@ -16,13 +16,13 @@ from trainer_fakes import FakeActorRollout, FakePool
 
 from hybrid_rl.reward import NaiveRewardManager
 from hybrid_rl.single_controller import WorkerDiedError, WorkerGroupError
-from hybrid_rl.trainer.checkpoint_manager import CheckpointSaveError
-from hybrid_rl.trainer.config_loader import get_config
-from hybrid_rl.trainer.model_facts import count_model_params
-from hybrid_rl.trainer.worker_groups import WorkerGroups
-from hybrid_rl.trainer.health import HealthMonitor, TrainingHealthError
-from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
-from hybrid_rl.trainer.supervisor import run_supervised
+from hybrid_rl.trainer.core.checkpoints import CheckpointSaveError
+from hybrid_rl.trainer.config.loader import get_config
+from hybrid_rl.trainer.core.model_facts import count_model_params
+from hybrid_rl.trainer.core.worker_groups import WorkerGroups
+from hybrid_rl.trainer.core.health import HealthMonitor, TrainingHealthError
+from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
+from hybrid_rl.trainer.core.supervisor import run_supervised
 
 
 class FlakyActor(FakeActorRollout):
@@ -89,7 +89,7 @@ def straight_w(tmp_path_factory, tiny_model_dir):
 def test_worker_failure_restarts_and_matches_uninterrupted(tmp_path, tiny_model_dir, straight_w, caplog):
     fail_at = {3, 5}  # step 3: resume from step 2; step 5: resume from step 4
     FakeTrainer.started = FakeTrainer.stopped = 0
-    with caplog.at_level(logging.WARNING, logger="hybrid_rl.trainer.supervisor"):
+    with caplog.at_level(logging.WARNING, logger="hybrid_rl.trainer.core.supervisor"):
         w = _final_w(tmp_path, tiny_model_dir, "trainer.max_restarts=2",
                      actor=lambda: FlakyActor("update_actor", fail_at))
     assert w == straight_w
@@ -186,7 +186,7 @@ def test_probe_rejects_unwritable_dir_and_full_disk(tmp_path, tiny_model_dir, mo
     RayPPOTrainer(get_config(_overrides(tmp_path, tiny_model_dir, f"trainer.default_local_dir={tmp_path}/file/run",
                                         "trainer.save_freq=-1")))  # never saves: no probe
 
-    import hybrid_rl.trainer.checkpoint_manager as cm
+    import hybrid_rl.trainer.core.checkpoints as cm
 
     usage = cm.shutil.disk_usage(tmp_path)
     monkeypatch.setattr(cm.shutil, "disk_usage", lambda path: usage._replace(free=1024))

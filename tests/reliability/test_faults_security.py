@@ -10,7 +10,7 @@ from pickle_scan import assert_no_pickle
 from torch import nn
 
 import hybrid_rl
-from hybrid_rl.trainer.checkpoint_manager import STATE_FILE, CheckpointManager
+from hybrid_rl.trainer.core.checkpoints import STATE_FILE, CheckpointManager
 from hybrid_rl.workers import checkpoint as ckpt
 
 

@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from hybrid_rl.studio.schema import BEGINNER_KEYS, config_schema
-from hybrid_rl.trainer.config_loader import to_ppo_config
+from hybrid_rl.trainer.config.loader import to_ppo_config
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:

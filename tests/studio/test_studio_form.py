@@ -8,7 +8,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from hybrid_rl.studio.form import (FORM_LEVEL, changed_values, check_values, command_line, format_value,
                                    parse_command_line, parse_overrides, to_overrides, to_yaml, values_from_yaml)
-from hybrid_rl.trainer.config_loader import get_config, to_ppo_config
+from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
 
 VALUES = {
     "trainer.logger": ["console", "jsonl"],

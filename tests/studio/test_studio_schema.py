@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from hybrid_rl.algorithms import register_adv_est, registered_adv_estimators, unregister_adv_est
 from hybrid_rl.studio.schema import BEGINNER_KEYS, CHOICE_SOURCES, FieldSpec, config_schema, field_docs
 from hybrid_rl.trainer.config import PPOConfig
-from hybrid_rl.trainer.config_loader import get_config
+from hybrid_rl.trainer.config.loader import get_config
 
 
 def _leaf_keys(node, prefix=""):

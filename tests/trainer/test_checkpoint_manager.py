@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybrid_rl.trainer.checkpoint_manager import (
+from hybrid_rl.trainer.core.checkpoints import (
     LATEST_FILE,
     STATE_FILE,
     CheckpointManager,

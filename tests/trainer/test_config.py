@@ -6,8 +6,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from hybrid_rl.trainer.config import PPOConfig
-from hybrid_rl.trainer.config_loader import CONFIG_DIR, get_config, to_ppo_config
-from hybrid_rl.trainer.validate import make_run_plan, validate_config
+from hybrid_rl.trainer.config.loader import CONFIG_DIR, get_config, to_ppo_config
+from hybrid_rl.trainer.config.checks import make_run_plan, validate_config
 
 
 @pytest.fixture(autouse=True)
@@ -47,7 +47,7 @@ def _resolved(cfg):
 def test_python_and_command_line_defaults_are_one_job():
     """A notebook's PPOConfig() and the bare main_ppo command line resolve to the same config, and a
     trainer built from PPOConfig() holds it."""
-    from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
+    from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
 
     assert _resolved(PPOConfig()) == _resolved(get_config([]))
     trainer = RayPPOTrainer(PPOConfig())

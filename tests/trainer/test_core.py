@@ -6,9 +6,9 @@ import os
 
 import torch
 
-from hybrid_rl.trainer.config_loader import get_config, to_ppo_config
-from hybrid_rl.trainer.core import TrainerCore
-from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
+from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
+from hybrid_rl.trainer.core.loop import TrainerCore
+from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
 from hybrid_rl.trainer.rm_trainer import RMTrainer
 from hybrid_rl.trainer.sft_trainer import SFTTrainer
 

@@ -2,7 +2,7 @@
 
 from hybrid_rl.data import read_rows
 from hybrid_rl.trainer.config import ArithmeticDataConfig
-from hybrid_rl.trainer.default_task import add_demonstrations, ensure_default_task
+from hybrid_rl.trainer.core.default_task import add_demonstrations, ensure_default_task
 
 
 def _row(a, op, b, answer, split="train"):

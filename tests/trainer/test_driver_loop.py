@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from hybrid_rl.trainer.worker_groups import WorkerGroups
-from hybrid_rl.trainer.config_loader import get_config
-from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
+from hybrid_rl.trainer.core.worker_groups import WorkerGroups
+from hybrid_rl.trainer.config.loader import get_config
+from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
 
 from trainer_fakes import FakeActorRollout, FakeCritic, FakePool
 

@@ -4,8 +4,8 @@ prints the resolved config, and eval/debug check only what they use."""
 import pytest
 
 from hybrid_rl.trainer import main_ppo, main_rm, main_sft
-from hybrid_rl.trainer.config_loader import get_config, to_ppo_config
-from hybrid_rl.trainer.validate import validate_config
+from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
+from hybrid_rl.trainer.config.checks import validate_config
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +48,7 @@ def test_sft_cfg_job_prints_the_resolved_config_and_bad_flags_are_one_line(tmp_p
 
 def test_eval_and_debug_check_only_what_they_use():
     """A batch that no mini-batch divides is refused for training but fine for generating and scoring."""
-    from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
+    from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
 
     cfg = to_ppo_config(get_config(["data.train_batch_size=4"]))
     with pytest.raises(ValueError, match=r"multiple of actor_rollout_ref.actor.ppo_mini_batch_size \(16\)"):

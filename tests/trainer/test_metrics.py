@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer import metrics as M
+from hybrid_rl.trainer.core import metrics as M
 
 EOS = 2
 

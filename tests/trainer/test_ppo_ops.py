@@ -6,7 +6,7 @@ import torch
 
 from hybrid_rl.algorithms import AdaptiveKLController, FixedKLController
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer import ppo_ops
+from hybrid_rl.trainer.ppo import ops as ppo_ops
 
 
 def _prompts():

@@ -10,8 +10,8 @@ import torch
 from hybrid_rl.buffer import MemoryBuffer, batch_from_experiences
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.algorithms import behaviour_weight_stats
-from hybrid_rl.trainer.async_trainer import staleness_metrics
-from hybrid_rl.trainer.producer import ProducerState, RolloutProducer, may_start_batch
+from hybrid_rl.trainer.ppo.decoupled import staleness_metrics
+from hybrid_rl.trainer.ppo.producer import ProducerState, RolloutProducer, may_start_batch
 
 ROWS = 4  # rows per batch
 
@@ -281,7 +281,7 @@ def test_resume_checks_refuse_what_would_skip_or_repeat_batches(tmp_path):
     from types import SimpleNamespace
 
     from hybrid_rl.trainer import get_config, to_ppo_config
-    from hybrid_rl.trainer.async_trainer import DecoupledPPOTrainer
+    from hybrid_rl.trainer.ppo.decoupled import DecoupledPPOTrainer
 
     cfg = to_ppo_config(get_config(["async_training.enable=true"]))
     fake = SimpleNamespace(config=cfg, resumed_state={"async": {}}, buffer=MemoryBuffer(), rows_per_batch=128,
@@ -305,7 +305,7 @@ def test_a_decoupled_checkpoint_is_refused_in_the_synchronous_mode(tmp_path):
     from types import SimpleNamespace
 
     from hybrid_rl.trainer import get_config, to_ppo_config
-    from hybrid_rl.trainer.validate import resume_point_problems
+    from hybrid_rl.trainer.config.checks import resume_point_problems
 
     point = SimpleNamespace(step_dir=str(tmp_path), state={"world_size": 1, "async": {"next_batch": 4}})
     problems = resume_point_problems(to_ppo_config(get_config([])), point)

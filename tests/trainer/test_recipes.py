@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from hybrid_rl.trainer.config_loader import get_config, to_ppo_config
+from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
 
 RECIPES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "recipes", "*", "run.sh")))
 

@@ -9,11 +9,11 @@ import sys
 import pytest
 
 from hybrid_rl.trainer import get_config
-from hybrid_rl.trainer.config_loader import to_ppo_config
-from hybrid_rl.trainer.single_process import (REEXEC_MARK, apply_process_env, process_env,
+from hybrid_rl.trainer.config.loader import to_ppo_config
+from hybrid_rl.trainer.core.single_process import (REEXEC_MARK, apply_process_env, process_env,
                                               reexec_for_single_process, resolve_single_process,
                                               single_process_blockers)
-from hybrid_rl.trainer.validate import make_run_plan, validate_config
+from hybrid_rl.trainer.config.checks import make_run_plan, validate_config
 from hybrid_rl.utils.cpu_env import JEMALLOC_CONF, bundled_jemalloc
 
 

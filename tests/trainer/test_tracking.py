@@ -8,13 +8,13 @@ import types
 
 import pytest
 
-from hybrid_rl.trainer.plotting import plot_run, read_curves
-from hybrid_rl.trainer.tracking import ProgressBar, Tracking, check_backends
+from hybrid_rl.trainer.core.plotting import plot_run, read_curves
+from hybrid_rl.trainer.core.tracking import ProgressBar, Tracking, check_backends
 
 
 def test_console_and_jsonl(tmp_path, caplog):
     tracker = Tracking("p", "e", ["console", "jsonl"], str(tmp_path))
-    with caplog.at_level(logging.INFO, logger="hybrid_rl.trainer.tracking"):
+    with caplog.at_level(logging.INFO, logger="hybrid_rl.trainer.core.tracking"):
         tracker.log({"critic/score/mean": 0.25, "bad": float("nan")}, step=1)
         tracker.log({"critic/score/mean": 0.5}, step=2)
     tracker.finish()
@@ -109,7 +109,7 @@ def test_sft_runs_plot_their_loss_curves(tmp_path):
 
 
 def test_pillow_fallback_when_matplotlib_is_missing(tmp_path, monkeypatch):
-    import hybrid_rl.trainer.plotting as plotting
+    import hybrid_rl.trainer.core.plotting as plotting
 
     def no_matplotlib(*args, **kwargs):
         raise ImportError("matplotlib")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer.validation import ks_for, pass_at_k, run_validation, summarize
+from hybrid_rl.trainer.core.validation import ks_for, pass_at_k, run_validation, summarize
 from hybrid_rl.utils.testing import build_byte_tokenizer
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hybrid_rl.trainer.config_loader import check_override_keys, get_config, to_ppo_config
+from hybrid_rl.trainer.config.loader import check_override_keys, get_config, to_ppo_config
 
 LISTS = Path(__file__).parent / "verl_cli"
 REPO = str(Path(__file__).resolve().parents[2])
@@ -81,7 +81,7 @@ def test_lora_list_turns_on_the_lora_actor():
     ("actor_rollout_ref.rollout.load_format=pt", "load_format"),
 ])
 def test_keys_we_cannot_honour_fail_in_one_line(override, match):
-    from hybrid_rl.trainer.validate import validate_config
+    from hybrid_rl.trainer.config.checks import validate_config
 
     with pytest.raises(ValueError, match=match) as info:
         validate_config(to_ppo_config(get_config([override])))
@@ -132,7 +132,7 @@ def test_verl_command_line_runs_with_local_paths(name, tmp_path, tiny_model_dir,
 
 
 def test_notices_when_our_defaults_change_a_verl_command():
-    from hybrid_rl.trainer.verl_compat import verl_default_notices
+    from hybrid_rl.trainer.config.verl_compat import verl_default_notices
 
     argv = verl_argv("quickstart_ppo")
     notices = verl_default_notices(to_ppo_config(get_config(argv)), argv)

@@ -136,7 +136,7 @@ def test_workers_take_the_drivers_profile(monkeypatch):
 
 
 def test_peak_is_none_when_a_matmul_would_be_too_slow():
-    from hybrid_rl.trainer.model_facts import measure_peak_flops
+    from hybrid_rl.trainer.core.model_facts import measure_peak_flops
 
     assert measure_peak_flops("cpu", 0.05, "float32", size=256, max_matmul_s=1e-9) is None
     peak = measure_peak_flops("cpu", 0.05, "float32", size=256)

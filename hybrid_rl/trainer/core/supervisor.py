@@ -9,7 +9,7 @@ the final weights equal an uninterrupted run's. Past N restarts (or with N=0) th
 and the command exits non-zero.
 
 Only worker failures restart: a configuration error, a reward scorer that always fails, a diverged
-update (:class:`hybrid_rl.trainer.health.TrainingHealthError`) or a full disk would fail again.
+update (:class:`hybrid_rl.trainer.core.health.TrainingHealthError`) or a full disk would fail again.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def run_supervised(trainer: Any, rebuild: Callable[[PPOConfig], Any]) -> dict[st
     """``trainer.init_workers(); trainer.fit()``, with up to ``trainer.max_restarts`` restarts.
 
     Args:
-        trainer: a built (not started) :class:`~hybrid_rl.trainer.ray_trainer.RayPPOTrainer`.
+        trainer: a built (not started) :class:`~hybrid_rl.trainer.ppo.trainer.RayPPOTrainer`.
         rebuild: makes the trainer of the next attempt from a config (e.g. ``build_trainer``).
 
     Returns the last step's metrics; the workers of every attempt are stopped on the way out.

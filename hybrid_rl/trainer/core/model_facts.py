@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import Iterator, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
-from hybrid_rl.trainer.validate import RunPlan
+from hybrid_rl.trainer.config.checks import RunPlan
 
 logger = logging.getLogger(__name__)
 

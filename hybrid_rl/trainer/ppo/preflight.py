@@ -1,6 +1,6 @@
 """Driver-side checks that need the built components (datasets, reward registry), run before Ray starts.
 
-:func:`hybrid_rl.trainer.validate.validate_config` checks the config alone; the checks here look at
+:func:`hybrid_rl.trainer.config.checks.validate_config` checks the config alone; the checks here look at
 what the config produced, so a mistake that would otherwise surface only at the first reward
 computation (after the workers loaded their models) fails in a second, with one line naming the
 file and the fix.

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
-from hybrid_rl.trainer.validate import RunPlan
+from hybrid_rl.trainer.config.checks import RunPlan
 from hybrid_rl.utils.cpu_env import cpu_worker_env
 from hybrid_rl.utils.log_setup import LOG_DIR_ENV, effective_level, library_env, quiet_in_process_workers
 from hybrid_rl.utils.precision import profile_env
@@ -190,7 +190,7 @@ def _colocated_group(cfg: PPOConfig, plan: RunPlan, worker: Any, call_timeout_s:
     (no pool), else one Ray actor per device."""
     if plan.single_process:
         from hybrid_rl.single_controller.local import LocalWorkerGroup
-        from hybrid_rl.trainer.single_process import apply_process_env
+        from hybrid_rl.trainer.core.single_process import apply_process_env
 
         apply_process_env(cfg)
         quiet_in_process_workers()
@@ -210,7 +210,7 @@ def _reward_model_worker(cfg: PPOConfig, plan: RunPlan):
     """The colocated reward-model worker of RL (role ``rm``): scoring only, responses decoded with the
     policy's tokenizer (``reward_model.model.input_tokenizer``, default the actor's)."""
     from hybrid_rl.single_controller import RayClassWithInitArgs
-    from hybrid_rl.trainer.reward_model import rm_worker_config
+    from hybrid_rl.trainer.ppo.learned_reward import rm_worker_config
     from hybrid_rl.workers.model_loader import resolve_tokenizer_path
     from hybrid_rl.workers.rm_worker import RewardModelWorker
 

@@ -345,8 +345,8 @@ def _check_files(cfg: PPOConfig) -> list[str]:
 
 
 def _check_trainer(cfg: PPOConfig) -> list[str]:
-    from hybrid_rl.trainer.checkpoint_manager import RESUME_MODES
-    from hybrid_rl.trainer.tracking import as_backend_list, check_backends
+    from hybrid_rl.trainer.core.checkpoints import RESUME_MODES
+    from hybrid_rl.trainer.core.tracking import as_backend_list, check_backends
     from hybrid_rl.utils.log_setup import LOG_LEVELS
 
     t = cfg.trainer
@@ -363,7 +363,7 @@ def _check_trainer(cfg: PPOConfig) -> list[str]:
     if t.single_process not in (None, True, False):
         errors.append(f"trainer.single_process={t.single_process!r} must be true, false or null (auto).")
     elif t.single_process:
-        from hybrid_rl.trainer.single_process import single_process_blockers
+        from hybrid_rl.trainer.core.single_process import single_process_blockers
 
         blockers = single_process_blockers(cfg, resolve_device(t.device) if t.device in DEVICES else None)
         if blockers:
@@ -397,7 +397,7 @@ def _check_trainer(cfg: PPOConfig) -> list[str]:
 
 
 def _check_reward(cfg: PPOConfig) -> list[str]:
-    from hybrid_rl.trainer.reward_model import check_reward_model
+    from hybrid_rl.trainer.ppo.learned_reward import check_reward_model
 
     errors = check_reward_model(cfg)
     if cfg.reward_model.enable and cfg.async_training.enable:
@@ -410,7 +410,7 @@ def _check_reward(cfg: PPOConfig) -> list[str]:
 
 def _check_resume(cfg: PPOConfig) -> list[str]:
     """The checkpoint a resume would load exists, is complete and fits this run (checked before Ray starts)."""
-    from hybrid_rl.trainer.checkpoint_manager import RESUME_MODES, CheckpointManager
+    from hybrid_rl.trainer.core.checkpoints import RESUME_MODES, CheckpointManager
 
     t = cfg.trainer
     if t.resume_mode not in RESUME_MODES or (t.resume_mode == "resume_path" and not t.resume_from_path):
@@ -423,7 +423,7 @@ def _check_resume(cfg: PPOConfig) -> list[str]:
 
 
 def resume_point_problems(cfg: PPOConfig, point: Any) -> list[str]:
-    """Why ``point`` (a :class:`~hybrid_rl.trainer.checkpoint_manager.ResumePoint`) cannot be
+    """Why ``point`` (a :class:`~hybrid_rl.trainer.core.checkpoints.ResumePoint`) cannot be
     loaded by this run: a different worker count, or no critic for GAE. Empty if it fits."""
     t = cfg.trainer
     errors = []

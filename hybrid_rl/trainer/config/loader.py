@@ -18,9 +18,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from hybrid_rl.trainer.config import PPOConfig
 
-# The YAML folder sits next to config.py (the dataclasses); it is not a Python package, so
-# ``hybrid_rl.trainer.config`` keeps naming the module.
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
+# The YAML sits in this package, beside the dataclasses (schema.py).
+CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 CONFIG_NAME = "ppo_trainer"
 SCHEMA_NAME = "ppo_trainer_schema"
 
@@ -57,7 +56,7 @@ def unknown_key_message(key: str, valid: Iterable[str]) -> str:
     hint = f" Did you mean '{match[0]}'?" if match else ""
     return (
         f"Unknown config key '{key}'.{hint} All keys are listed in "
-        "python -m hybrid_rl.trainer.main_ppo --help (documented in hybrid_rl/trainer/config.py)."
+        "python -m hybrid_rl.trainer.main_ppo --help (documented in hybrid_rl/trainer/config/schema.py)."
     )
 
 
@@ -115,7 +114,7 @@ def composition_error_message(error: Exception) -> str:
     if full_key and msg:
         # Hydra keeps the useful part (key, value, expected type) in the OmegaConf cause.
         return (f"{full_key}: {str(msg).splitlines()[0]}. Fix: give {full_key} a value of the type it expects "
-                "(documented in hybrid_rl/trainer/config.py).")
+                "(documented in hybrid_rl/trainer/config/schema.py).")
     detail = f" ({cause})" if cause else ""
     return f"{error}{detail}".replace("\n", " ")
 

@@ -10,7 +10,7 @@ Key names follow veRL wherever the feature is the same. The worker groups (``act
 ``critic``) are the workers' own dataclasses from :mod:`hybrid_rl.workers.config`.
 
 Values computed from the config (device, world size, number of steps) never overwrite a field the
-user set: they live in :class:`hybrid_rl.trainer.validate.RunPlan`.
+user set: they live in :class:`hybrid_rl.trainer.config.checks.RunPlan`.
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ class TrainerConfig:
     copy of the libraries, about 1 GiB less memory, the same results. null (auto) = true for
     command-line runs (main_ppo) of one CPU worker without ray_init.address, async_training,
     max_restarts or worker_call_timeout_s (which need Ray); false from a notebook's run_ppo, whose
-    process outlives the run (hybrid_rl/trainer/single_process.py, docs/memory.md)."""
+    process outlives the run (hybrid_rl/trainer/core/single_process.py, docs/memory.md)."""
     save_freq: int = 10
     """Save a checkpoint every N steps (and at the last step); -1 = never."""
     test_freq: int = 2
@@ -357,7 +357,7 @@ _Group = TypeVar("_Group")
 
 def _linked(group: str, factory: Callable[[], _Group]) -> Callable[[], _Group]:
     """A default factory for ``group`` whose linked keys hold their ``${...}`` interpolation (resolved
-    by OmegaConf: :func:`hybrid_rl.trainer.config_loader.to_ppo_config`)."""
+    by OmegaConf: :func:`hybrid_rl.trainer.config.loader.to_ppo_config`)."""
 
     def make() -> _Group:
         node = factory()

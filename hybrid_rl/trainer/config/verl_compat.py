@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from hybrid_rl.trainer.config import PPOConfig
-from hybrid_rl.trainer.validate import estimator_needs, estimators_where, loss_needs
+from hybrid_rl.trainer.config.checks import estimator_needs, estimators_where, loss_needs
 
 __all__ = ["recommended_setting_notices", "verl_default_notices"]
 

@@ -4,7 +4,7 @@ The same :meth:`RayPPOTrainer.fit` and named steps; only the hook points differ:
 
 * :meth:`init_workers` starts two pools: training (actor + ref (+ critic)) and rollout
   (``rollout.nnodes x n_gpus_per_node``), placed by Ray resources;
-* a :class:`~hybrid_rl.trainer.producer.RolloutProducer` generates and scores on the rollout pool
+* a :class:`~hybrid_rl.trainer.ppo.producer.RolloutProducer` generates and scores on the rollout pool
   without waiting for the trainer, within the staleness bound ``max_head_offpolicyness`` (eta), into
   the experience buffer (``async_training.buffer``);
 * :meth:`step_plan` replaces ``generate`` + ``compute_reward`` with ``take_experiences`` (stale rows
@@ -28,8 +28,8 @@ from typing import Any
 
 from hybrid_rl.buffer import MemoryBuffer, batch_from_experiences, build_buffer
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer.producer import ProducerState, RolloutProducer
-from hybrid_rl.trainer.ray_trainer import RayPPOTrainer
+from hybrid_rl.trainer.ppo.producer import ProducerState, RolloutProducer
+from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
 
 __all__ = ["DecoupledPPOTrainer", "staleness_metrics"]
 

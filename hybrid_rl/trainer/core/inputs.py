@@ -1,8 +1,8 @@
 """What a run reads, built from its config: tokenizer, datasets and the resumable loader, reward managers.
 
 Each builder takes the typed :class:`PPOConfig` and returns one component, so a mode (or a notebook)
-can replace one of them and keep the rest. The worker groups are :mod:`hybrid_rl.trainer.worker_groups`';
-the model's size and compute dtype :mod:`hybrid_rl.trainer.model_facts`'.
+can replace one of them and keep the rest. The worker groups are :mod:`hybrid_rl.trainer.core.worker_groups`';
+the model's size and compute dtype :mod:`hybrid_rl.trainer.core.model_facts`'.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from hybrid_rl.trainer.config import PPOConfig
-from hybrid_rl.trainer.validate import as_file_list
+from hybrid_rl.trainer.config.checks import as_file_list
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def build_tokenizer(cfg: PPOConfig):
 def resolve_data_files(cfg: PPOConfig) -> tuple[list[str], list[str]]:
     """(train files, val files). Unset train files = the arithmetic task, generated on first use."""
     if cfg.data.train_files is None:
-        from hybrid_rl.trainer.default_task import ensure_default_task
+        from hybrid_rl.trainer.core.default_task import ensure_default_task
 
         train, test = ensure_default_task(cfg.data.arithmetic)
         return [train], [test]
@@ -106,7 +106,7 @@ def build_reward_manager(cfg: PPOConfig, tokenizer, num_examine: int):
 
 def build_remote_reward_model(cfg: PPOConfig):
     """The remote reward service of ``reward_model.model.path=http(s)://...`` (None otherwise)."""
-    from hybrid_rl.trainer.reward_model import is_remote
+    from hybrid_rl.trainer.ppo.learned_reward import is_remote
 
     rm = cfg.reward_model
     if not (rm.enable and is_remote(rm.model.path)):

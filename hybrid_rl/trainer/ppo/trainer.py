@@ -10,7 +10,7 @@ into ``timing_s/<step>``::
 :meth:`RayPPOTrainer.step_plan` decides which steps run this step (what the chosen estimator and loss
 need comes from their registry info); a variant trainer overrides it (to insert or drop a step) or a
 single step method. The loop, checkpoints, trackers and the validate/save cadence are
-:class:`~hybrid_rl.trainer.core.TrainerCore`'s. Only light math runs here; model work runs in the
+:class:`~hybrid_rl.trainer.core.loop.TrainerCore`'s. Only light math runs here; model work runs in the
 colocated Ray worker group (one process per device).
 """
 
@@ -26,10 +26,11 @@ import torch
 
 from hybrid_rl.algorithms import get_kl_controller, masked_mean
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer import inputs, metrics as metric_fns, model_facts, ppo_ops, reward_model, worker_groups
-from hybrid_rl.trainer.checkpoint_manager import estimate_checkpoint_bytes
-from hybrid_rl.trainer.core import TrainerCore
-from hybrid_rl.trainer.validation import dataset_batches, generation_meta, run_validation
+from hybrid_rl.trainer.core import inputs, metrics as metric_fns, model_facts, worker_groups
+from hybrid_rl.trainer.ppo import learned_reward as reward_model, ops as ppo_ops
+from hybrid_rl.trainer.core.checkpoints import estimate_checkpoint_bytes
+from hybrid_rl.trainer.core.loop import TrainerCore
+from hybrid_rl.trainer.core.validation import dataset_batches, generation_meta, run_validation
 from hybrid_rl.workers.config import update_is_on_policy
 
 logger = logging.getLogger(__name__)

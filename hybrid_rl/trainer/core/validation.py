@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer import ppo_ops
+from hybrid_rl.trainer.ppo import ops as ppo_ops
 
 logger = logging.getLogger(__name__)
 
