@@ -136,13 +136,13 @@ class ModeHelp:
     """The mode's own keys (veRL's names) -> the trainer keys they set."""
 
 
-def mode_help(help: ModeHelp, cfg: Any) -> str:
+def mode_help(mode: ModeHelp, cfg: Any) -> str:
     """The mode's own keys with this command line's values and their documentation."""
     from hybrid_rl.trainer.config.docs import field_docs, indented, show_value
 
-    out = [f"usage: python -m hybrid_rl.trainer.{help.module} [key=value ...] [--cfg job]", "",
-           *indented(help.summary + " The keys it adds (value: this command line's):", ""), ""]
-    for key, target in help.key_map.items():
+    out = [f"usage: python -m hybrid_rl.trainer.{mode.module} [key=value ...] [--cfg job]", "",
+           *indented(mode.summary + " The keys it adds (value: this command line's):", ""), ""]
+    for key, target in mode.key_map.items():
         *parents, leaf = target.split(".")
         owner = cfg
         for part in parents:
@@ -154,7 +154,7 @@ def mode_help(help: ModeHelp, cfg: Any) -> str:
     return "\n".join(out) + "\n"
 
 
-def run_cli(argv: Sequence[str], make_config, run, help: Optional[ModeHelp] = None) -> None:
+def run_cli(argv: Sequence[str], make_config, run, mode: Optional[ModeHelp] = None) -> None:
     """Build the config from ``argv``, log to the console and ``logs/driver.log``, run; a user
     mistake ends in one line (as ``main_ppo``). ``--help`` prints the mode's keys, ``--cfg job`` the
     resolved config (Hydra's flag), and neither runs anything."""
@@ -167,7 +167,7 @@ def run_cli(argv: Sequence[str], make_config, run, help: Optional[ModeHelp] = No
     args = [a for a in argv if not a.startswith("-") and a != "job"]
     try:
         if flags:
-            _answer_flags(flags, argv, make_config(args), help)
+            _answer_flags(flags, argv, make_config(args), mode)
             return
         cfg = make_config(argv)
         if not logging.getLogger().handlers:  # the console main_ppo gets from Hydra: messages only
@@ -182,14 +182,14 @@ def run_cli(argv: Sequence[str], make_config, run, help: Optional[ModeHelp] = No
         raise
 
 
-def _answer_flags(flags: list[str], argv: list[str], cfg: Any, help: Optional[ModeHelp]) -> None:
+def _answer_flags(flags: list[str], argv: list[str], cfg: Any, mode: Optional[ModeHelp]) -> None:
     """``--help`` / ``-h`` and ``--cfg job``; any other flag is a one-line error."""
     from omegaconf import OmegaConf
 
     from hybrid_rl.trainer.config.loader import to_container
 
-    if {"--help", "-h"} & set(flags) and help is not None:
-        sys.stdout.write(mode_help(help, cfg))
+    if {"--help", "-h"} & set(flags) and mode is not None:
+        sys.stdout.write(mode_help(mode, cfg))
     elif flags == ["--cfg"] and "job" in argv[argv.index("--cfg") + 1:argv.index("--cfg") + 2]:
         sys.stdout.write(OmegaConf.to_yaml(to_container(cfg)))
     else:

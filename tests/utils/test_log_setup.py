@@ -28,6 +28,10 @@ def test_filter_rules():
                      "Attempted to load weight norm.weight with dtype torch.float32 into parameter with dtype "
                      "torch.bfloat16"):
         assert not f.filter(_record("vllm.x", logging.WARNING, harmless)), harmless
+    fsdp_view = ("/x/_fsdp_state.py:331: UserWarning: FSDP2-wrapped module (FSDPLlamaForCausalLM) returned a view "
+                 "tensor. An in-place op on this view (e.g., `x += y`) will silently drop the pre-backward hook")
+    assert not f.filter(_record("py.warnings", logging.WARNING, fsdp_view))
+    assert f.filter(_record("py.warnings", logging.WARNING, "UserWarning: something else"))
 
 
 @pytest.fixture
