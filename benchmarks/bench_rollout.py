@@ -83,7 +83,7 @@ def prompt_batch(tokenizer, batch_size: int, prompt_length: int, eos_token_id: i
 def default_run_batches(tokenizer) -> dict[str, DataProto]:
     """The default training run's generate inputs: one training step (16 prompts x n) and validation."""
     from hybrid_rl.trainer import get_config
-    from hybrid_rl.trainer.ppo import ops as ppo_ops
+    from hybrid_rl.trainer.core import generation
     from hybrid_rl.trainer.core.inputs import build_dataset, resolve_data_files
 
     cfg = get_config([])
@@ -94,8 +94,8 @@ def default_run_batches(tokenizer) -> dict[str, DataProto]:
         size = len(dataset) if validate else cfg.data.train_batch_size
         batch = DataProto.from_single_dict(dataset.collate_fn([dataset[i] for i in range(size)]))
         if not validate:
-            batch = ppo_ops.prepare_rollout_batch(batch, cfg.actor_rollout_ref.rollout.n, step=1)
-        gen, _ = ppo_ops.split_generation_inputs(batch)
+            batch = generation.prepare_rollout_batch(batch, cfg.actor_rollout_ref.rollout.n, step=1)
+        gen, _ = generation.split_generation_inputs(batch)
         gen.meta_info.update(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                              validate=validate, seed=cfg.trainer.seed)
         batches[name] = gen

@@ -22,7 +22,7 @@ def engine(request, tiny_model_dir):
     from hybrid_rl.workers.model_loader import load_tokenizer
 
     # prompt_length 40 > one CPU KV block (32 tokens): the prefix-cache test fills whole blocks.
-    cfg = RolloutConfig(name=request.param, dtype="float32", response_length=R, prompt_length=40,
+    cfg = RolloutConfig(name=request.param, dtype="float32", response_length=R, prompt_length=40, temperature=1.0,
                         calculate_log_probs=True, max_num_seqs=16, cpu_kvcache_space_gib=1, seed=0)
     rollout = build_rollout(cfg, tiny_model_dir, load_tokenizer(tiny_model_dir), "cpu")
     assert rollout.name == request.param

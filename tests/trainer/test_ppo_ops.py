@@ -6,6 +6,7 @@ import torch
 
 from hybrid_rl.algorithms import AdaptiveKLController, FixedKLController
 from hybrid_rl.protocol import DataProto
+from hybrid_rl.trainer.core import generation
 from hybrid_rl.trainer.ppo import ops as ppo_ops
 
 
@@ -18,7 +19,7 @@ def _prompts():
 
 
 def test_prepare_rollout_batch_interleaves_with_shared_uid():
-    out = ppo_ops.prepare_rollout_batch(_prompts(), n=3, step=7)
+    out = generation.prepare_rollout_batch(_prompts(), n=3, step=7)
     assert len(out) == 6
     assert out.non_tensor_batch["uid"].tolist() == ["7-0"] * 3 + ["7-1"] * 3
     assert out.non_tensor_batch["data_source"].tolist() == ["a"] * 3 + ["b"] * 3
@@ -26,15 +27,15 @@ def test_prepare_rollout_batch_interleaves_with_shared_uid():
 
 
 def test_split_and_merge_generation():
-    batch = ppo_ops.prepare_rollout_batch(_prompts(), n=2, step=1)
-    gen, rest = ppo_ops.split_generation_inputs(batch)
+    batch = generation.prepare_rollout_batch(_prompts(), n=2, step=1)
+    gen, rest = generation.split_generation_inputs(batch)
     assert set(gen.batch.keys()) == {"input_ids", "attention_mask", "position_ids"}
     assert "uid" in gen.non_tensor_batch and len(rest.batch.keys()) == 0
     output = DataProto.from_dict(
         tensors={"responses": torch.ones(4, 3, dtype=torch.long), "input_ids": torch.zeros(4, 5, dtype=torch.long)},
         meta_info={"metrics": {"x": [1.0]}, "eos_token_id": 2},
     )
-    merged = ppo_ops.merge_generation_output(rest, output)
+    merged = generation.merge_generation_output(rest, output)
     assert merged.batch["input_ids"].shape == (4, 5) and "responses" in merged.batch.keys()
     assert merged.meta_info["eos_token_id"] == 2 and "metrics" not in merged.meta_info
     assert merged.non_tensor_batch["uid"].tolist() == ["1-0", "1-0", "1-1", "1-1"]

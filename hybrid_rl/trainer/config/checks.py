@@ -397,7 +397,7 @@ def _check_trainer(cfg: PPOConfig) -> list[str]:
 
 
 def _check_reward(cfg: PPOConfig) -> list[str]:
-    from hybrid_rl.trainer.ppo.learned_reward import check_reward_model
+    from hybrid_rl.trainer.config.reward_model import check_reward_model
 
     errors = check_reward_model(cfg)
     if cfg.reward_model.enable and cfg.async_training.enable:

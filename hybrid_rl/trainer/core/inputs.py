@@ -102,15 +102,3 @@ def build_reward_manager(cfg: PPOConfig, tokenizer, num_examine: int):
         tool_reward_weight=cfg.reward_model.tool_reward_weight,
         avoid_fork=bool(cfg.trainer.single_process),  # this process will hold the models
     )
-
-
-def build_remote_reward_model(cfg: PPOConfig):
-    """The remote reward service of ``reward_model.model.path=http(s)://...`` (None otherwise)."""
-    from hybrid_rl.trainer.ppo.learned_reward import is_remote
-
-    rm = cfg.reward_model
-    if not (rm.enable and is_remote(rm.model.path)):
-        return None
-    from hybrid_rl.reward.remote import RemoteRewardModel
-
-    return RemoteRewardModel(rm.model.path, timeout_s=rm.timeout, batch_size=rm.micro_batch_size_per_gpu)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer.ppo import ops as ppo_ops
+from hybrid_rl.trainer.core import generation
 
 logger = logging.getLogger(__name__)
 
@@ -34,13 +34,6 @@ def dataset_batches(dataset: Any, size: Any = None) -> Iterable[DataProto]:
     for start in range(0, len(dataset), size):
         items = [dataset[i] for i in range(start, min(start + size, len(dataset)))]
         yield DataProto.from_single_dict(dataset.collate_fn(items))
-
-
-def generation_meta(tokenizer, seed: int, step: int, validate: bool) -> dict[str, Any]:
-    """The ``meta_info`` of a generate call: end and pad tokens, whether it validates, and the engine's
-    sampling seed (``trainer.seed``, + the step for a training batch so each step samples anew)."""
-    return {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
-            "validate": validate, "seed": seed + (0 if validate else step), "global_steps": step}
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
@@ -118,9 +111,9 @@ def run_validation(
     """
     sources, uids, scores, solved, lengths, samples, agent_rows = [], [], [], [], [], [], []
     for b, batch in enumerate(batches):
-        batch = ppo_ops.prepare_rollout_batch(batch, n, step=f"val{b}")
-        gen, rest = ppo_ops.split_generation_inputs(batch)
-        batch = ppo_ops.merge_generation_output(rest, generate(gen))
+        batch = generation.prepare_rollout_batch(batch, n, step=f"val{b}")
+        gen, rest = generation.split_generation_inputs(batch)
+        batch = generation.merge_generation_output(rest, generate(gen))
         result = reward_fn(batch, return_dict=True)
         row_scores = result["reward_tensor"].sum(-1).tolist()  # [B]
         sources += [str(s) for s in batch.non_tensor_batch["data_source"]]

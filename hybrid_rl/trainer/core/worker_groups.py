@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config.checks import RunPlan
+from hybrid_rl.workers.config import CriticConfig
 from hybrid_rl.utils.cpu_env import cpu_worker_env
 from hybrid_rl.utils.log_setup import LOG_DIR_ENV, effective_level, library_env, quiet_in_process_workers
 from hybrid_rl.utils.precision import profile_env
@@ -121,16 +122,9 @@ def _init_group(pool: Any, worker: Any, call_timeout_s: Optional[float]) -> Any:
     return group
 
 
-def build_worker_groups(
-    cfg: PPOConfig,
-    plan: RunPlan,
-    total_training_steps: int,
-    actor_cls: Optional[type] = None,
-    critic_cls: Optional[type] = None,
-    call_timeout_s: Optional[float] = None,
-    log_dir: Optional[str] = None,
-    rollout_rows_per_call: Optional[int] = None,
-) -> WorkerGroups:
+def build_worker_groups(cfg: PPOConfig, plan: RunPlan, total_training_steps: int, actor_cls: Optional[type] = None,
+                        critic_cls: Optional[type] = None, call_timeout_s: Optional[float] = None,
+                        log_dir: Optional[str] = None, rollout_rows_per_call: Optional[int] = None) -> WorkerGroups:
     """Start ``world_size`` colocated processes, each hosting actor + rollout (+ ref) (+ critic);
     in the decoupled mode (``plan.rollout_world_size > 0``) the training processes host actor (+ ref)
     (+ critic) and a second pool of ``rollout.nnodes x n_gpus_per_node`` processes hosts the rollout.
@@ -210,7 +204,6 @@ def _reward_model_worker(cfg: PPOConfig, plan: RunPlan):
     """The colocated reward-model worker of RL (role ``rm``): scoring only, responses decoded with the
     policy's tokenizer (``reward_model.model.input_tokenizer``, default the actor's)."""
     from hybrid_rl.single_controller import RayClassWithInitArgs
-    from hybrid_rl.trainer.ppo.learned_reward import rm_worker_config
     from hybrid_rl.workers.model_loader import resolve_tokenizer_path
     from hybrid_rl.workers.rm_worker import RewardModelWorker
 
@@ -236,3 +229,11 @@ def build_reward_model_group(cfg: PPOConfig, plan: RunPlan, total_training_steps
                                   total_training_steps=total_training_steps)
     group = _init_group(pool, worker, call_timeout_s)
     return WorkerGroups(actor_rollout=None, critic=None, resource_pool=pool, reward_model=group)
+
+
+def rm_worker_config(cfg: PPOConfig, world_size: int) -> CriticConfig:
+    """The value-model config a :class:`~hybrid_rl.workers.rm_worker.RewardModelWorker` is built from
+    (scoring only: its optimizer never steps, so it holds no state)."""
+    rm = cfg.reward_model
+    return CriticConfig(model=rm.model.as_critic_model(), rollout_n=1, ppo_mini_batch_size=world_size,
+                        use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=rm.micro_batch_size_per_gpu)

@@ -1,5 +1,6 @@
-"""A learned reward model in RL (``reward_model.enable=true``): checks, the worker's config, and how
-its scores combine with the rule scorer's.
+"""A learned reward model in RL (``reward_model.enable=true``): the remote service's client, and how its
+scores combine with the rule scorer's (the section's checks: :mod:`hybrid_rl.trainer.config.reward_model`;
+the worker's config: :func:`hybrid_rl.trainer.core.worker_groups.rm_worker_config`).
 
 The reward model runs either in the colocated worker group (a
 :class:`~hybrid_rl.workers.rm_worker.RewardModelWorker` per device, role ``rm``: batched,
@@ -18,81 +19,24 @@ and reward hacking (the first rising while the second does not) is visible.
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any, Optional
 
 import torch
 
 from hybrid_rl.trainer.config import PPOConfig
-from hybrid_rl.workers.config import CriticConfig
+from hybrid_rl.trainer.config.reward_model import is_remote
 
-__all__ = ["check_reward_model", "combine_scores", "is_remote", "pop_rm_scores", "remote_scores", "rewards_with_rm",
-           "rm_worker_config", "rule_scores_wanted", "score_metrics"]
+__all__ = ["build_remote_reward_model", "combine_scores", "pop_rm_scores", "remote_scores", "rewards_with_rm",
+           "rule_scores_wanted", "score_metrics"]
 
-_SEQUENCE_HEADS = ("ForSequenceClassification", "ForTokenClassification")
-
-
-def is_remote(path: Optional[str]) -> bool:
-    """Whether ``reward_model.model.path`` names a remote reward service."""
-    return bool(path) and str(path).startswith(("http://", "https://"))
-
-
-def _folder_problems(rm) -> list[str]:
-    """Why ``reward_model.model.path`` is not a usable reward-model folder (empty when it is)."""
-    path = os.path.expanduser(rm.model.path)
-    key = "reward_model.model.path"
-    config_file = os.path.join(path, "config.json")
-    if not os.path.isfile(config_file):
-        return [f"{key}={rm.model.path!r} is not a model folder (no config.json). Fix: point it at a reward model's "
-                "HF folder (python -m hybrid_rl.model_merger on a main_rm checkpoint writes one) or an http(s):// "
-                "reward service."]
-    try:
-        hf_config = json.load(open(config_file, encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        return [f"{key}={rm.model.path!r}: {config_file} is not readable JSON ({error})."]
-    architectures = [str(a) for a in hf_config.get("architectures") or []]
-    labels = len(hf_config.get("id2label") or {}) or 2  # PretrainedConfig defaults to two labels
-    if not any(a.endswith(_SEQUENCE_HEADS) for a in architectures) or labels != 1:
-        return [f"{key}={rm.model.path!r} holds {architectures or 'an unknown architecture'}, not a reward model (a "
-                "one-output *ForSequenceClassification head). Fix: train one with python -m hybrid_rl.trainer.main_rm "
-                "and export it with python -m hybrid_rl.model_merger, or use a TRL / OpenRLHF reward model."]
-    if rm.normalize and not ("mean" in hf_config and "std" in hf_config):
-        return [f"reward_model.normalize=true but {config_file} has no mean / std (main_rm writes them). Fix: set "
-                "reward_model.normalize=null (normalise when present) or false."]
-    return []
-
-
-def check_reward_model(cfg: PPOConfig) -> list[str]:
-    """One line per problem of the ``reward_model`` section (empty when it is usable)."""
+def build_remote_reward_model(cfg: PPOConfig):
+    """The remote reward service of ``reward_model.model.path=http(s)://...`` (None otherwise)."""
     rm = cfg.reward_model
-    if not rm.enable:
-        return []
-    errors = []
-    if not rm.model.path:
-        errors.append("reward_model.enable=true needs reward_model.model.path: a reward model's HF folder (python -m "
-                      "hybrid_rl.trainer.main_rm trains one) or the http(s):// URL of a reward service.")
-    elif not is_remote(rm.model.path):
-        errors += _folder_problems(rm)
-    if rm.micro_batch_size_per_gpu < 1:
-        errors.append(f"reward_model.micro_batch_size_per_gpu={rm.micro_batch_size_per_gpu} must be >= 1.")
-    if rm.max_length is not None and rm.max_length < 2:
-        errors.append(f"reward_model.max_length={rm.max_length} must be >= 2 tokens or null (no limit).")
-    if rm.rm_weight == 0 and rm.rule_weight == 0:
-        errors.append("reward_model.rm_weight and rule_weight are both 0: every reward would be 0. Fix: set "
-                      "reward_model.rm_weight=1.0 (or reward_model.enable=false for rules alone).")
-    if not cfg.data.return_raw_chat:
-        errors.append("reward_model.enable=true renders each prompt through the reward model's chat template and "
-                      "needs the prompts' messages: set data.return_raw_chat=true.")
-    return errors
+    if not (rm.enable and is_remote(rm.model.path)):
+        return None
+    from hybrid_rl.reward.remote import RemoteRewardModel
 
-
-def rm_worker_config(cfg: PPOConfig, world_size: int) -> CriticConfig:
-    """The value-model config a :class:`~hybrid_rl.workers.rm_worker.RewardModelWorker` is built from
-    (scoring only: its optimizer never steps, so it holds no state)."""
-    rm = cfg.reward_model
-    return CriticConfig(model=rm.model.as_critic_model(), rollout_n=1, ppo_mini_batch_size=world_size,
-                        use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=rm.micro_batch_size_per_gpu)
+    return RemoteRewardModel(rm.model.path, timeout_s=rm.timeout, batch_size=rm.micro_batch_size_per_gpu)
 
 
 def combine_scores(rm_scores: torch.Tensor, rule_scores: Optional[torch.Tensor], rm_weight: float,

@@ -1,58 +1,18 @@
 """Driver-side batch operations of one PPO step (light math on DataProto, no model calls).
 
-``prepare_rollout_batch`` repeats each prompt ``n`` times (interleaved: a,a,b,b) with a ``uid``
-shared by the copies, so group estimators (GRPO, RLOO) see each prompt's responses as a group.
-``apply_kl_penalty`` and ``compute_advantage`` wrap the pure functions of
-:mod:`hybrid_rl.algorithms`, reading and writing the batch keys of :mod:`hybrid_rl.schema`.
+``apply_kl_penalty`` and ``compute_advantage`` wrap the pure functions of :mod:`hybrid_rl.algorithms`,
+reading and writing the batch keys of :mod:`hybrid_rl.schema`. (The plumbing of a generate call,
+shared with held-out validation, is :mod:`hybrid_rl.trainer.core.generation`'s.)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from hybrid_rl import algorithms
 from hybrid_rl.protocol import DataProto
-
-# Prompt tensors produced by the dataset collate; the rollout returns prompt || response versions.
-PROMPT_TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids")
-
-
-def prepare_rollout_batch(batch: DataProto, n: int, step: int | str) -> DataProto:
-    """Give every prompt a ``uid`` (``"<step>-<row>"``, deterministic for resumed runs) and repeat
-    the batch ``n`` times interleaved: rows ``[p0, p0, ..., p1, p1, ...]`` ([B] -> [B * n])."""
-    uids = np.array([f"{step}-{i}" for i in range(len(batch))], dtype=object)
-    batch.non_tensor_batch["uid"] = uids
-    return batch.repeat(repeat_times=n, interleave=True)
-
-
-def split_generation_inputs(batch: DataProto) -> tuple[DataProto, DataProto]:
-    """(inputs for ``generate_sequences``, the rest of the batch).
-
-    The prompt tensors move to the generation batch (the rollout returns full-sequence versions
-    under the same names); the non-tensor columns are shared so the rollout can read e.g.
-    ``raw_prompt``.
-    """
-    tensor_keys = [k for k in PROMPT_TENSOR_KEYS if k in batch.batch.keys()]
-    gen = batch.pop(batch_keys=tensor_keys)
-    gen.non_tensor_batch = dict(batch.non_tensor_batch)
-    return gen, batch
-
-
-def merge_generation_output(batch: DataProto, output: DataProto) -> DataProto:
-    """Add the rollout's tensors (prompts, responses, response_mask, full input_ids, ...) to ``batch``
-    in place; the rollout's per-worker ``metrics`` stay in ``output.meta_info``."""
-    if batch.batch is None:
-        batch.batch = output.batch
-    else:
-        for key in output.batch.keys():
-            batch.batch[key] = output.batch[key]
-    for key, value in output.non_tensor_batch.items():
-        batch.non_tensor_batch.setdefault(key, value)
-    batch.meta_info.update({k: v for k, v in output.meta_info.items() if k != "metrics"})
-    return batch
 
 
 def apply_kl_penalty(data: DataProto, kl_ctrl: Any, kl_penalty: str) -> tuple[DataProto, dict[str, float]]:

@@ -26,11 +26,11 @@ import torch
 
 from hybrid_rl.algorithms import get_kl_controller, masked_mean
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer.core import inputs, metrics as metric_fns, model_facts, worker_groups
-from hybrid_rl.trainer.ppo import learned_reward as reward_model, ops as ppo_ops
+from hybrid_rl.trainer.core import generation, inputs, metrics as metric_fns, model_facts, worker_groups
 from hybrid_rl.trainer.core.checkpoints import estimate_checkpoint_bytes
 from hybrid_rl.trainer.core.loop import TrainerCore
-from hybrid_rl.trainer.core.validation import dataset_batches, generation_meta, run_validation
+from hybrid_rl.trainer.core.validation import dataset_batches, run_validation
+from hybrid_rl.trainer.ppo import learned_reward as reward_model, ops as ppo_ops
 from hybrid_rl.workers.config import update_is_on_policy
 
 logger = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class RayPPOTrainer(TrainerCore):
         cfg = self.config
         self.reward_fn = reward_fn or inputs.build_reward_manager(cfg, self.tokenizer, cfg.reward_model.num_examine)
         self.val_reward_fn = val_reward_fn or inputs.build_reward_manager(cfg, self.tokenizer, num_examine=0)
-        self.remote_rm = inputs.build_remote_reward_model(cfg)  # None unless reward_model.model.path is a URL
+        self.remote_rm = reward_model.build_remote_reward_model(cfg)  # None unless reward_model.model.path is a URL
         self.kl_ctrl_in_reward = get_kl_controller(**asdict(cfg.algorithm.kl_ctrl)) if cfg.algorithm.use_kl_in_reward else None
         # ((body, head) params, peak FLOP/s per worker in the actor's compute dtype, or None)
         self._flops: Optional[tuple[tuple[int, int], Optional[float]]] = None
@@ -154,7 +154,7 @@ class RayPPOTrainer(TrainerCore):
     def _generation_meta(self, validate: bool, step: Optional[int] = None) -> dict[str, Any]:
         """Sampling meta_info; ``step`` (default: the current step) seeds a training batch."""
         step = self.global_steps if step is None else step
-        return generation_meta(self.tokenizer, self.config.trainer.seed, step, validate)
+        return generation.generation_meta(self.tokenizer, self.config.trainer.seed, step, validate)
 
     def generate(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """Repeat each prompt ``rollout.n`` times (shared ``uid``) and sample one response per row."""
@@ -162,12 +162,12 @@ class RayPPOTrainer(TrainerCore):
 
     def generate_batch(self, batch: DataProto, step: int, metrics: dict[str, Any]) -> DataProto:
         """:meth:`generate` for prompt batch number ``step`` (its uids and seed) on :attr:`rollout_wg`."""
-        batch = ppo_ops.prepare_rollout_batch(batch, self.config.actor_rollout_ref.rollout.n, step)
-        gen, rest = ppo_ops.split_generation_inputs(batch)
+        batch = generation.prepare_rollout_batch(batch, self.config.actor_rollout_ref.rollout.n, step)
+        gen, rest = generation.split_generation_inputs(batch)
         gen.meta_info.update(self._generation_meta(validate=False, step=step))
         output = self.rollout_wg.generate_sequences(gen)
         metrics.update(metric_fns.reduce_metrics(output.meta_info.get("metrics", {})))
-        return ppo_ops.merge_generation_output(rest, output)
+        return generation.merge_generation_output(rest, output)
 
     def compute_reward_baseline(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """``reward_baselines`` (an estimator's ``needs_greedy_baseline``, e.g. ReMax): score one greedy
@@ -180,7 +180,7 @@ class RayPPOTrainer(TrainerCore):
                      "position_ids": first.batch["position_ids"][:, :width]},
             non_tensors=dict(first.non_tensor_batch), meta_info=self._generation_meta(validate=False))
         gen.meta_info["do_sample"] = False
-        greedy = ppo_ops.merge_generation_output(
+        greedy = generation.merge_generation_output(
             DataProto(non_tensor_batch=dict(first.non_tensor_batch)), self.actor_rollout_wg.generate_sequences(gen))
         baseline = self.reward_fn(greedy, return_dict=True)["reward_tensor"].sum(-1)  # [B / n]
         batch.batch["reward_baselines"] = baseline.repeat_interleave(n)  # [B]

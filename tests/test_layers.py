@@ -1,0 +1,66 @@
+"""The house's floors: no module imports one from a floor above it, and the trainer's modes are
+siblings (read from the source with ast, imports inside functions included)."""
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "hybrid_rl"
+
+MODES = ("hybrid_rl.trainer.ppo", "hybrid_rl.trainer.sft_trainer", "hybrid_rl.trainer.rm_trainer")
+ENTRY_POINTS = ("hybrid_rl.trainer.main_ppo", "hybrid_rl.trainer.main_sft", "hybrid_rl.trainer.main_rm")
+LOWER_FLOORS = ("hybrid_rl.algorithms", "hybrid_rl.protocol", "hybrid_rl.protocol_utils", "hybrid_rl.schema",
+                "hybrid_rl.utils", "hybrid_rl.data", "hybrid_rl.reward", "hybrid_rl.buffer", "hybrid_rl.agents",
+                "hybrid_rl.single_controller")
+# (importer prefix, what it must never import): each line is one rule of docs/architecture.md
+RULES = [
+    *[(floor, ("hybrid_rl.trainer", "hybrid_rl.studio", "hybrid_rl.eval", "hybrid_rl.debug")) for floor in LOWER_FLOORS],
+    ("hybrid_rl.workers", ("hybrid_rl.trainer", "hybrid_rl.studio")),
+    ("hybrid_rl.trainer.config", (*MODES, *ENTRY_POINTS)),
+    # the schema, its loading and its documentation stand below everything that runs; the checks
+    # (config/checks.py) know the core's vocabulary (resume modes, trackers, single-process blockers)
+    *[(f"hybrid_rl.trainer.config.{m}", ("hybrid_rl.trainer.core",)) for m in ("schema", "loader", "docs")],
+    ("hybrid_rl.trainer.core", (*MODES, *ENTRY_POINTS)),
+    ("hybrid_rl.trainer.ppo", ("hybrid_rl.trainer.sft_trainer", "hybrid_rl.trainer.rm_trainer", *ENTRY_POINTS)),
+    ("hybrid_rl.trainer.sft_trainer", ("hybrid_rl.trainer.ppo", "hybrid_rl.trainer.rm_trainer", *ENTRY_POINTS)),
+    ("hybrid_rl.trainer.rm_trainer", ("hybrid_rl.trainer.ppo", "hybrid_rl.trainer.sft_trainer", *ENTRY_POINTS)),
+]
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    """Every module ``path`` imports; ``from a import b`` counts as ``a.b`` (b may be a submodule)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+MODULES = {_module_name(p): _imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+@pytest.mark.parametrize("importer, forbidden", RULES, ids=[rule[0] for rule in RULES])
+def test_no_import_runs_up_a_floor(importer, forbidden):
+    broken = sorted(f"{module} imports {name}" for module, names in MODULES.items() if _within(module, importer)
+                    for name in names if any(_within(name, f) for f in forbidden))
+    assert not broken, broken
+
+
+def test_the_rules_see_the_modules():
+    """Each rule names modules that exist (a renamed folder must not make a rule vacuous)."""
+    for importer, _ in RULES:
+        assert any(_within(module, importer) for module in MODULES), importer
+    assert "hybrid_rl.trainer.core.loop" in MODULES["hybrid_rl.trainer.ppo.trainer"]
