@@ -26,9 +26,9 @@ from omegaconf import DictConfig
 
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config.loader import CONFIG_DIR, CONFIG_NAME, check_override_keys, get_config, to_ppo_config
-from hybrid_rl.trainer.ppo.preflight import check_agent_config, check_reward_coverage
-from hybrid_rl.trainer.core.single_process import reexec_for_single_process, resolve_single_process
 from hybrid_rl.trainer.config.verl_compat import recommended_setting_notices, verl_default_notices
+from hybrid_rl.trainer.core.single_process import reexec_for_single_process, resolve_single_process
+from hybrid_rl.trainer.ppo.preflight import check_agent_config, check_reward_coverage
 
 logger = logging.getLogger(__name__)
 

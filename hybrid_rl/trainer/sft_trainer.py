@@ -23,8 +23,8 @@ from typing import Any, Optional
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.trainer.core import inputs, metrics as metric_fns, model_facts, worker_groups
 from hybrid_rl.trainer.core.checkpoints import estimate_checkpoint_bytes
-from hybrid_rl.trainer.core.loop import TrainerCore
 from hybrid_rl.trainer.core.generation import generation_meta
+from hybrid_rl.trainer.core.loop import TrainerCore
 from hybrid_rl.trainer.core.validation import dataset_batches, run_validation
 
 __all__ = ["SFTTrainer"]

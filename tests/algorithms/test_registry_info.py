@@ -9,8 +9,8 @@ from hybrid_rl.algorithms import (AdvEstimatorInfo, PolicyLossInfo, adv_estimato
                                   registered_adv_estimators, registered_policy_losses, unregister_adv_est,
                                   unregister_policy_loss)
 from hybrid_rl.algorithms.registry import Registry, first_doc_line
-from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
 from hybrid_rl.trainer.config.checks import make_run_plan, validate_config
+from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
 from hybrid_rl.trainer.config.verl_compat import recommended_setting_notices
 
 USER = "test_only_user_estimator"

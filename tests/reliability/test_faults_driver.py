@@ -16,13 +16,13 @@ from trainer_fakes import FakeActorRollout, FakePool
 
 from hybrid_rl.reward import NaiveRewardManager
 from hybrid_rl.single_controller import WorkerDiedError, WorkerGroupError
-from hybrid_rl.trainer.core.checkpoints import CheckpointSaveError
 from hybrid_rl.trainer.config.loader import get_config
-from hybrid_rl.trainer.core.model_facts import count_model_params
-from hybrid_rl.trainer.core.worker_groups import WorkerGroups
+from hybrid_rl.trainer.core.checkpoints import CheckpointSaveError
 from hybrid_rl.trainer.core.health import HealthMonitor, TrainingHealthError
-from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
+from hybrid_rl.trainer.core.model_facts import count_model_params
 from hybrid_rl.trainer.core.supervisor import run_supervised
+from hybrid_rl.trainer.core.worker_groups import WorkerGroups
+from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
 
 
 class FlakyActor(FakeActorRollout):

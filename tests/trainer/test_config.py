@@ -6,8 +6,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from hybrid_rl.trainer.config import PPOConfig
-from hybrid_rl.trainer.config.loader import CONFIG_DIR, get_config, to_ppo_config
 from hybrid_rl.trainer.config.checks import make_run_plan, validate_config
+from hybrid_rl.trainer.config.loader import CONFIG_DIR, get_config, to_ppo_config
 
 
 @pytest.fixture(autouse=True)

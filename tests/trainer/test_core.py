@@ -11,6 +11,7 @@ from hybrid_rl.trainer.core.loop import TrainerCore
 from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
 from hybrid_rl.trainer.rm_trainer import RMTrainer
 from hybrid_rl.trainer.sft_trainer import SFTTrainer
+from hybrid_rl.utils.testing import build_byte_tokenizer
 
 
 class _Rows(torch.utils.data.Dataset):
@@ -46,6 +47,9 @@ class _Saver:
 
 class SumMode(TrainerCore):
     """A whole mode in a few lines: one step that adds the batch to a sum."""
+
+    def __init__(self, config):
+        super().__init__(config, tokenizer=build_byte_tokenizer())  # no model folder is read
 
     def _datasets(self, train_dataset, val_dataset):
         return _Rows(12), None

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from hybrid_rl.trainer.core.worker_groups import WorkerGroups
 from hybrid_rl.trainer.config.loader import get_config
+from hybrid_rl.trainer.core.worker_groups import WorkerGroups
 from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
 
 from trainer_fakes import FakeActorRollout, FakeCritic, FakePool

@@ -4,8 +4,8 @@ prints the resolved config, and eval/debug check only what they use."""
 import pytest
 
 from hybrid_rl.trainer import main_ppo, main_rm, main_sft
-from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
 from hybrid_rl.trainer.config.checks import validate_config
+from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
 
 
 @pytest.fixture(autouse=True)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
 from hybrid_rl.trainer.config.checks import make_run_plan, validate_config
+from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
 from hybrid_rl.trainer.config.reward_model import check_reward_model, is_remote
 from hybrid_rl.trainer.ppo.learned_reward import combine_scores, rule_scores_wanted, score_metrics
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from hybrid_rl.algorithms import behaviour_weight_stats
 from hybrid_rl.buffer import MemoryBuffer, batch_from_experiences
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.algorithms import behaviour_weight_stats
 from hybrid_rl.trainer.ppo.decoupled import staleness_metrics
 from hybrid_rl.trainer.ppo.producer import ProducerState, RolloutProducer, may_start_batch
 

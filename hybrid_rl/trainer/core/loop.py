@@ -28,14 +28,14 @@ from codetiming import Timer
 
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.single_controller import WorkerDiedError, WorkerGroupError
+from hybrid_rl.trainer.config import PPOConfig
+from hybrid_rl.trainer.config.checks import make_run_plan, resume_point_problems, run_dir, validate_config
+from hybrid_rl.trainer.config.loader import to_container, to_ppo_config
 from hybrid_rl.trainer.core import inputs, metrics as metric_fns, model_facts, worker_groups
 from hybrid_rl.trainer.core.checkpoints import CheckpointManager, capture_rng_state, restore_rng_state
-from hybrid_rl.trainer.config import PPOConfig
-from hybrid_rl.trainer.config.loader import to_container, to_ppo_config
 from hybrid_rl.trainer.core.health import HealthMonitor, memory_hint
 from hybrid_rl.trainer.core.plotting import PLOT_FILE, plot_run
 from hybrid_rl.trainer.core.tracking import ProgressBar, Tracking, as_backend_list
-from hybrid_rl.trainer.config.checks import make_run_plan, resume_point_problems, run_dir, validate_config
 from hybrid_rl.utils import faults
 
 __all__ = ["TrainerCore", "seed_everything", "timed"]

@@ -11,10 +11,10 @@ from typing import Any, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config.checks import RunPlan
-from hybrid_rl.workers.config import CriticConfig
 from hybrid_rl.utils.cpu_env import cpu_worker_env
 from hybrid_rl.utils.log_setup import LOG_DIR_ENV, effective_level, library_env, quiet_in_process_workers
 from hybrid_rl.utils.precision import profile_env
+from hybrid_rl.workers.config import CriticConfig
 
 logger = logging.getLogger(__name__)
 
