@@ -139,14 +139,12 @@ class ModeHelp:
 def mode_help(mode: ModeHelp, cfg: Any) -> str:
     """The mode's own keys with this command line's values and their documentation."""
     from hybrid_rl.trainer.config.docs import field_docs, indented, show_value
+    from hybrid_rl.trainer.config.schema import key_owner
 
     out = [f"usage: python -m hybrid_rl.trainer.{mode.module} [key=value ...] [--cfg job]", "",
            *indented(mode.summary + " The keys it adds (value: this command line's):", ""), ""]
     for key, target in mode.key_map.items():
-        *parents, leaf = target.split(".")
-        owner = cfg
-        for part in parents:
-            owner = getattr(owner, part)
+        owner, leaf = key_owner(cfg, target)
         out.append(f"  {key}={show_value(getattr(owner, leaf))}    (sets {target})")
         out += indented(field_docs(type(owner)).get(leaf, ""), "      ")
     out += ["", *indented("Every key of the RL trainer is accepted as well (python -m hybrid_rl.trainer.main_ppo "

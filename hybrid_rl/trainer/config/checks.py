@@ -13,7 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from hybrid_rl.trainer.config import PPOConfig
+from hybrid_rl.trainer.config.reward_model import is_remote
+from hybrid_rl.trainer.config.schema import PPOConfig
 from hybrid_rl.utils.cpu_env import CPU_ALLOCATORS
 from hybrid_rl.utils.devices import DEVICES, resolve_device
 
@@ -85,17 +86,17 @@ def make_run_plan(cfg: PPOConfig) -> RunPlan:
     cores = cfg.ray_init.num_cpus or os.cpu_count() or 1
     decoupled = cfg.async_training.enable
     per_node = cfg.trainer.n_gpus_per_node + (cfg.rollout.n_gpus_per_node if decoupled else 0)
+    needs = estimator_needs(cfg)
     return RunPlan(
         device=device,
         world_size=world,
-        use_critic=estimator_needs(cfg).needs_critic,
+        use_critic=needs.needs_critic,
         use_reference_policy=cfg.algorithm.use_kl_in_reward or actor.use_kl_loss,
         threads_per_worker=max(1, cores // per_node),
         rollout_world_size=cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node if decoupled else 0,
-        use_reward_model=cfg.reward_model.enable and not str(cfg.reward_model.model.path or "").startswith(
-            ("http://", "https://")),
+        use_reward_model=cfg.reward_model.enable and not is_remote(cfg.reward_model.model.path),
         single_process=cfg.trainer.single_process is True,
-        use_greedy_baseline=estimator_needs(cfg).needs_greedy_baseline,
+        use_greedy_baseline=needs.needs_greedy_baseline,
     )
 
 
@@ -169,12 +170,13 @@ def _check_batch_sizes(cfg: PPOConfig) -> list[str]:
             f"the {world} workers (trainer.nnodes * trainer.n_gpus_per_node); change the batch size or the worker count."
         )
     groups = [("actor_rollout_ref.actor", arr.actor)]
-    if estimator_needs(cfg).needs_critic:
+    needs_critic = estimator_needs(cfg).needs_critic
+    if needs_critic:
         groups.append(("critic", cfg.critic))
     for prefix, group in groups:
         errors.extend(_check_group_batches(prefix, group, data.train_batch_size, n, world))
     errors.extend(_check_token_budgets(cfg, groups))
-    if cfg.critic.rollout_n != n and estimator_needs(cfg).needs_critic:
+    if cfg.critic.rollout_n != n and needs_critic:
         errors.append(
             f"critic.rollout_n={cfg.critic.rollout_n} differs from actor_rollout_ref.rollout.n={n}; "
             "leave critic.rollout_n at its default (${actor_rollout_ref.rollout.n})."

@@ -355,6 +355,14 @@ followed key has by default (a test keeps them equal)."""
 _Group = TypeVar("_Group")
 
 
+def key_owner(config: Any, key: str) -> tuple[Any, str]:
+    """``(the dataclass holding the dotted ``key`` relative to ``config``, the field's name)``."""
+    *parents, leaf = key.split(".")
+    for part in parents:
+        config = getattr(config, part)
+    return config, leaf
+
+
 def _linked(group: str, factory: Callable[[], _Group]) -> Callable[[], _Group]:
     """A default factory for ``group`` whose linked keys hold their ``${...}`` interpolation (resolved
     by OmegaConf: :func:`hybrid_rl.trainer.config.loader.to_ppo_config`)."""
@@ -365,10 +373,7 @@ def _linked(group: str, factory: Callable[[], _Group]) -> Callable[[], _Group]:
             head, _, rest = key.partition(".")
             if head != group:
                 continue
-            *parents, leaf = rest.split(".")
-            owner = node
-            for part in parents:
-                owner = getattr(owner, part)
+            owner, leaf = key_owner(node, rest)
             # after the group's own checks ran on the plain default; the resolved copy is checked again
             object.__setattr__(owner, leaf, "${" + target + "}")
         return node

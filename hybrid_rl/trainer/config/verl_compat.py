@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config.checks import estimator_needs, estimators_where, loss_needs
+from hybrid_rl.trainer.config.schema import PPOConfig, key_owner
 
 __all__ = ["recommended_setting_notices", "verl_default_notices"]
 
@@ -51,10 +51,8 @@ def verl_default_notices(cfg: PPOConfig, overrides: list[str]) -> list[str]:
 
 
 def _value(cfg: PPOConfig, key: str) -> Any:
-    node: Any = cfg
-    for part in key.split("."):
-        node = getattr(node, part)
-    return node
+    owner, leaf = key_owner(cfg, key)
+    return getattr(owner, leaf)
 
 
 def recommended_setting_notices(cfg: PPOConfig, overrides: list[str]) -> list[str]:
