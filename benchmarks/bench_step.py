@@ -195,7 +195,7 @@ def measure_steps(overrides: list[str], warmup: int, peak_size: int = 2048,
              for d in dict.fromkeys(("float32", "bfloat16", dtype))}
     if plan.device == "cuda":
         torch.cuda.empty_cache()  # the driver keeps no matmul buffers on the workers' GPU
-    sizes = model_param_split(trainer.config)
+    sizes = model_param_split(trainer.config.actor_rollout_ref.model)
     rows = trainer.config.data.train_batch_size * trainer.config.actor_rollout_ref.rollout.n
     monitor = RssMonitor()
     wall_s = fit_monitored(trainer, monitor, *monitors)

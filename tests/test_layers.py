@@ -8,8 +8,9 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "hybrid_rl"
 
-MODES = ("hybrid_rl.trainer.ppo", "hybrid_rl.trainer.sft_trainer", "hybrid_rl.trainer.rm_trainer")
-ENTRY_POINTS = ("hybrid_rl.trainer.main_ppo", "hybrid_rl.trainer.main_sft", "hybrid_rl.trainer.main_rm")
+MODES = ("hybrid_rl.trainer.ppo", "hybrid_rl.trainer.sft", "hybrid_rl.trainer.rm")
+ENTRY_POINTS = ("hybrid_rl.trainer.main_ppo", "hybrid_rl.trainer.main_sft", "hybrid_rl.trainer.main_rm",
+                "hybrid_rl.trainer.supervised_cli")
 LOWER_FLOORS = ("hybrid_rl.algorithms", "hybrid_rl.protocol", "hybrid_rl.protocol_utils", "hybrid_rl.schema",
                 "hybrid_rl.utils", "hybrid_rl.data", "hybrid_rl.reward", "hybrid_rl.buffer", "hybrid_rl.agents",
                 "hybrid_rl.single_controller")
@@ -18,13 +19,12 @@ RULES = [
     *[(floor, ("hybrid_rl.trainer", "hybrid_rl.studio", "hybrid_rl.eval", "hybrid_rl.debug")) for floor in LOWER_FLOORS],
     ("hybrid_rl.workers", ("hybrid_rl.trainer", "hybrid_rl.studio")),
     ("hybrid_rl.trainer.config", (*MODES, *ENTRY_POINTS)),
-    # the schema, its loading and its documentation stand below everything that runs; the checks
-    # (config/checks.py) know the core's vocabulary (resume modes, trackers, single-process blockers)
-    *[(f"hybrid_rl.trainer.config.{m}", ("hybrid_rl.trainer.core",)) for m in ("schema", "loader", "docs")],
+    # the schemas, their loading and their documentation stand below everything that runs; the checks
+    # (config/*checks.py) know the core's vocabulary (resume modes, trackers, single-process blockers)
+    *[(f"hybrid_rl.trainer.config.{m}", ("hybrid_rl.trainer.core",))
+      for m in ("schema", "supervised", "loader", "docs")],
     ("hybrid_rl.trainer.core", (*MODES, *ENTRY_POINTS)),
-    ("hybrid_rl.trainer.ppo", ("hybrid_rl.trainer.sft_trainer", "hybrid_rl.trainer.rm_trainer", *ENTRY_POINTS)),
-    ("hybrid_rl.trainer.sft_trainer", ("hybrid_rl.trainer.ppo", "hybrid_rl.trainer.rm_trainer", *ENTRY_POINTS)),
-    ("hybrid_rl.trainer.rm_trainer", ("hybrid_rl.trainer.ppo", "hybrid_rl.trainer.sft_trainer", *ENTRY_POINTS)),
+    *[(mode, (*[m for m in MODES if m != mode], *ENTRY_POINTS)) for mode in MODES],  # modes are siblings
 ]
 
 

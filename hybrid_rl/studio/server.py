@@ -159,6 +159,15 @@ def create_app(hosts: tuple[str, ...] = LOCAL_HOSTS, plugins: tuple[str, ...] = 
     def load(text: str = Body(..., embed=True), kind: str = Body("yaml", embed=True)) -> dict:
         return import_json(text, kind)
 
+    _add_run_routes(app, launcher)
+    app.router.on_shutdown.append(launcher.stop_all)
+    return app
+
+
+def _add_run_routes(app: Any, launcher: RunLauncher) -> None:
+    """Launch, follow and stop runs from the page; watch any run folder."""
+    from fastapi import Body
+
     @app.post("/api/runs")
     def launch(values: dict = Body(..., embed=True)) -> dict:
         typed, errors = checked_values(values)
@@ -190,6 +199,3 @@ def create_app(hosts: tuple[str, ...] = LOCAL_HOSTS, plugins: tuple[str, ...] = 
         if not os.path.isdir(os.path.expanduser(run_dir)):
             return {"error": f"{run_dir} is not a folder; give a run's trainer.default_local_dir"}
         return read_progress(run_dir)
-
-    app.router.on_shutdown.append(launcher.stop_all)
-    return app

@@ -43,7 +43,7 @@ class RewardModelWorker(CriticWorker):
     """One device's reward model: pairwise Bradley-Terry updates and scores.
 
     Args:
-        config: a critic-shaped section (``main_rm`` maps its keys onto ``critic.*``; RL builds one from
+        config: a critic-shaped config (``main_rm`` builds one from its own keys, ``rm_critic_config``; RL from
             ``reward_model.*``); ``ppo_micro_batch_size_per_gpu`` counts pairs per micro-batch.
         total_training_steps: steps of the run, for the LR schedule.
         input_tokenizer: RL: folder of the policy's tokenizer, which decodes responses (None: the

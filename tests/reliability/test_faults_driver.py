@@ -190,7 +190,7 @@ def test_probe_rejects_unwritable_dir_and_full_disk(tmp_path, tiny_model_dir, mo
 
     usage = cm.shutil.disk_usage(tmp_path)
     monkeypatch.setattr(cm.shutil, "disk_usage", lambda path: usage._replace(free=1024))
-    params = count_model_params(get_config(_overrides(tmp_path, tiny_model_dir)))
+    params = count_model_params(get_config(_overrides(tmp_path, tiny_model_dir)).actor_rollout_ref.model)
     need = (params * 12 + 64 * 2**20) / 2**30  # fp32 weights + AdamW moments + tokenizer/config allowance
     with pytest.raises(ValueError, match=rf"has 0.00 GiB free but one checkpoint needs about {need:.2f} GiB"):
         RayPPOTrainer(get_config(_overrides(tmp_path, tiny_model_dir)))

@@ -1,17 +1,36 @@
 """The trainer core is mode-neutral: a mode is its datasets, steps and log line; the loop, cadence,
 checkpoints and resume are the core's. PPO, SFT and RM are siblings on it."""
 
+import dataclasses
 import json
 import os
+from dataclasses import dataclass, field
 
 import torch
 
-from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
+from hybrid_rl.trainer.config import BaseTrainerConfig as TrainerConfig, RayInitConfig
+from hybrid_rl.trainer.config.run_checks import RunPlan, check_trainer, raise_problems, worker_layout
 from hybrid_rl.trainer.core.loop import TrainerCore
 from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
-from hybrid_rl.trainer.rm_trainer import RMTrainer
-from hybrid_rl.trainer.sft_trainer import SFTTrainer
+from hybrid_rl.trainer.rm.trainer import RMTrainer
+from hybrid_rl.trainer.sft.trainer import SFTTrainer
 from hybrid_rl.utils.testing import build_byte_tokenizer
+
+
+@dataclass
+class SumData:
+    train_batch_size: int = 4
+    shuffle: bool = True
+    seed: int = 1
+
+
+@dataclass
+class SumConfig:
+    """A mode's own config: the core reads only ``trainer``, ``ray_init`` and ``data``'s batching."""
+
+    data: SumData = field(default_factory=SumData)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
 
 
 class _Rows(torch.utils.data.Dataset):
@@ -51,6 +70,22 @@ class SumMode(TrainerCore):
     def __init__(self, config):
         super().__init__(config, tokenizer=build_byte_tokenizer())  # no model folder is read
 
+    def _typed_config(self, config):
+        return config
+
+    def check_config(self, training):
+        raise_problems(check_trainer(self.config))
+
+    def make_plan(self):
+        device, world, threads = worker_layout(self.config)
+        return RunPlan(device, world, use_critic=False, use_reference_policy=False, threads_per_worker=threads)
+
+    def _build_tokenizer(self):
+        raise AssertionError("given")
+
+    def _report_precision(self):
+        return "float32"
+
     def _datasets(self, train_dataset, val_dataset):
         return _Rows(12), None
 
@@ -79,11 +114,10 @@ class SumMode(TrainerCore):
         return [("sum", self.group)]
 
 
-def _cfg(run_dir, *extra):
-    return to_ppo_config(get_config([f"trainer.default_local_dir={run_dir}", "data.train_batch_size=4",
-                                     "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.total_training_steps=5",
-                                     "trainer.save_freq=2", "trainer.progress_bar=false", "trainer.plot=false",
-                                     "trainer.logger=[jsonl]", *extra]))
+def _cfg(run_dir, **trainer):
+    settings = dict(default_local_dir=str(run_dir), total_training_steps=5, save_freq=2, progress_bar=False,
+                    plot=False, logger=["jsonl"])
+    return SumConfig(trainer=dataclasses.replace(TrainerConfig(), **{**settings, **trainer}))
 
 
 def test_the_modes_are_siblings_on_the_core():
@@ -100,14 +134,14 @@ def test_a_mode_gets_the_loop_cadence_checkpoints_and_resume(tmp_path):
     assert sorted(os.listdir(tmp_path / "a")) == ["global_step_4", "global_step_5", "latest_checkpointed_iteration.txt",
                                                   "metrics.jsonl"]
     # a run cut after step 2 resumes from its checkpoint and ends where the straight run ended
-    cut = SumMode(_cfg(tmp_path / "b", "trainer.total_training_steps=2"))
+    cut = SumMode(_cfg(tmp_path / "b", total_training_steps=2))
     cut.fit()
     resumed = SumMode(_cfg(tmp_path / "b"))
     assert resumed.fit()["sum"] == last["sum"] and resumed.global_steps == 5
 
 
 def test_the_step_plan_tail_is_the_cadence(tmp_path):
-    mode = SumMode(_cfg(tmp_path, "trainer.test_freq=2"))
+    mode = SumMode(_cfg(tmp_path, test_freq=2))
     mode.global_steps = 2
     assert mode.step_plan() == ["add", "save_checkpoint"]  # no validation data: no validate
     mode.global_steps = 5

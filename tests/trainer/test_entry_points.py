@@ -24,26 +24,42 @@ def test_main_ppo_help_lists_every_key_with_its_value_documentation_and_registry
     assert out.count("\n  trainer.") >= 30 and "[actor_rollout_ref.rollout.val_kwargs]" in out
 
 
-@pytest.mark.parametrize("module, own_key, target", [
-    (main_sft, "optim.lr=1e-05", "actor_rollout_ref.actor.optim.lr"),
-    (main_rm, "data.micro_batch_size_per_gpu=8", "critic.ppo_micro_batch_size_per_gpu"),
+@pytest.mark.parametrize("module, own_keys", [
+    (main_sft, ["  optim.lr=1e-05\n      Peak learning rate.", "  data.response_key=response", "  rollout.n=1"]),
+    (main_rm, ["  data.micro_batch_size_per_gpu=8\n      Pairs per forward/backward", "  data.chosen_key=chosen"]),
 ])
-def test_sft_and_rm_help_list_their_own_keys(module, own_key, target, tmp_path, capsys):
+def test_sft_and_rm_help_list_only_their_own_keys(module, own_keys, tmp_path, capsys):
     module.main(["--help", f"data.arithmetic.cache_dir={tmp_path}"])
     out = capsys.readouterr().out
     assert out.startswith(f"usage: python -m hybrid_rl.trainer.{module.__name__.rsplit('.', 1)[1]}")
-    assert f"  {own_key}    (sets {target})" in out and "main_ppo --help" in out
+    assert all(key in out for key in own_keys), out[:3000]
+    assert "model.partial_pretrain=HuggingFaceTB/SmolLM2-135M-Instruct" in out
+    assert "actor_rollout_ref" not in out and "algorithm." not in out and "critic." not in out  # no PPO keys
     assert not (tmp_path / "checkpoints").exists()  # nothing ran
 
 
 def test_sft_cfg_job_prints_the_resolved_config_and_bad_flags_are_one_line(tmp_path, capsys):
     main_sft.main(["--cfg", "job", "optim.lr=3e-5", f"data.arithmetic.cache_dir={tmp_path}"])
     out = capsys.readouterr().out
-    assert "lr: 3.0e-05" in out and "loss_mode: sft" in out
+    assert "lr: 3.0e-05" in out and "partial_pretrain: HuggingFaceTB/SmolLM2-135M-Instruct" in out
+    assert "response_length: 16" in out and "experiment_name: sft" in out  # resolved: linked keys and defaults
     with pytest.raises(SystemExit) as exit_info:
         main_rm.main(["--verbose"])
     assert exit_info.value.code == 2
     assert "unknown flag(s) ['--verbose']" in capsys.readouterr().err
+
+
+def test_sft_and_rm_read_a_yaml_config_as_main_ppo_does(tmp_path, capsys):
+    """``--config-path DIR --config-name NAME``: the YAML names the mode's schema; the command line wins."""
+    (tmp_path / "my_rm.yaml").write_text("defaults:\n  - rm_trainer_schema\n  - _self_\n"
+                                         "data:\n  chosen_key: better\n  train_batch_size: 4\noptim:\n  lr: 2.0e-05\n")
+    main_rm.main(["--config-path", str(tmp_path), "--config-name", "my_rm", "optim.lr=3e-5", "--cfg", "job"])
+    out = capsys.readouterr().out
+    assert "chosen_key: better" in out and "train_batch_size: 4" in out and "lr: 3.0e-05" in out
+    (tmp_path / "bare.yaml").write_text("data:\n  chosen_key: better\n")
+    with pytest.raises(SystemExit):
+        main_rm.main([f"--config-path={tmp_path}", "--config-name=bare", "--cfg", "job"])
+    assert "does not name its schema" in capsys.readouterr().err
 
 
 def test_eval_and_debug_check_only_what_they_use():

@@ -7,16 +7,23 @@ import shlex
 
 import pytest
 
-from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
+from hybrid_rl.trainer.config.loader import PPO_SCHEMA, RM_SCHEMA, SFT_SCHEMA, get_config, to_typed_config
 
 RECIPES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "recipes", "*", "run.sh")))
 
 
-ENTRIES = ("hybrid_rl.trainer.main_sft", "hybrid_rl.trainer.main_rm", "hybrid_rl.trainer.main_ppo")
+SCHEMAS = {f"hybrid_rl.trainer.{schema.module}": schema for schema in (SFT_SCHEMA, RM_SCHEMA, PPO_SCHEMA)}
+ENTRIES = tuple(SCHEMAS)
+
+
+def compose(entry: str, overrides: list[str]):
+    """The typed config the entry point builds from ``overrides`` (each mode its own schema)."""
+    schema = SCHEMAS[entry]
+    return to_typed_config(get_config(overrides, schema), schema.node)
 
 
 def recipe_commands(path: str) -> list[tuple[str, list[str]]]:
-    """``(trainer module, overrides as the trainer sees them)`` of each training command of a recipe
+    """``(trainer module, its overrides)`` of each training command of a recipe
     (a pipeline recipe runs several), in script order; ``$VAR`` becomes a placeholder path."""
     text = open(path).read().replace("\\\n", " ")
     values = {"NGPUS": "2"}
@@ -27,16 +34,7 @@ def recipe_commands(path: str) -> list[tuple[str, list[str]]]:
             continue
         line = re.sub(r'"\$(\w+)(/[^"]*)?"', lambda m: values.get(m.group(1), f"/placeholder/{m.group(1)}{m.group(2) or ''}"),
                       line)
-        args = [a for a in shlex.split(line.split(entry, 1)[1]) if "=" in a]
-        if entry.endswith("main_sft"):  # veRL's SFT keys, as main_sft translates them
-            from hybrid_rl.trainer.main_sft import sft_overrides
-
-            args = sft_overrides(args)
-        elif entry.endswith("main_rm"):  # the same keys, applied to the reward model
-            from hybrid_rl.trainer.main_rm import rm_overrides
-
-            args = rm_overrides(args)
-        commands.append((entry, args))
+        commands.append((entry, [a for a in shlex.split(line.split(entry, 1)[1]) if "=" in a]))
     return commands
 
 
@@ -53,22 +51,30 @@ def test_there_are_three_recipes():
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: os.path.basename(os.path.dirname(p)))
 def test_recipe_composes(path):
     commands = recipe_commands(path)
-    for _, earlier in commands[:-1]:  # a pipeline's earlier stages
-        to_ppo_config(get_config(earlier))
-    overrides = commands[-1][1]
+    for entry, earlier in commands[:-1]:  # a pipeline's earlier stages
+        compose(entry, earlier)
+    entry, overrides = commands[-1]
     # those two are the default run plus LoRA / plus the decoupled mode
-    assert len(overrides) > (4 if "arithmetic_grpo_lora" in path or "async_arithmetic" in path else 10)
-    cfg = to_ppo_config(get_config(overrides))
+    assert len(overrides) > (4 if "arithmetic_grpo_lora" in path or "async_arithmetic" in path else 7)
+    cfg = compose(entry, overrides)
     if path.endswith("arithmetic_grpo/run.sh"):  # the default run: the recipe must equal the defaults
-        assert cfg == to_ppo_config(get_config([]))
+        assert cfg == compose(entry, [])
     elif "arithmetic_grpo_lora" in path:  # the default run with a LoRA actor
         assert cfg.actor_rollout_ref.model.lora_rank == 32 and cfg.trainer.device == "auto"
-    elif "sft_arithmetic" in path:  # supervised fine-tuning through main_sft
-        assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "sft" and cfg.trainer.total_epochs == 2
-        assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == cfg.data.train_batch_size == 16
-    elif "rm_arithmetic" in path:  # reward-model training through main_rm
-        assert cfg.critic.ppo_mini_batch_size == cfg.data.train_batch_size == 16 and cfg.trainer.total_epochs == 2
-        assert cfg.critic.model.path == cfg.actor_rollout_ref.model.path
+    elif "sft_arithmetic" in path:  # supervised fine-tuning through main_sft (its own config)
+        from hybrid_rl.trainer.config.supervised import sft_actor_config
+
+        actor = sft_actor_config(cfg).actor
+        assert actor.policy_loss.loss_mode == "sft" and cfg.trainer.total_epochs == 2
+        assert actor.ppo_mini_batch_size == cfg.data.train_batch_size == 16
+        return
+    elif "rm_arithmetic" in path:  # reward-model training through main_rm (its own config)
+        from hybrid_rl.trainer.config.supervised import rm_critic_config
+
+        worker = rm_critic_config(cfg)
+        assert worker.ppo_mini_batch_size == cfg.data.train_batch_size == 16 and cfg.trainer.total_epochs == 2
+        assert worker.model.path == cfg.model.partial_pretrain and worker.ppo_micro_batch_size_per_gpu == 8
+        return
     elif "sft_rm_ppo" in path:  # SFT -> reward model -> GRPO with the reward model as the only reward
         assert [e.rsplit(".", 1)[1] for e, _ in commands] == ["main_sft", "main_rm", "main_ppo"]
         rm = cfg.reward_model

@@ -10,27 +10,30 @@ import sys
 import pytest
 import torch
 
-from hybrid_rl.trainer.main_rm import rm_overrides
+from hybrid_rl.trainer.config.supervised import RMConfig, rm_critic_config
+from hybrid_rl.trainer.core.default_task import supervised_data_files
+from hybrid_rl.trainer.main_rm import rm_config
 from tests.trainer.test_e2e import REPO, _weights
 
 
-def test_rm_keys_are_translated(tmp_path):
-    out = rm_overrides(["model.partial_pretrain=/sft", "optim.lr=2e-5", "data.train_batch_size=8",
-                        "data.micro_batch_size_per_gpu=2", "data.train_files=/p.parquet"])
-    assert "critic.model.path=/sft" in out and "actor_rollout_ref.model.path=/sft" in out  # tokenizer follows
-    assert "critic.optim.lr=2e-5" in out and "critic.ppo_micro_batch_size_per_gpu=2" in out
-    assert "critic.ppo_mini_batch_size=8" in out  # one optimizer step per batch of pairs
-    assert "trainer.experiment_name=reward_model" in out and "critic.optim.lr=1e-5" not in out
-    generated = rm_overrides([f"data.arithmetic.cache_dir={tmp_path}"])  # no train files: the arithmetic pairs
-    train = next(o for o in generated if o.startswith("data.train_files=")).split("=", 1)[1]
-    assert os.path.isfile(train) and train.endswith("pairs_train.parquet")
-    assert "critic.ppo_mini_batch_size=16" in generated  # the default data.train_batch_size
+def test_rm_keys_build_the_reward_model_workers_config(tmp_path):
+    cfg = rm_config(["model.partial_pretrain=/sft", "optim.lr=2e-5", "data.train_batch_size=8",
+                     "data.micro_batch_size_per_gpu=2", "data.chosen_key=good"])
+    assert isinstance(cfg, RMConfig) and cfg.trainer.experiment_name == "reward_model" and cfg.data.chosen_key == "good"
+    worker = rm_critic_config(cfg)
+    assert worker.model.path == "/sft" and worker.optim.lr == 2e-5 and worker.ppo_micro_batch_size_per_gpu == 2
+    assert worker.ppo_mini_batch_size == 8 and worker.rollout_n == 1  # one optimizer step per batch of pairs
+    assert rm_config([]).data.micro_batch_size_per_gpu == 8
+    train, val = supervised_data_files(rm_config([f"data.arithmetic.cache_dir={tmp_path}"]).data, "pairs")
+    assert os.path.isfile(train[0]) and train[0].endswith("pairs_train.parquet")
+    with pytest.raises(ValueError, match="Unknown config key 'critic.optim.lr'.*main_rm --help"):  # no PPO keys
+        rm_config(["critic.optim.lr=1e-5"])
 
 
 def _rm(tmp_path, model_dir, run, *extra, env=None):
     args = [f"model.partial_pretrain={model_dir}", f"data.arithmetic.cache_dir={tmp_path}/data",
             "data.arithmetic.num_test=8", "data.train_batch_size=8", "data.micro_batch_size_per_gpu=3",
-            "critic.model.fsdp_config.mixed_precision.param_dtype=float32", "optim.lr=1e-3",
+            "model.fsdp_config.mixed_precision.param_dtype=float32", "optim.lr=1e-3",
             "trainer.total_training_steps=4", "trainer.test_freq=2", "trainer.save_freq=2",
             "trainer.progress_bar=false", f"trainer.default_local_dir={tmp_path}/{run}", "ray_init.num_cpus=2", *extra]
     return subprocess.run([sys.executable, "-m", "hybrid_rl.trainer.main_rm", *args], cwd=tmp_path,

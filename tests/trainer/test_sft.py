@@ -9,31 +9,60 @@ import sys
 import pytest
 import torch
 
-from hybrid_rl.trainer.main_sft import sft_overrides
+from hybrid_rl.trainer.config.supervised import SFTConfig, sft_actor_config
+from hybrid_rl.trainer.config.supervised_checks import validate_sft_config
+from hybrid_rl.trainer.core.default_task import supervised_data_files
+from hybrid_rl.trainer.main_sft import sft_config
 from tests.trainer.test_e2e import REPO, _weights
 
 
-def test_verl_sft_keys_are_translated(tmp_path):
-    out = sft_overrides(["model.partial_pretrain=/m", "optim.lr=2e-5", "data.train_batch_size=8",
-                         "data.micro_batch_size_per_gpu=2", "data.train_files=/t.parquet", "trainer.total_epochs=3"])
-    assert "actor_rollout_ref.model.path=/m" in out and "actor_rollout_ref.actor.optim.lr=2e-5" in out
-    assert "actor_rollout_ref.actor.ppo_mini_batch_size=8" in out  # one optimizer step per batch
-    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2" in out
-    assert "actor_rollout_ref.actor.policy_loss.loss_mode=sft" in out and "trainer.total_epochs=3" in out
-    assert "trainer.total_epochs=1" not in out and "trainer.experiment_name=sft" in out  # defaults unless given
-    generated = sft_overrides([f"data.arithmetic.cache_dir={tmp_path}"])  # no train files: the arithmetic SFT data
-    train = next(o for o in generated if o.startswith("data.train_files=")).split("=", 1)[1]
-    assert os.path.isfile(train) and train.endswith("sft_train.parquet")
-    with pytest.raises(ValueError, match="write key=value"):
-        sft_overrides(["optim.lr"])
+def test_verl_sft_keys_build_the_actor_workers_config(tmp_path):
+    cfg = sft_config(["model.partial_pretrain=/m", "optim.lr=2e-5", "data.train_batch_size=8",
+                      "data.micro_batch_size_per_gpu=2", "data.use_dynamic_bsz=false", "trainer.total_epochs=3",
+                      "model.lora_rank=8", "optim.clip_grad=0.5"])
+    assert isinstance(cfg, SFTConfig) and cfg.trainer.total_epochs == 3 and cfg.trainer.experiment_name == "sft"
+    arr = sft_actor_config(cfg)
+    assert arr.model.path == "/m" and arr.model.lora_rank == 8 and arr.actor.optim.lr == 2e-5
+    assert arr.actor.ppo_mini_batch_size == 8  # one optimizer step per batch
+    assert arr.actor.ppo_micro_batch_size_per_gpu == 2 and not arr.actor.use_dynamic_bsz and arr.actor.grad_clip == 0.5
+    assert arr.actor.policy_loss.loss_mode == "sft" and not arr.actor.use_kl_loss and arr.rollout.n == 1
+    assert cfg.rollout.response_length == cfg.data.max_response_length == 16  # the held-out answers' length follows
+    train, val = supervised_data_files(sft_config([f"data.arithmetic.cache_dir={tmp_path}"]).data, "sft")
+    assert os.path.isfile(train[0]) and train[0].endswith("sft_train.parquet") and val[0].endswith("sft_test.parquet")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["optim.lr"], "write key=value"),
+    (["actor_rollout_ref.actor.optim.lr=1e-5"], "Unknown config key 'actor_rollout_ref.actor.optim.lr'"),
+    (["algorithm.adv_estimator=grpo"], "Unknown config key 'algorithm.adv_estimator'"),  # no PPO keys in SFT
+    (["data.respone_key=a"], "Did you mean 'data.response_key'"),
+])
+def test_sft_command_line_mistakes_are_one_line(overrides, message):
+    from hybrid_rl.trainer.main_sft import SFT_MODE
+    from hybrid_rl.trainer.supervised_cli import _parse, compose
+
+    with pytest.raises(ValueError, match=message):
+        compose(SFT_MODE, _parse(overrides)[0])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["rollout.n=4"], r"rollout.n=4: SFT samples no responses"),
+    (["data.max_token_len_per_gpu=512"], r"data.max_token_len_per_gpu=512 is smaller than one conversation"),
+    (["data.truncation=middle"], r"data.truncation='middle' must be one of"),
+    (["trainer.n_gpus_per_node=2", "ray_init.num_cpus=2", "data.train_batch_size=3"],
+     r"data.train_batch_size=3 must be a positive multiple of the 2 workers"),
+    (["rollout.response_length=8"], r"rollout.response_length=8 differs from data.max_response_length=16"),
+])
+def test_sft_checks_name_its_own_keys(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        validate_sft_config(sft_config(overrides))
 
 
 def _sft(tmp_path, model_dir, run, *extra, env=None):
     args = [f"model.partial_pretrain={model_dir}", f"data.arithmetic.cache_dir={tmp_path}/data",
             "data.arithmetic.num_test=8", "data.max_prompt_length=160", "data.max_response_length=8",
-            "data.train_batch_size=8", "data.micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.name=hf",
-            "actor_rollout_ref.rollout.dtype=float32",
-            "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=float32", "optim.lr=1e-3",
+            "data.train_batch_size=8", "data.micro_batch_size_per_gpu=4", "rollout.name=hf", "rollout.dtype=float32",
+            "model.fsdp_config.mixed_precision.param_dtype=float32", "optim.lr=1e-3",
             "trainer.total_training_steps=4", "trainer.test_freq=2", "trainer.save_freq=2",
             "trainer.val_before_train=true", "trainer.progress_bar=false", f"trainer.default_local_dir={tmp_path}/{run}",
             "ray_init.num_cpus=2", *extra]

@@ -1,11 +1,12 @@
-"""The trainer's configuration: the typed schema (every key, default and docstring: :mod:`.schema`),
-its Hydra composition (:mod:`.loader`, over ``ppo_trainer.yaml``, which holds Hydra's settings only),
-the checks and derived run plan (:mod:`.checks`), the ``--help`` text (:mod:`.docs`) and the veRL
-notices (:mod:`.verl_compat`). The schema's classes are importable from here."""
+"""The trainer's configuration: the typed schemas (every key, default and docstring: PPO's
+:mod:`.schema`, SFT's and reward-model training's :mod:`.supervised`), their Hydra composition
+(:mod:`.loader`, over ``ppo_trainer.yaml`` / ``sft_trainer.yaml`` / ``rm_trainer.yaml``, which hold
+Hydra's settings only), the checks every mode shares (:mod:`.run_checks`), PPO's checks and run plan
+(:mod:`.checks`), the supervised modes' (:mod:`.supervised_checks`), the ``--help`` text
+(:mod:`.docs`) and the veRL notices (:mod:`.verl_compat`). The schemas' classes are importable from here."""
 
 from hybrid_rl.trainer.config.schema import (
     ArithmeticDataConfig,
-    MultiturnDataConfig,
     DataConfig,
     KLCtrlConfig,
     AlgorithmConfig,
@@ -13,16 +14,21 @@ from hybrid_rl.trainer.config.schema import (
     RewardModelModelConfig,
     RewardModelConfig,
     RayInitConfig,
+    BaseTrainerConfig,
     TrainerConfig,
     RolloutPoolConfig,
     AsyncTrainingConfig,
     PPOConfig,
     LINKED_DEFAULTS,
 )
+from hybrid_rl.trainer.config.supervised import (
+    MultiturnDataConfig,
+    SFTConfig,
+    RMConfig,
+)
 
 __all__ = [
     "ArithmeticDataConfig",
-    "MultiturnDataConfig",
     "DataConfig",
     "KLCtrlConfig",
     "AlgorithmConfig",
@@ -30,9 +36,12 @@ __all__ = [
     "RewardModelModelConfig",
     "RewardModelConfig",
     "RayInitConfig",
+    "BaseTrainerConfig",
     "TrainerConfig",
     "RolloutPoolConfig",
     "AsyncTrainingConfig",
     "PPOConfig",
     "LINKED_DEFAULTS",
+    "SFTConfig",
+    "RMConfig",
 ]

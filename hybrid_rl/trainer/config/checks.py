@@ -1,6 +1,7 @@
-"""One validation pass over the composed config, and the values derived from it.
+"""One validation pass over the composed PPO config, and the values derived from it.
 
-:func:`validate_config` checks what no single group can check alone (batch sizes against the
+:func:`validate_config` starts from the checks every mode shares (:mod:`hybrid_rl.trainer.config.run_checks`)
+and checks what no single group can check alone (batch sizes against the
 number of workers, ``rollout.n`` against the estimator, a critic for GAE, files on disk, ...).
 Every problem is one line naming the keys, their values and the fix; all problems are reported
 together in one ``ValueError``. Derived values go into :class:`RunPlan`; the config is never
@@ -10,55 +11,20 @@ rewritten.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable
 
 from hybrid_rl.trainer.config.reward_model import is_remote
+from hybrid_rl.trainer.config.run_checks import (RunPlan, as_file_list, check_data_files, check_devices,
+                                                 check_model_path, check_resume, check_trainer, raise_problems,
+                                                 run_dir, worker_layout, world_size_problems)
 from hybrid_rl.trainer.config.schema import PPOConfig
-from hybrid_rl.utils.cpu_env import CPU_ALLOCATORS
 from hybrid_rl.utils.devices import DEVICES, resolve_device
+
+__all__ = ["RunPlan", "as_file_list", "estimator_needs", "estimators_where", "loss_needs", "make_run_plan",
+           "resume_point_problems", "run_dir", "validate_config"]
 
 if TYPE_CHECKING:
     from hybrid_rl.algorithms import AdvEstimatorInfo, PolicyLossInfo
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """Values derived once from the config (never written back into it)."""
-
-    device: str
-    """Resolved device: cpu or cuda."""
-    world_size: int
-    """Data-parallel workers = nnodes * n_gpus_per_node."""
-    use_critic: bool
-    """A critic is trained (GAE)."""
-    use_reference_policy: bool
-    """The reference policy is needed (KL in reward or KL loss)."""
-    threads_per_worker: int
-    """CPU threads each worker process uses (cores split evenly among workers)."""
-    rollout_world_size: int = 0
-    """Decoupled mode: rollout workers in their own pool (rollout.nnodes * n_gpus_per_node); 0 = colocated."""
-    use_reward_model: bool = False
-    """A colocated reward-model worker scores responses (reward_model.enable with a local model)."""
-    single_process: bool = False
-    """The one worker lives in the driver's process (``trainer.single_process``), not in a Ray actor."""
-    use_greedy_baseline: bool = False
-    """Each step also generates and scores one greedy response per prompt (the estimator's
-    ``needs_greedy_baseline``)."""
-
-
-def as_file_list(files: Any) -> list[str]:
-    """``data.train_files`` as a list: veRL accepts a single path or a list of paths."""
-    if files is None:
-        return []
-    if isinstance(files, (str, os.PathLike)):
-        return [os.fspath(files)]
-    return [os.fspath(f) for f in files]
-
-
-def run_dir(cfg: PPOConfig) -> str:
-    """Absolute run folder (``trainer.default_local_dir``): checkpoints, metrics, plot, logs/."""
-    return os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
 
 
 def estimator_needs(cfg: PPOConfig) -> "AdvEstimatorInfo":
@@ -80,19 +46,17 @@ def loss_needs(cfg: PPOConfig) -> "PolicyLossInfo":
 
 def make_run_plan(cfg: PPOConfig) -> RunPlan:
     """Derived values (call after :func:`validate_config`)."""
-    device = resolve_device(cfg.trainer.device)
-    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     actor = cfg.actor_rollout_ref.actor
-    cores = cfg.ray_init.num_cpus or os.cpu_count() or 1
     decoupled = cfg.async_training.enable
     per_node = cfg.trainer.n_gpus_per_node + (cfg.rollout.n_gpus_per_node if decoupled else 0)
+    device, world, threads = worker_layout(cfg, per_node)
     needs = estimator_needs(cfg)
     return RunPlan(
         device=device,
         world_size=world,
         use_critic=needs.needs_critic,
         use_reference_policy=cfg.algorithm.use_kl_in_reward or actor.use_kl_loss,
-        threads_per_worker=max(1, cores // per_node),
+        threads_per_worker=threads,
         rollout_world_size=cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node if decoupled else 0,
         use_reward_model=cfg.reward_model.enable and not is_remote(cfg.reward_model.model.path),
         single_process=cfg.trainer.single_process is True,
@@ -110,39 +74,25 @@ def validate_config(cfg: PPOConfig, *, training: bool = True) -> None:
               _check_async] + ([_check_batch_sizes, _check_resume] if training else [])
     for check in checks:
         errors.extend(check(cfg))
-    if len(errors) == 1:
-        raise ValueError(errors[0])
-    if errors:
-        raise ValueError(f"{len(errors)} config problems:\n" + "\n".join(f"- {e}" for e in errors))
+    raise_problems(errors)
+
+
+def _check_trainer(cfg: PPOConfig) -> list[str]:
+    """The core's ``trainer.*`` checks, and RL's own checkpoint key."""
+    t, errors = cfg.trainer, check_trainer(cfg)
+    if t.max_critic_ckpt_to_keep not in (None, t.max_actor_ckpt_to_keep):
+        errors.append(
+            f"trainer.max_critic_ckpt_to_keep={t.max_critic_ckpt_to_keep} differs from trainer.max_actor_ckpt_to_keep="
+            f"{t.max_actor_ckpt_to_keep}: actor and critic share one step folder; set it to null."
+        )
+    return errors
 
 
 def _check_devices(cfg: PPOConfig) -> list[str]:
-    import torch
-
-    t = cfg.trainer
-    if t.device not in DEVICES:
-        return [f"trainer.device={t.device!r} is not one of {DEVICES}; set trainer.device=auto."]
-    errors = []
-    if t.nnodes < 1 or t.n_gpus_per_node < 1:
-        errors.append(
-            f"trainer.nnodes={t.nnodes} and trainer.n_gpus_per_node={t.n_gpus_per_node} must both be >= 1."
-        )
-    device = resolve_device(t.device)
-    if t.device == "cuda" and not torch.cuda.is_available():
-        errors.append("trainer.device=cuda but no CUDA device is visible; set trainer.device=cpu (or auto).")
-    elif device == "cuda" and t.nnodes == 1 and t.n_gpus_per_node > torch.cuda.device_count():
-        errors.append(
-            f"trainer.n_gpus_per_node={t.n_gpus_per_node} but this machine has {torch.cuda.device_count()} GPUs; "
-            "lower trainer.n_gpus_per_node."
-        )
-    elif device == "cpu" and t.nnodes == 1 and t.n_gpus_per_node > (cfg.ray_init.num_cpus or os.cpu_count() or 1):
-        cores = cfg.ray_init.num_cpus or os.cpu_count()
-        errors.append(
-            f"trainer.n_gpus_per_node={t.n_gpus_per_node} CPU workers but only {cores} cores are available "
-            "(ray_init.num_cpus / os.cpu_count()); lower trainer.n_gpus_per_node to at most the core count."
-        )
-    tp = getattr(cfg.actor_rollout_ref.rollout, "tensor_model_parallel_size", 1)
-    if tp > 1 and t.n_gpus_per_node % tp != 0:
+    """The shared device checks, and the rollout's tensor parallelism against the workers."""
+    errors = check_devices(cfg)
+    t, tp = cfg.trainer, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+    if t.device in DEVICES and tp > 1 and t.n_gpus_per_node % tp != 0:
         errors.append(
             f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide "
             f"trainer.n_gpus_per_node={t.n_gpus_per_node}; change one of them."
@@ -293,7 +243,7 @@ def _check_estimator(cfg: PPOConfig) -> list[str]:
             f"critic; set trainer.critic_warmup=0 or an estimator with a critic ({estimators_where(lambda i: i.needs_critic)})."
         )
     if needs.needs_critic:
-        errors.extend(_check_model_path("critic.model.path", cfg.critic.model.path))
+        errors.extend(check_model_path("critic.model.path", cfg.critic.model.path))
     return errors
 
 
@@ -311,90 +261,13 @@ def _check_policy_loss(cfg: PPOConfig) -> list[str]:
     return []
 
 
-def _check_model_path(key: str, path: str, trust_remote_code: Optional[bool] = None) -> list[str]:
-    """A local HF folder or the embedded model id; with ``trust_remote_code`` given, also a causal LM."""
-    from hybrid_rl.workers.model_loader import EMBEDDED_MODEL_ID, causal_lm_problem
-
-    if not path:
-        return [f"{key} is empty; set it to a local HF model folder or {EMBEDDED_MODEL_ID!r} (a critic usually "
-                "starts from the actor's model path)."]
-    if path == EMBEDDED_MODEL_ID:
-        return []
-    local = os.path.expanduser(path)
-    if not os.path.isfile(os.path.join(local, "config.json")):
-        return [f"{key}={path!r} is not a local HF model folder (no config.json) nor {EMBEDDED_MODEL_ID!r}; fix the path."]
-    problem = None if trust_remote_code is None else causal_lm_problem(local, key, trust_remote_code)
-    return [problem] if problem else []
-
-
 def _check_files(cfg: PPOConfig) -> list[str]:
-    errors = []
-    for key, files in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
-        for path in as_file_list(files):
-            if not os.path.isfile(os.path.expanduser(path)):
-                errors.append(f"{key}: file {path!r} does not exist; fix the path or leave {key} unset.")
-    if cfg.data.train_files is None and cfg.data.val_files is not None:
-        errors.append(
-            "data.val_files is set but data.train_files is not (the built-in arithmetic task is used); "
-            "set both, or neither."
-        )
+    errors = check_data_files(cfg.data)
     model = cfg.actor_rollout_ref.model
-    errors.extend(_check_model_path("actor_rollout_ref.model.path", model.path, model.trust_remote_code))
+    errors.extend(check_model_path("actor_rollout_ref.model.path", model.path, model.trust_remote_code))
     path = cfg.custom_reward_function.path
     if path is not None and not os.path.isfile(os.path.expanduser(path)):
         errors.append(f"custom_reward_function.path={path!r} does not exist; point it at a .py file or set it to null.")
-    return errors
-
-
-def _check_trainer(cfg: PPOConfig) -> list[str]:
-    from hybrid_rl.trainer.core.checkpoints import RESUME_MODES
-    from hybrid_rl.trainer.core.tracking import as_backend_list, check_backends
-    from hybrid_rl.utils.log_setup import LOG_LEVELS
-
-    t = cfg.trainer
-    if not isinstance(t.logger, str) and not all(isinstance(b, str) for b in t.logger or []):
-        return [f"trainer.logger={t.logger!r} must be a tracker name or a list of them, e.g. "
-                "trainer.logger=console or trainer.logger=[console,jsonl]."]
-    errors = check_backends(as_backend_list(t.logger))
-    if t.use_legacy_worker_impl not in ("auto", "enable"):
-        errors.append(f"trainer.use_legacy_worker_impl={t.use_legacy_worker_impl!r} asks for veRL's new engine "
-                      "workers, which hybrid_rl does not have; set it to auto (or enable).")
-    if t.cpu_allocator not in CPU_ALLOCATORS:
-        errors.append(f"trainer.cpu_allocator={t.cpu_allocator!r} must be one of {CPU_ALLOCATORS}; use auto "
-                      "(jemalloc where Ray ships it), glibc or jemalloc.")
-    if t.single_process not in (None, True, False):
-        errors.append(f"trainer.single_process={t.single_process!r} must be true, false or null (auto).")
-    elif t.single_process:
-        from hybrid_rl.trainer.core.single_process import single_process_blockers
-
-        blockers = single_process_blockers(cfg, resolve_device(t.device) if t.device in DEVICES else None)
-        if blockers:
-            errors.append(f"trainer.single_process=true cannot host {'; '.join(blockers)}: these need the workers "
-                          "in Ray processes. Set trainer.single_process=false (or null to choose automatically).")
-    if t.log_level.lower() not in LOG_LEVELS:
-        errors.append(f"trainer.log_level={t.log_level!r} must be one of {LOG_LEVELS}; use info (quiet console) "
-                      "or debug (everything).")
-    if t.total_training_steps is not None and t.total_training_steps < 1:
-        errors.append(f"trainer.total_training_steps={t.total_training_steps} must be >= 1 or null.")
-    if t.total_epochs < 1:
-        errors.append(f"trainer.total_epochs={t.total_epochs} must be >= 1.")
-    for key in ("save_freq", "test_freq"):
-        value = getattr(t, key)
-        if value == 0 or value < -1:
-            errors.append(f"trainer.{key}={value} must be a positive number of steps or -1 (never).")
-    if t.worker_call_timeout_s is not None and t.worker_call_timeout_s <= 0:
-        errors.append(f"trainer.worker_call_timeout_s={t.worker_call_timeout_s} must be > 0 seconds or null.")
-    if t.resume_mode not in RESUME_MODES:
-        errors.append(f"trainer.resume_mode={t.resume_mode!r} must be one of {RESUME_MODES}.")
-    elif t.resume_mode == "resume_path" and not t.resume_from_path:
-        errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<.../global_step_N>.")
-    if t.max_actor_ckpt_to_keep is not None and t.max_actor_ckpt_to_keep < 1:
-        errors.append(f"trainer.max_actor_ckpt_to_keep={t.max_actor_ckpt_to_keep} must be >= 1 or null (keep all).")
-    if t.max_critic_ckpt_to_keep not in (None, t.max_actor_ckpt_to_keep):
-        errors.append(
-            f"trainer.max_critic_ckpt_to_keep={t.max_critic_ckpt_to_keep} differs from trainer.max_actor_ckpt_to_keep="
-            f"{t.max_actor_ckpt_to_keep}: actor and critic share one step folder; set it to null."
-        )
     return errors
 
 
@@ -412,32 +285,13 @@ def _check_reward(cfg: PPOConfig) -> list[str]:
 
 def _check_resume(cfg: PPOConfig) -> list[str]:
     """The checkpoint a resume would load exists, is complete and fits this run (checked before Ray starts)."""
-    from hybrid_rl.trainer.core.checkpoints import RESUME_MODES, CheckpointManager
-
-    t = cfg.trainer
-    if t.resume_mode not in RESUME_MODES or (t.resume_mode == "resume_path" and not t.resume_from_path):
-        return []  # reported by _check_trainer
-    try:
-        point = CheckpointManager(t.default_local_dir).resolve_resume(t.resume_mode, t.resume_from_path)
-    except (ValueError, OSError) as error:
-        return [f"{error} (trainer.resume_mode={t.resume_mode})"]
-    return [] if point is None else resume_point_problems(cfg, point)
+    return check_resume(cfg, resume_point_problems)
 
 
 def resume_point_problems(cfg: PPOConfig, point: Any) -> list[str]:
     """Why ``point`` (a :class:`~hybrid_rl.trainer.core.checkpoints.ResumePoint`) cannot be
     loaded by this run: a different worker count, or no critic for GAE. Empty if it fits."""
-    t = cfg.trainer
-    errors = []
-    saved, world = point.state.get("world_size"), t.nnodes * t.n_gpus_per_node
-    if saved is not None and saved != world:
-        errors.append(
-            f"cannot resume from {point.step_dir}: it was saved by {saved} workers but this run has {world} "
-            f"(trainer.nnodes={t.nnodes} * trainer.n_gpus_per_node={t.n_gpus_per_node}). Each worker saved its own "
-            f"shard of the weights and optimizer state and its own RNG stream, so they only reload on {saved} "
-            f"workers: set trainer.n_gpus_per_node so that nnodes * n_gpus_per_node = {saved}, or start fresh "
-            "with trainer.resume_mode=disable (or another trainer.default_local_dir)."
-        )
+    errors = world_size_problems(cfg, point)
     if estimator_needs(cfg).needs_critic and not os.path.isdir(os.path.join(point.step_dir, "critic")):
         errors.append(
             f"cannot resume from {point.step_dir}: it has no critic/ folder but algorithm.adv_estimator="

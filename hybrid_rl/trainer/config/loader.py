@@ -1,8 +1,10 @@
-"""Hydra composition of ``config/ppo_trainer.yaml`` over the typed :class:`PPOConfig` schema.
+"""Hydra composition of each entry point's YAML over its typed schema.
 
-The dataclass is registered as the Hydra schema ``ppo_trainer_schema``; the YAML lists it first in
-its defaults, so every key of the YAML and of the command line must exist in the dataclasses and
-have the right type. Before Hydra runs, :func:`check_override_keys` turns a misspelt key into a
+``main_ppo`` composes ``config/ppo_trainer.yaml`` over :class:`PPOConfig`, ``main_sft``
+``sft_trainer.yaml`` over :class:`SFTConfig`, ``main_rm`` ``rm_trainer.yaml`` over :class:`RMConfig`
+(:class:`ConfigSchema`). Each dataclass is registered as a Hydra schema (``ppo_trainer_schema``, ...)
+that its YAML lists first in its defaults, so every key of the YAML and of the command line must
+exist in the dataclasses and have the right type. Before Hydra runs, :func:`check_override_keys` turns a misspelt key into a
 one-line error that names the nearest valid key (Hydra's own message does not).
 """
 
@@ -11,19 +13,43 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-from typing import Any, Iterable, Union
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Union
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from hybrid_rl.trainer.config import PPOConfig
+from hybrid_rl.trainer.config.schema import PPOConfig
+from hybrid_rl.trainer.config.supervised import RMConfig, SFTConfig
 
-# The YAML sits in this package, beside the dataclasses (schema.py).
+# The YAMLs sit in this package, beside the dataclasses (schema.py, supervised.py).
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
-CONFIG_NAME = "ppo_trainer"
-SCHEMA_NAME = "ppo_trainer_schema"
 
-ConfigStore.instance().store(name=SCHEMA_NAME, node=PPOConfig)
+
+@dataclass(frozen=True)
+class ConfigSchema:
+    """One entry point's config: the YAML it composes and the dataclass under it."""
+
+    config_name: str
+    """The YAML's name in this package (``ppo_trainer`` = ``ppo_trainer.yaml``)."""
+    node: type
+    """The dataclass holding every key, its default and its documentation."""
+    module: str
+    """The entry point's module under ``hybrid_rl.trainer`` (named in messages)."""
+
+    @property
+    def schema_name(self) -> str:
+        """The name the dataclass is registered under in Hydra's ConfigStore (a YAML's defaults list it)."""
+        return f"{self.config_name}_schema"
+
+
+PPO_SCHEMA = ConfigSchema("ppo_trainer", PPOConfig, "main_ppo")
+SFT_SCHEMA = ConfigSchema("sft_trainer", SFTConfig, "main_sft")
+RM_SCHEMA = ConfigSchema("rm_trainer", RMConfig, "main_rm")
+CONFIG_NAME, SCHEMA_NAME = PPO_SCHEMA.config_name, PPO_SCHEMA.schema_name
+
+for _schema in (PPO_SCHEMA, SFT_SCHEMA, RM_SCHEMA):
+    ConfigStore.instance().store(name=_schema.schema_name, node=_schema.node)
 
 
 def _valid_keys(node: Any, prefix: str = "") -> tuple[set[str], set[str]]:
@@ -43,7 +69,7 @@ def _valid_keys(node: Any, prefix: str = "") -> tuple[set[str], set[str]]:
     return keys, open_dicts
 
 
-def unknown_key_message(key: str, valid: Iterable[str]) -> str:
+def unknown_key_message(key: str, valid: Iterable[str], module: str = "main_ppo") -> str:
     """'Unknown config key ...; did you mean ...?' with the nearest valid key (difflib)."""
     # Never suggest a group that contains the key ('data' for 'data.foo').
     valid = sorted(k for k in valid if not key.startswith(k + "."))
@@ -56,16 +82,16 @@ def unknown_key_message(key: str, valid: Iterable[str]) -> str:
     hint = f" Did you mean '{match[0]}'?" if match else ""
     return (
         f"Unknown config key '{key}'.{hint} All keys are listed in "
-        "python -m hybrid_rl.trainer.main_ppo --help (documented in hybrid_rl/trainer/config/schema.py)."
+        f"python -m hybrid_rl.trainer.{module} --help (documented in hybrid_rl/trainer/config/)."
     )
 
 
-def check_override_keys(overrides: list[str]) -> None:
-    """Raise ValueError for the first override whose key is not in the schema."""
+def check_override_keys(overrides: list[str], schema: ConfigSchema = PPO_SCHEMA) -> None:
+    """Raise ValueError for the first override whose key is not in ``schema``."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
-    valid, open_dicts = _valid_keys(OmegaConf.structured(PPOConfig))
+    valid, open_dicts = _valid_keys(OmegaConf.structured(schema.node))
     parser = OverridesParser.create()
     for text in overrides:
         try:
@@ -80,28 +106,31 @@ def check_override_keys(overrides: list[str]) -> None:
             continue
         if key in valid or any(key.startswith(d + ".") for d in open_dicts):
             continue
-        raise ValueError(unknown_key_message(key, valid))
+        raise ValueError(unknown_key_message(key, valid, schema.module))
 
 
-def get_config(overrides: list[str] | None = None) -> DictConfig:
-    """Compose the trainer config like ``python -m hybrid_rl.trainer.main_ppo <overrides>``.
+def get_config(overrides: list[str] | None = None, schema: ConfigSchema = PPO_SCHEMA,
+               config_dir: Optional[str] = None, config_name: Optional[str] = None) -> DictConfig:
+    """Compose the config like ``python -m hybrid_rl.trainer.<schema.module> <overrides>`` (by
+    default ``main_ppo``'s); ``config_dir`` / ``config_name``: a user's YAML instead of the package's
+    (``--config-path`` / ``--config-name``; its defaults list the schema, e.g. ``sft_trainer_schema``).
 
     Returns a typed DictConfig (assigning an unknown key or a wrong type raises). Pass it to
-    :func:`hybrid_rl.trainer.run_ppo` or :func:`to_ppo_config`.
+    :func:`hybrid_rl.trainer.run_ppo` or :func:`to_typed_config`.
     """
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     overrides = list(overrides or [])
-    check_override_keys(overrides)
+    check_override_keys(overrides, schema)
     if GlobalHydra.instance().is_initialized():
         # Inside a Hydra app (or a notebook that used hydra before): compose in a fresh context.
         GlobalHydra.instance().clear()
     from hydra.errors import ConfigCompositionException
 
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+    with initialize_config_dir(config_dir=os.path.abspath(config_dir or CONFIG_DIR), version_base="1.3"):
         try:
-            cfg = compose(config_name=CONFIG_NAME, overrides=overrides)
+            cfg = compose(config_name=config_name or schema.config_name, overrides=overrides)
         except ConfigCompositionException as e:
             raise ValueError(composition_error_message(e)) from None
     return cfg
@@ -123,15 +152,27 @@ def to_ppo_config(cfg: Union[DictConfig, PPOConfig]) -> PPOConfig:
     """The typed :class:`PPOConfig` of ``cfg`` (interpolations resolved, group checks run). A
     :class:`PPOConfig` built in Python is resolved the same way (its linked keys follow the keys
     they name, as on the command line)."""
-    if isinstance(cfg, PPOConfig):
+    return to_typed_config(cfg, PPOConfig)
+
+
+def to_typed_config(cfg: Any, cls: type) -> Any:
+    """The typed ``cls`` instance of ``cfg`` (a DictConfig composed over ``cls``'s schema, or a
+    ``cls`` built in Python): interpolations resolved, group checks run."""
+    if isinstance(cfg, cls):
         return cfg if _is_resolved(cfg) else OmegaConf.to_object(OmegaConf.structured(cfg))
-    if not isinstance(cfg, DictConfig):
-        raise TypeError(f"expected a DictConfig from get_config() or a PPOConfig, got {type(cfg).__name__}")
+    if not isinstance(cfg, DictConfig) or OmegaConf.get_type(cfg) not in (cls, dict):
+        raise TypeError(f"expected a DictConfig from get_config() or a {cls.__name__}, got {type(cfg).__name__}"
+                        + (f" of {OmegaConf.get_type(cfg).__name__}" if isinstance(cfg, DictConfig) else ""))
     cfg = cfg.copy()
     if "hydra" in cfg:
         with _open(cfg):
             cfg.pop("hydra")
-    return OmegaConf.to_object(cfg)
+    typed = OmegaConf.to_object(cfg)
+    if not isinstance(typed, cls):
+        raise ValueError(f"the YAML config does not name its schema, so its keys are not checked as {cls.__name__}'s: "
+                         "start it with the entry point's schema, e.g. 'defaults: [sft_trainer_schema, _self_]' "
+                         "(ppo_trainer_schema, sft_trainer_schema or rm_trainer_schema).")
+    return typed
 
 
 def _is_resolved(cfg: PPOConfig) -> bool:
@@ -163,9 +204,10 @@ class _open:
         OmegaConf.set_struct(self.cfg, True)
 
 
-def to_container(cfg: PPOConfig) -> dict[str, Any]:
-    """Plain nested dict of a :class:`PPOConfig` (for trackers and the run folder)."""
+def to_container(cfg: Any) -> dict[str, Any]:
+    """Plain nested dict of a config dataclass (for trackers and the run folder)."""
     return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
 
 
-__all__ = ["get_config", "to_ppo_config", "check_override_keys", "unknown_key_message", "to_container", "ListConfig"]
+__all__ = ["ConfigSchema", "PPO_SCHEMA", "RM_SCHEMA", "SFT_SCHEMA", "get_config", "to_ppo_config", "to_typed_config",
+           "check_override_keys", "unknown_key_message", "to_container", "ListConfig"]

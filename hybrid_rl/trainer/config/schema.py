@@ -46,16 +46,6 @@ class ArithmeticDataConfig:
 
 
 @dataclass
-class MultiturnDataConfig:
-    """SFT on whole conversations (veRL's SFT ``data.multiturn.*``)."""
-
-    enable: bool = False
-    """true: each row is a conversation in ``messages_key``; every assistant turn is trained on."""
-    messages_key: str = "messages"
-    """Column holding the conversation (chat messages)."""
-
-
-@dataclass
 class DataConfig:
     """Datasets, prompt/response lengths and batch sizes (veRL ``data.*``)."""
 
@@ -91,19 +81,6 @@ class DataConfig:
     """Keep each prompt's chat messages (untemplated) as ``raw_prompt`` beside the token ids."""
     arithmetic: ArithmeticDataConfig = field(default_factory=ArithmeticDataConfig)
     """Synthetic arithmetic task settings (only used when ``train_files`` is null)."""
-    response_key: str = "response"
-    """SFT (``main_sft``): column holding the target response text."""
-    max_length: int = 1024
-    """SFT: most tokens per conversation (prompt + response); longer ones follow ``truncation``
-    (error, left = keep the end, right = keep the start)."""
-    multiturn: MultiturnDataConfig = field(default_factory=MultiturnDataConfig)
-    """SFT on whole conversations."""
-    chosen_key: str = "chosen"
-    """Reward-model training (``main_rm``): column of the preferred response (OpenRLHF ``--chosen_key``)."""
-    rejected_key: str = "rejected"
-    """Reward-model training: column of the dispreferred response (OpenRLHF ``--rejected_key``)."""
-    margin_key: str = "margin"
-    """Reward-model training: optional column of how much better chosen is (TRL's ``margin``)."""
 
 
 @dataclass
@@ -220,8 +197,9 @@ class RayInitConfig:
 
 
 @dataclass
-class TrainerConfig:
-    """Run length, devices, logging, validation and checkpoints (veRL ``trainer.*``)."""
+class BaseTrainerConfig:
+    """Run length, devices, logging, validation and checkpoints (veRL ``trainer.*``): the keys of the
+    trainer core, which every mode has."""
 
     total_epochs: int = 100
     """Passes over the training prompts (the run stops earlier at total_training_steps)."""
@@ -271,11 +249,6 @@ class TrainerConfig:
     """Run folder: checkpoints, metrics.jsonl and the end-of-run plot."""
     max_actor_ckpt_to_keep: Optional[int] = 2
     """Keep only the N newest global_step_* checkpoints; null = keep all."""
-    max_critic_ckpt_to_keep: Optional[int] = None
-    """Accepted for veRL compatibility; must be null or equal to max_actor_ckpt_to_keep
-    (actor and critic are saved in the same step folder)."""
-    critic_warmup: int = 0
-    """Steps during which only the critic is trained."""
     seed: int = 42
     """Seed of the driver RNG and the workers' sampling."""
     worker_call_timeout_s: Optional[float] = None
@@ -286,9 +259,6 @@ class TrainerConfig:
     """Worker failures (a dead worker, or a call past worker_call_timeout_s) survived in one run: the
     driver stops the worker group, starts a new one and resumes from the last complete checkpoint
     (AReaL's recover mode). 0 = exit non-zero at the first failure."""
-    max_consecutive_reward_failures: Optional[int] = 3
-    """Stop with an error after this many consecutive steps in which *every* sample's reward failed
-    (raised, timed out or was not a number): the scorer is broken, not the model. null = never stop."""
     max_consecutive_skipped_updates: Optional[int] = 3
     """Stop with an error after this many consecutive steps whose actor/critic update skipped an
     optimizer step for a non-finite loss or gradient norm. null = never stop."""
@@ -303,6 +273,20 @@ class TrainerConfig:
     """info: the console shows hybrid_rl's lines, the progress bar, warnings and errors; vLLM, Ray and
     transformers below WARNING and their known-harmless warnings go only to the per-process files in
     ``<default_local_dir>/logs/``. debug: everything on the console. ``HYBRID_RL_LOG_LEVEL`` overrides."""
+
+
+@dataclass
+class TrainerConfig(BaseTrainerConfig):
+    """The RL trainer's ``trainer.*``: the core's keys and the ones only RL reads."""
+
+    max_critic_ckpt_to_keep: Optional[int] = None
+    """Accepted for veRL compatibility; must be null or equal to max_actor_ckpt_to_keep
+    (actor and critic are saved in the same step folder)."""
+    critic_warmup: int = 0
+    """Steps during which only the critic is trained."""
+    max_consecutive_reward_failures: Optional[int] = 3
+    """Stop with an error after this many consecutive steps in which *every* sample's reward failed
+    (raised, timed out or was not a number): the scorer is broken, not the model. null = never stop."""
 
 
 @dataclass
@@ -363,13 +347,15 @@ def key_owner(config: Any, key: str) -> tuple[Any, str]:
     return config, leaf
 
 
-def _linked(group: str, factory: Callable[[], _Group]) -> Callable[[], _Group]:
-    """A default factory for ``group`` whose linked keys hold their ``${...}`` interpolation (resolved
-    by OmegaConf: :func:`hybrid_rl.trainer.config.loader.to_ppo_config`)."""
+def linked_group(group: str, factory: Callable[[], _Group],
+                 links: Optional[dict[str, str]] = None) -> Callable[[], _Group]:
+    """A default factory for ``group`` whose linked keys (``links``, default :data:`LINKED_DEFAULTS`)
+    hold their ``${...}`` interpolation (resolved by OmegaConf when the config is made typed:
+    :func:`hybrid_rl.trainer.config.loader.to_typed_config`)."""
 
     def make() -> _Group:
         node = factory()
-        for key, target in LINKED_DEFAULTS.items():
+        for key, target in (LINKED_DEFAULTS if links is None else links).items():
             head, _, rest = key.partition(".")
             if head != group:
                 continue
@@ -388,9 +374,9 @@ class PPOConfig:
     data: DataConfig = field(default_factory=DataConfig)
     """Datasets and batch sizes."""
     actor_rollout_ref: ActorRolloutRefConfig = field(
-        default_factory=_linked("actor_rollout_ref", ActorRolloutRefConfig))
+        default_factory=linked_group("actor_rollout_ref", ActorRolloutRefConfig))
     """Model, actor optimisation, reference policy and rollout engine (workers' config)."""
-    critic: CriticConfig = field(default_factory=_linked("critic", CriticConfig))
+    critic: CriticConfig = field(default_factory=linked_group("critic", CriticConfig))
     """Value model (used by GAE)."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """Advantage estimator and in-reward KL."""

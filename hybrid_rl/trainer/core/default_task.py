@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from hybrid_rl.trainer.config import ArithmeticDataConfig
 
@@ -79,3 +80,32 @@ def ensure_default_task(cfg: ArithmeticDataConfig) -> tuple[str, str]:
         _write_parquet(new_test, out_test)
         (folder / f"{cfg.num_shots}shot.json").write_text(json.dumps({"num_shots": cfg.num_shots}))
     return str(out_train), str(out_test)
+
+
+SUPERVISED_FILES = {"sft": ("sft_train", "sft_test"), "pairs": ("pairs_train", "pairs_test")}
+"""The supervised modes' default files: SFT examples and preference pairs of the same problems."""
+
+
+def ensure_supervised_task(cfg: ArithmeticDataConfig, kind: str) -> tuple[str, str]:
+    """(train, test) parquet paths of the arithmetic task's SFT examples (``kind="sft"``) or
+    preference pairs (``"pairs"``), generated once into ``cfg.cache_dir`` (the RL task's split)."""
+    from hybrid_rl.data.rlhf_data import REJECTED_KINDS, arithmetic_examples, write_rlhf_data
+
+    # v3: every kind per training problem, distractors, unscored forms
+    version = f"{cfg.num_train}-{cfg.num_test}-{cfg.seed}-{cfg.max_digits}-k{len(REJECTED_KINDS)}-v3"
+    folder = os.path.join(os.path.expanduser(cfg.cache_dir), f"rlhf-{version}")
+    train, test = (os.path.join(folder, f"{name}.parquet") for name in SUPERVISED_FILES[kind])
+    if not (os.path.isfile(train) and os.path.isfile(test)):
+        write_rlhf_data(arithmetic_examples(cfg.num_train, cfg.num_test, cfg.seed, cfg.max_digits), folder)
+    return train, test
+
+
+def supervised_data_files(data: Any, kind: str) -> tuple[list[str], list[str]]:
+    """(train files, held-out files) of a supervised mode's ``data`` section; no ``train_files`` =
+    the arithmetic task's (:func:`ensure_supervised_task`)."""
+    from hybrid_rl.trainer.config.run_checks import as_file_list
+
+    if data.train_files is None:
+        train, test = ensure_supervised_task(data.arithmetic, kind)
+        return [train], [test]
+    return as_file_list(data.train_files), as_file_list(data.val_files)

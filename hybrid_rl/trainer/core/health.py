@@ -52,7 +52,9 @@ class HealthMonitor:
 
     @classmethod
     def from_config(cls, trainer_cfg: Any) -> "HealthMonitor":
-        return cls(trainer_cfg.max_consecutive_reward_failures, trainer_cfg.max_consecutive_skipped_updates)
+        # a mode without rewards (SFT, RM) has no reward-failure limit
+        return cls(getattr(trainer_cfg, "max_consecutive_reward_failures", None),
+                   trainer_cfg.max_consecutive_skipped_updates)
 
     def observe(self, metrics: Mapping[str, float], step: int) -> None:
         """Update the streaks with one step's metrics; TrainingHealthError when a limit is reached."""

@@ -1,7 +1,9 @@
 """What a run reads, built from its config: tokenizer, datasets and the resumable loader, reward managers.
 
-Each builder takes the typed :class:`PPOConfig` and returns one component, so a mode (or a notebook)
-can replace one of them and keep the rest. The worker groups are :mod:`hybrid_rl.trainer.core.worker_groups`';
+Each builder returns one component, so a mode (or a notebook) can replace one of them and keep the
+rest. The generic builders take the pieces they use (:func:`load_model_tokenizer`,
+:func:`build_prompt_dataset`, :func:`make_reward_manager`, :func:`build_train_dataloader`); the others
+read PPO's :class:`PPOConfig` (``main_ppo``, ``eval``, ``debug``). The worker groups are :mod:`hybrid_rl.trainer.core.worker_groups`';
 the model's size and compute dtype :mod:`hybrid_rl.trainer.core.model_facts`'.
 """
 
@@ -9,22 +11,28 @@ from __future__ import annotations
 
 import logging
 
-from hybrid_rl.trainer.config import PPOConfig
-from hybrid_rl.trainer.config.checks import as_file_list
+from typing import Any, Optional
 
-logger = logging.getLogger(__name__)
+from hybrid_rl.trainer.config import CustomRewardFunctionConfig, PPOConfig
+from hybrid_rl.trainer.config.run_checks import as_file_list
 
 logger = logging.getLogger(__name__)
 
 
 def build_tokenizer(cfg: PPOConfig):
     """The tokenizer of ``data.tokenizer`` or the actor model (the embedded model is resolved)."""
-    from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path
-
     model = cfg.actor_rollout_ref.model
     path = cfg.data.tokenizer or model.tokenizer_path or model.path
     key = "data.tokenizer" if cfg.data.tokenizer else "actor_rollout_ref.model.path"
-    return load_tokenizer(resolve_model_path(path, key=key), trust_remote_code=model.trust_remote_code)
+    return load_model_tokenizer(path, key, model.trust_remote_code)
+
+
+def load_model_tokenizer(path: str, key: str, trust_remote_code: bool = False):
+    """The tokenizer of the model folder ``path`` (the embedded model's id is resolved; ``key``
+    names the setting in a message when the folder is missing)."""
+    from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path
+
+    return load_tokenizer(resolve_model_path(path, key=key), trust_remote_code=trust_remote_code)
 
 
 def resolve_data_files(cfg: PPOConfig) -> tuple[list[str], list[str]]:
@@ -50,22 +58,25 @@ def tool_schemas(cfg: PPOConfig) -> list[dict] | None:
 
 
 def build_dataset(files: list[str], tokenizer, cfg: PPOConfig):
+    """The prompt dataset of ``files`` as ``data.*`` describes it."""
+    data = cfg.data
+    return build_prompt_dataset(files, tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
+                                filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
+                                return_raw_chat=data.return_raw_chat, tools=tool_schemas(cfg))
+
+
+def build_prompt_dataset(files: list[str], tokenizer, *, prompt_key: str, max_prompt_length: int,
+                         filter_overlong_prompts: bool = True, truncation: str = "error", return_raw_chat: bool = True,
+                         tools: Optional[list[dict]] = None):
+    """An :class:`~hybrid_rl.data.RLHFDataset` of prompts (with data source and ground truth)."""
     from hybrid_rl.data import RLHFDataset
 
-    data = cfg.data
-    return RLHFDataset(
-        files,
-        tokenizer,
-        prompt_key=data.prompt_key,
-        max_prompt_length=data.max_prompt_length,
-        filter_overlong_prompts=data.filter_overlong_prompts,
-        truncation=data.truncation,
-        return_raw_chat=data.return_raw_chat,
-        tools=tool_schemas(cfg),
-    )
+    return RLHFDataset(files, tokenizer, prompt_key=prompt_key, max_prompt_length=max_prompt_length,
+                       filter_overlong_prompts=filter_overlong_prompts, truncation=truncation,
+                       return_raw_chat=return_raw_chat, tools=tools)
 
 
-def build_train_dataloader(dataset, cfg: PPOConfig):
+def build_train_dataloader(dataset, cfg: Any):
     """Resumable loader: ``state_dict()`` goes into every checkpoint."""
     from hybrid_rl.data import build_dataloader
 
@@ -78,27 +89,27 @@ def build_train_dataloader(dataset, cfg: PPOConfig):
 
 
 def build_reward_manager(cfg: PPOConfig, tokenizer, num_examine: int):
-    """The reward manager of ``reward_model.reward_manager`` around the custom or built-in scorer.
+    """The reward manager of ``reward_model.reward_manager`` around the custom or built-in scorer."""
+    rm = cfg.reward_model
+    return make_reward_manager(rm.reward_manager, tokenizer, num_examine, cfg.custom_reward_function,
+                               reward_fn_key=cfg.data.reward_fn_key, timeout_s=rm.timeout,
+                               tool_reward_weight=rm.tool_reward_weight, single_process=cfg.trainer.single_process)
+
+
+def make_reward_manager(name: str, tokenizer, num_examine: int, custom: CustomRewardFunctionConfig, *,
+                        reward_fn_key: str = "data_source", timeout_s: float = 10.0, tool_reward_weight: float = 0.0,
+                        single_process: Optional[bool] = None):
+    """The registered reward manager ``name`` around the custom (``custom.path``) or built-in scorer.
 
     It runs on the driver, so a scorer registered with ``@register_reward`` in the driver process
     (e.g. a notebook cell) is used as is.
     """
     from hybrid_rl.reward import get_reward_manager_cls, load_custom_reward_fn
 
-    manager_cls = get_reward_manager_cls(cfg.reward_model.reward_manager)
+    manager_cls = get_reward_manager_cls(name)
     compute_score = None
-    if cfg.custom_reward_function.path:
-        compute_score = load_custom_reward_fn(
-            cfg.custom_reward_function.path,
-            cfg.custom_reward_function.name,
-            batched=getattr(manager_cls, "batched", False),
-        )
-    return manager_cls(
-        tokenizer,
-        num_examine=num_examine,
-        compute_score=compute_score,
-        reward_fn_key=cfg.data.reward_fn_key,
-        timeout_s=cfg.reward_model.timeout,
-        tool_reward_weight=cfg.reward_model.tool_reward_weight,
-        avoid_fork=bool(cfg.trainer.single_process),  # this process will hold the models
-    )
+    if custom.path:
+        compute_score = load_custom_reward_fn(custom.path, custom.name, batched=getattr(manager_cls, "batched", False))
+    return manager_cls(tokenizer, num_examine=num_examine, compute_score=compute_score, reward_fn_key=reward_fn_key,
+                       timeout_s=timeout_s, tool_reward_weight=tool_reward_weight,
+                       avoid_fork=bool(single_process))  # this process will hold the models

@@ -28,12 +28,11 @@ from codetiming import Timer
 
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.single_controller import WorkerDiedError, WorkerGroupError
-from hybrid_rl.trainer.config import PPOConfig
-from hybrid_rl.trainer.config.checks import make_run_plan, resume_point_problems, run_dir, validate_config
-from hybrid_rl.trainer.config.loader import to_container, to_ppo_config
-from hybrid_rl.trainer.core import inputs, metrics as metric_fns, model_facts, worker_groups
+from hybrid_rl.trainer.config.loader import to_container
+from hybrid_rl.trainer.config.run_checks import RunPlan, run_dir, world_size_problems
+from hybrid_rl.trainer.core import inputs, metrics as metric_fns, worker_groups
 from hybrid_rl.trainer.core.checkpoints import CheckpointManager, capture_rng_state, restore_rng_state
-from hybrid_rl.trainer.core.health import HealthMonitor, memory_hint
+from hybrid_rl.trainer.core.health import HealthMonitor
 from hybrid_rl.trainer.core.plotting import PLOT_FILE, plot_run
 from hybrid_rl.trainer.core.tracking import ProgressBar, Tracking, as_backend_list
 from hybrid_rl.utils import faults
@@ -61,12 +60,16 @@ def seed_everything(seed: int) -> None:
 class TrainerCore(abc.ABC):
     """The loop, checkpoints, trackers and cadence shared by every mode (see the module docstring).
 
-    A mode implements :meth:`_datasets`, :meth:`init_workers`, :meth:`step_plan` (its own steps, then
-    :meth:`cadence_steps`), its step methods, :meth:`run_validation`, :meth:`log` (ending in
-    :meth:`_publish`) and :meth:`_checkpoint_parts`.
+    A mode implements its config (:meth:`_typed_config`, :meth:`check_config`, :meth:`make_plan`,
+    :meth:`_build_tokenizer`, :meth:`_report_precision`), :meth:`_datasets`, :meth:`init_workers`,
+    :meth:`step_plan` (its own steps, then :meth:`cadence_steps`), its step methods,
+    :meth:`run_validation`, :meth:`log` (ending in :meth:`_publish`) and :meth:`_checkpoint_parts`.
+    The core reads only the sections every mode's config has: ``trainer``, ``ray_init`` and ``data``'s
+    ``train_batch_size`` / ``shuffle`` / ``seed``.
 
     Args:
-        config: a DictConfig from :func:`hybrid_rl.trainer.get_config` or a :class:`PPOConfig`.
+        config: the mode's typed config (``PPOConfig``, ``SFTConfig``, ``RMConfig``) or a DictConfig
+            composed over its schema (:func:`hybrid_rl.trainer.config.loader.get_config`).
         tokenizer: defaults to the model's tokenizer.
         train_dataset / val_dataset: datasets to use instead of the ones the mode builds from ``data.*``.
         worker_classes: worker classes to use instead of the mode's defaults (the mode reads them).
@@ -76,12 +79,12 @@ class TrainerCore(abc.ABC):
 
     def __init__(self, config, tokenizer=None, *, train_dataset=None, val_dataset=None,
                  worker_classes: tuple[Optional[type], ...] = (), for_training: bool = True):
-        self.config: PPOConfig = to_ppo_config(config)
-        validate_config(self.config, training=for_training)
+        self.config = self._typed_config(config)
+        self.check_config(training=for_training)
         cfg = self.config
-        self.plan = make_run_plan(cfg)
+        self.plan: RunPlan = self.make_plan()
         self.actor_compute_dtype = self._report_precision()
-        self.tokenizer = tokenizer if tokenizer is not None else inputs.build_tokenizer(cfg)
+        self.tokenizer = tokenizer if tokenizer is not None else self._build_tokenizer()
         self.train_dataset, self.val_dataset = self._datasets(train_dataset, val_dataset)
         self.train_dataloader = inputs.build_train_dataloader(self.train_dataset, cfg)
         self.total_training_steps = self._count_training_steps()
@@ -99,9 +102,36 @@ class TrainerCore(abc.ABC):
         self._worker_classes = tuple(worker_classes)
 
     # ------------------------------------------------------------------ what a mode supplies
+    @abc.abstractmethod
+    def _typed_config(self, config: Any) -> Any:
+        """The mode's typed config of ``config`` (interpolations resolved)."""
+
+    @abc.abstractmethod
+    def check_config(self, training: bool) -> None:
+        """Raise one ValueError listing every problem of ``self.config`` (``training=False``: a run that
+        only generates and scores, whose update settings and resume point are not checked)."""
+
+    @abc.abstractmethod
+    def make_plan(self) -> RunPlan:
+        """The values derived from the checked config (device, workers, which models run)."""
+
+    @abc.abstractmethod
+    def _build_tokenizer(self) -> Any:
+        """The tokenizer of the model the mode trains."""
+
+    @abc.abstractmethod
     def _report_precision(self) -> str:
         """Log the compute dtypes of the models this run trains; returns the first one's."""
-        return model_facts.report_precision(self.config, self.plan)
+
+    def _memory_hint(self) -> str:
+        """What to lower when a worker died without a traceback (a mode names its own keys)."""
+        allocator = "" if self.config.trainer.cpu_allocator != "glibc" else " or trainer.cpu_allocator=auto (jemalloc)"
+        return (f"\nIf it ran out of memory (killed without a traceback), see docs/memory.md: lower the batch or "
+                f"the lengths{allocator}; each run logs perf/peak_rss_gib/<step>.")
+
+    def _resume_problems(self, point: Any) -> list[str]:
+        """Why the checkpoint ``point`` cannot be loaded by this run (a mode adds its own reasons)."""
+        return world_size_problems(self.config, point)
 
     @abc.abstractmethod
     def _datasets(self, train_dataset, val_dataset) -> tuple[Any, Any]:
@@ -208,7 +238,7 @@ class TrainerCore(abc.ABC):
             return getattr(self, name)(batch, metrics)
         except WorkerGroupError as error:
             # Which worker and call the group error names; which training step only the driver knows.
-            hint = memory_hint(self.config) if isinstance(error, WorkerDiedError) else ""
+            hint = self._memory_hint() if isinstance(error, WorkerDiedError) else ""
             raise type(error)(f"training step {self.global_steps}, `{name}`: {error}{hint}") from error
 
     # ------------------------------------------------------------------ cadence
@@ -267,7 +297,7 @@ class TrainerCore(abc.ABC):
         if point is None:
             return
         # Checked before Ray started too; the point may be newer now (auto resume, a restart).
-        problems = resume_point_problems(self.config, point)
+        problems = self._resume_problems(point)
         if problems:
             raise ValueError(" ".join(problems))
         for name, group in self._checkpoint_parts():

@@ -5,41 +5,39 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
-from hybrid_rl.trainer.config.checks import RunPlan
+from hybrid_rl.trainer.config.run_checks import RunPlan
+from hybrid_rl.workers.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
-logger = logging.getLogger(__name__)
 
-
-def _actor_hf_config(cfg: PPOConfig):
+def _hf_config(model: ModelConfig):
     from hybrid_rl.workers.model_loader import load_hf_config, resolve_model_path
 
-    model = cfg.actor_rollout_ref.model
     return load_hf_config(resolve_model_path(model.path), trust_remote_code=model.trust_remote_code)
 
 
-def count_model_params(cfg: PPOConfig) -> int:
-    """Parameters of the actor model, counted on the meta device (nothing is allocated)."""
+def count_model_params(model: ModelConfig) -> int:
+    """Parameters of the causal LM ``model`` (a worker's model config, e.g. ``actor_rollout_ref.model``),
+    counted on the meta device (nothing is allocated)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        module = AutoModelForCausalLM.from_config(
-            _actor_hf_config(cfg), trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+        module = AutoModelForCausalLM.from_config(_hf_config(model), trust_remote_code=model.trust_remote_code)
     return sum(p.numel() for p in module.parameters())
 
 
-def model_param_split(cfg: PPOConfig) -> tuple[int, int]:
-    """``(body, head)`` parameters of the actor for FLOP counts: ``head`` = vocab x hidden (the LM
+def model_param_split(model: ModelConfig) -> tuple[int, int]:
+    """``(body, head)`` parameters of ``model`` for FLOP counts: ``head`` = vocab x hidden (the LM
     head, which runs only on the positions that predict a response token), ``body`` = the rest
     (every computed token runs through it)."""
-    hf_config = _actor_hf_config(cfg)
+    hf_config = _hf_config(model)
     head = hf_config.vocab_size * hf_config.hidden_size
-    return count_model_params(cfg) - head, head
+    return count_model_params(model) - head, head
 
 
 @contextmanager
@@ -74,7 +72,7 @@ def compute_dtype_fields(cfg: PPOConfig, plan: RunPlan) -> dict[str, str]:
     return fields
 
 
-def report_precision(cfg: PPOConfig, plan: RunPlan, fields: Optional[dict[str, str]] = None) -> str:
+def report_precision(cfg: Any, plan: RunPlan, fields: Optional[dict[str, str]] = None) -> str:
     """Log the run's compute dtypes and why in one line (and warn about an explicit bf16 on a CPU
     that emulates it); returns the resolved compute dtype of the first of ``fields`` (default:
     :func:`compute_dtype_fields`, the actor's first). Resolving runs the CPU probe once here, on the

@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import os
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.utils.cpu_env import cpu_worker_env
@@ -40,16 +40,16 @@ DEFAULT_PROCESS_ENV = {"TOKENIZERS_PARALLELISM": "false"}
 """Set when absent (as Ray's workers get it): the tokenizer's threads would compete with torch's."""
 
 
-def single_process_blockers(cfg: PPOConfig, device: Optional[str] = None) -> list[str]:
-    """Why this run needs its workers in Ray processes (empty: one process can host it);
-    ``device``: the resolved ``trainer.device`` (not checked when None)."""
+def single_process_blockers(cfg: Any, device: Optional[str] = None) -> list[str]:
+    """Why this run (any mode's config) needs its workers in Ray processes (empty: one process can
+    host it); ``device``: the resolved ``trainer.device`` (not checked when None)."""
     t = cfg.trainer
     blockers = []
     if device == "cuda":
         blockers.append("a GPU worker (trainer.device resolves to cuda; one process is for CPU runs)")
     if t.nnodes * t.n_gpus_per_node != 1:
         blockers.append(f"{t.nnodes * t.n_gpus_per_node} workers (trainer.nnodes * trainer.n_gpus_per_node)")
-    if cfg.async_training.enable:
+    if getattr(getattr(cfg, "async_training", None), "enable", False):  # PPO's decoupled mode
         blockers.append("a separate rollout pool (async_training.enable)")
     if cfg.ray_init.address:
         blockers.append(f"a Ray cluster (ray_init.address={cfg.ray_init.address})")
@@ -76,7 +76,7 @@ def resolve_single_process(cfg: PPOConfig, device: Optional[str] = None) -> PPOC
     return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, single_process=chosen))
 
 
-def process_env(cfg: PPOConfig, environ: Optional[dict] = None) -> dict[str, str]:
+def process_env(cfg: Any, environ: Optional[dict] = None) -> dict[str, str]:
     """The environment variables the single process needs, as a CPU worker gets them under Ray: the
     allocator and OpenMP settings (:func:`~hybrid_rl.utils.cpu_env.cpu_worker_env`, the user's own
     ``MALLOC_*``/``LD_PRELOAD`` win), the libraries' logging, :data:`DEFAULT_PROCESS_ENV`."""
@@ -91,7 +91,7 @@ def _missing(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if os.environ.get(k) != v}
 
 
-def reexec_for_single_process(cfg: PPOConfig) -> None:
+def reexec_for_single_process(cfg: Any) -> None:
     """Restart this command (``sys.orig_argv``) with :func:`process_env` added, if any of it is
     missing and it was not restarted already; returns only when nothing needs a restart."""
     missing = _missing(process_env(cfg))
@@ -103,7 +103,7 @@ def reexec_for_single_process(cfg: PPOConfig) -> None:
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **missing, REEXEC_MARK: "1"})
 
 
-def apply_process_env(cfg: PPOConfig) -> None:
+def apply_process_env(cfg: Any) -> None:
     """Set what of :func:`process_env` still takes effect in a running process (the libraries'
     logging, read when they are imported); say once that the allocator settings could not."""
     missing = _missing(process_env(cfg))

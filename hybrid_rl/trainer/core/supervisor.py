@@ -19,12 +19,11 @@ import logging
 from typing import Any, Callable
 
 from hybrid_rl.single_controller import WorkerGroupError
-from hybrid_rl.trainer.config import PPOConfig
 
 logger = logging.getLogger(__name__)
 
 
-def _restart_config(config: PPOConfig, trainer: Any) -> PPOConfig:
+def _restart_config(config: Any, trainer: Any) -> Any:
     """The config of the next attempt: resume from the newest checkpoint the failed attempt committed;
     if it committed none, start the way the failed attempt did (its resume settings)."""
     if trainer.last_committed_step is None:
@@ -34,12 +33,13 @@ def _restart_config(config: PPOConfig, trainer: Any) -> PPOConfig:
     return dataclasses.replace(config, trainer=resume)
 
 
-def run_supervised(trainer: Any, rebuild: Callable[[PPOConfig], Any]) -> dict[str, float]:
+def run_supervised(trainer: Any, rebuild: Callable[[Any], Any]) -> dict[str, float]:
     """``trainer.init_workers(); trainer.fit()``, with up to ``trainer.max_restarts`` restarts.
 
     Args:
-        trainer: a built (not started) :class:`~hybrid_rl.trainer.ppo.trainer.RayPPOTrainer`.
-        rebuild: makes the trainer of the next attempt from a config (e.g. ``build_trainer``).
+        trainer: a built (not started) trainer of any mode (a
+            :class:`~hybrid_rl.trainer.core.loop.TrainerCore`).
+        rebuild: makes the trainer of the next attempt from its config (e.g. ``build_trainer``).
 
     Returns the last step's metrics; the workers of every attempt are stopped on the way out.
     """

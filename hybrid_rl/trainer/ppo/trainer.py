@@ -26,8 +26,12 @@ import torch
 
 from hybrid_rl.algorithms import get_kl_controller, masked_mean
 from hybrid_rl.protocol import DataProto
+from hybrid_rl.trainer.config import PPOConfig
+from hybrid_rl.trainer.config.checks import RunPlan, make_run_plan, resume_point_problems, validate_config
+from hybrid_rl.trainer.config.loader import to_ppo_config
 from hybrid_rl.trainer.core import generation, inputs, metrics as metric_fns, model_facts, worker_groups
 from hybrid_rl.trainer.core.checkpoints import estimate_checkpoint_bytes
+from hybrid_rl.trainer.core.health import memory_hint
 from hybrid_rl.trainer.core.loop import TrainerCore
 from hybrid_rl.trainer.core.validation import dataset_batches, run_validation
 from hybrid_rl.trainer.ppo import learned_reward as reward_model, ops as ppo_ops
@@ -82,6 +86,27 @@ class RayPPOTrainer(TrainerCore):
         self._flops: Optional[tuple[tuple[int, int], Optional[float]]] = None
 
     # ------------------------------------------------------------------ set-up
+    def _typed_config(self, config: Any) -> PPOConfig:
+        return to_ppo_config(config)
+
+    def check_config(self, training: bool) -> None:
+        validate_config(self.config, training=training)
+
+    def make_plan(self) -> RunPlan:
+        return make_run_plan(self.config)
+
+    def _build_tokenizer(self) -> Any:
+        return inputs.build_tokenizer(self.config)
+
+    def _report_precision(self) -> str:
+        return model_facts.report_precision(self.config, self.plan)
+
+    def _memory_hint(self) -> str:
+        return memory_hint(self.config)
+
+    def _resume_problems(self, point: Any) -> list[str]:
+        return resume_point_problems(self.config, point)
+
     def _datasets(self, train_dataset, val_dataset) -> tuple[Any, Any]:
         """The given datasets, else the ones ``data.*`` describes (val: None when there is none)."""
         if train_dataset is not None and val_dataset is not None:
@@ -98,7 +123,7 @@ class RayPPOTrainer(TrainerCore):
         contents = [list(self.config.actor_rollout_ref.actor.checkpoint.save_contents)]
         if self.plan.use_critic:
             contents.append(list(self.config.critic.checkpoint.save_contents))
-        return estimate_checkpoint_bytes(model_facts.count_model_params(self.config), contents)
+        return estimate_checkpoint_bytes(model_facts.count_model_params(self.config.actor_rollout_ref.model), contents)
 
     @property
     def actor_rollout_wg(self):
@@ -303,7 +328,7 @@ class RayPPOTrainer(TrainerCore):
         if self._flops is None:
             # fork_rng: the measurement must not advance the driver RNG (resumed runs replay it).
             with model_facts.worker_threads(self.plan), torch.random.fork_rng(devices=[]):
-                self._flops = (model_facts.model_param_split(self.config),
+                self._flops = (model_facts.model_param_split(self.config.actor_rollout_ref.model),
                                model_facts.measure_peak_flops(self.plan.device, dtype=self.actor_compute_dtype))
             if self._flops[1] is None:
                 logger.info("perf/mfu/actor not reported: a %s matmul peak cannot be measured quickly on "

@@ -3,8 +3,10 @@
 :class:`~hybrid_rl.trainer.core.loop.TrainerCore` gives it the loop, checkpoints, resume, trackers, the
 progress bar, the plot and the validate/save cadence. What is its own:
 
-* the worker group hosts one :class:`~hybrid_rl.workers.rm_worker.RewardModelWorker` per device
-  (built from the ``critic`` section: the value-model layout, FSDP2, AdamW) and nothing else;
+* its config is :class:`~hybrid_rl.trainer.config.supervised.RMConfig` (veRL's SFT keys and the
+  pairs' columns); the worker group hosts one :class:`~hybrid_rl.workers.rm_worker.RewardModelWorker`
+  per device (the value-model layout, FSDP2, AdamW; its config built by
+  :func:`~hybrid_rl.trainer.config.supervised.rm_critic_config`) and nothing else;
 * the training set is a :class:`~hybrid_rl.data.reward_data.PreferenceDataset` and each step is
   ``update_reward_model``: one optimizer step on the Bradley-Terry loss of ``data.train_batch_size``
   pairs (minus a per-pair ``margin`` when the data has one);
@@ -28,8 +30,13 @@ import torch
 
 from hybrid_rl.algorithms.reward_loss import bradley_terry_loss, preference_metrics
 from hybrid_rl.protocol import DataProto
+from hybrid_rl.trainer.config.loader import to_typed_config
+from hybrid_rl.trainer.config.run_checks import RunPlan
+from hybrid_rl.trainer.config.supervised import RMConfig, rm_critic_config
+from hybrid_rl.trainer.config.supervised_checks import supervised_plan, validate_rm_config
 from hybrid_rl.trainer.core import inputs, model_facts, worker_groups
 from hybrid_rl.trainer.core.checkpoints import estimate_checkpoint_bytes
+from hybrid_rl.trainer.core.default_task import supervised_data_files
 from hybrid_rl.trainer.core.loop import TrainerCore
 from hybrid_rl.trainer.core.validation import dataset_batches
 
@@ -45,7 +52,7 @@ class RMTrainer(TrainerCore):
     """The trainer core whose step is one pairwise reward-model update (see the module docstring).
 
     Args:
-        config: a reward-model config (``main_rm``'s :func:`~hybrid_rl.trainer.main_rm.rm_config`).
+        config: an :class:`RMConfig`, or a DictConfig composed over it (``main_rm``'s :func:`rm_config`).
         tokenizer, train_dataset, val_dataset: as :class:`~hybrid_rl.trainer.core.loop.TrainerCore`'s.
         worker_cls: the reward-model worker class to use instead of the default one.
     """
@@ -57,12 +64,33 @@ class RMTrainer(TrainerCore):
         self.score_stats: Optional[tuple[float, float]] = None  # (mean, std) of the latest scores
         self._stats_step: Optional[int] = None
 
-    # ------------------------------------------------------------------ set-up
-    def _report_precision(self) -> str:
-        key = "critic.model.fsdp_config.mixed_precision.param_dtype"
-        return model_facts.report_precision(self.config, self.plan,
-                                           {key: self.config.critic.model.fsdp_config.mixed_precision.param_dtype})
+    # ------------------------------------------------------------------ config
+    def _typed_config(self, config: Any) -> RMConfig:
+        return to_typed_config(config, RMConfig)
 
+    def check_config(self, training: bool) -> None:
+        validate_rm_config(self.config, training=training)
+        self.worker_config = rm_critic_config(self.config)  # the worker's config, built from the RM keys
+
+    def make_plan(self) -> RunPlan:
+        return supervised_plan(self.config)
+
+    def _build_tokenizer(self) -> Any:
+        model = self.config.model
+        return inputs.load_model_tokenizer(model.partial_pretrain, "model.partial_pretrain", model.trust_remote_code)
+
+    def _report_precision(self) -> str:
+        key = "model.fsdp_config.mixed_precision.param_dtype"
+        return model_facts.report_precision(self.config, self.plan,
+                                           {key: self.config.model.fsdp_config.mixed_precision.param_dtype})
+
+    def _memory_hint(self) -> str:
+        return (f"\nIf it ran out of memory (killed without a traceback), see docs/memory.md: lower "
+                f"data.micro_batch_size_per_gpu (now {self.config.data.micro_batch_size_per_gpu} pairs) or "
+                "data.max_length, or set model.enable_gradient_checkpointing=true; each run logs "
+                "perf/peak_rss_gib/<step>.")
+
+    # ------------------------------------------------------------------ set-up
     def _pairs(self, files: list[str]):
         from hybrid_rl.data.reward_data import PreferenceDataset
 
@@ -72,7 +100,8 @@ class RMTrainer(TrainerCore):
                                  truncation=d.truncation)
 
     def _datasets(self, train_dataset, val_dataset) -> tuple[Any, Any]:
-        train_files, val_files = inputs.resolve_data_files(self.config)
+        d = self.config.data
+        train_files, val_files = supervised_data_files(d, "pairs")
         if train_dataset is None:
             train_dataset = self._pairs(train_files)
         if val_dataset is None and val_files:
@@ -80,13 +109,13 @@ class RMTrainer(TrainerCore):
         return train_dataset, val_dataset
 
     def _checkpoint_bytes(self) -> int:
-        return estimate_checkpoint_bytes(model_facts.count_model_params(self.config),
-                                         [list(self.config.critic.checkpoint.save_contents)])
+        return estimate_checkpoint_bytes(model_facts.count_model_params(self.worker_config.model),
+                                         [list(self.worker_config.checkpoint.save_contents)])
 
     def init_workers(self) -> None:
         """Start the reward-model worker group (no actor, rollout or reference)."""
         self.workers = worker_groups.build_reward_model_group(
-            self.config, self.plan, self.total_training_steps, worker_cls=self._worker_classes[0],
+            self.config, self.plan, self.total_training_steps, self.worker_config, worker_cls=self._worker_classes[0],
             call_timeout_s=self.config.trainer.worker_call_timeout_s, log_dir=os.path.join(self.run_dir, "logs"))
 
     @property

@@ -1,0 +1,216 @@
+"""The checks and derived values every mode shares: devices and workers, the ``trainer.*`` keys,
+data files, model folders, and whether a checkpoint fits this run (``RunPlan``).
+
+A mode's config is any dataclass with ``trainer`` (:class:`~hybrid_rl.trainer.config.schema.TrainerConfig`),
+``ray_init`` and ``data`` (``train_files`` / ``val_files``) sections: PPO's checks
+(:mod:`hybrid_rl.trainer.config.checks`) and the supervised modes' (:mod:`hybrid_rl.trainer.config.supervised_checks`)
+start from these. Every problem is one line naming the keys, their values and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from hybrid_rl.utils.cpu_env import CPU_ALLOCATORS
+from hybrid_rl.utils.devices import DEVICES, resolve_device
+
+__all__ = ["RunPlan", "as_file_list", "check_data_files", "check_devices", "check_model_path", "check_resume",
+           "check_trainer", "raise_problems", "run_dir", "worker_layout", "world_size_problems"]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Values derived once from the config (never written back into it)."""
+
+    device: str
+    """Resolved device: cpu or cuda."""
+    world_size: int
+    """Data-parallel workers = nnodes * n_gpus_per_node."""
+    use_critic: bool
+    """A critic is trained (GAE)."""
+    use_reference_policy: bool
+    """The reference policy is needed (KL in reward or KL loss)."""
+    threads_per_worker: int
+    """CPU threads each worker process uses (cores split evenly among workers)."""
+    rollout_world_size: int = 0
+    """Decoupled mode: rollout workers in their own pool (rollout.nnodes * n_gpus_per_node); 0 = colocated."""
+    use_reward_model: bool = False
+    """A colocated reward-model worker scores responses (reward_model.enable with a local model)."""
+    single_process: bool = False
+    """The one worker lives in the driver's process (``trainer.single_process``), not in a Ray actor."""
+    use_greedy_baseline: bool = False
+    """Each step also generates and scores one greedy response per prompt (the estimator's
+    ``needs_greedy_baseline``)."""
+
+
+def as_file_list(files: Any) -> list[str]:
+    """``data.train_files`` as a list: veRL accepts a single path or a list of paths."""
+    if files is None:
+        return []
+    if isinstance(files, (str, os.PathLike)):
+        return [os.fspath(files)]
+    return [os.fspath(f) for f in files]
+
+
+def run_dir(cfg: Any) -> str:
+    """Absolute run folder (``trainer.default_local_dir``): checkpoints, metrics, plot, logs/."""
+    return os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
+
+
+def check_devices(cfg: Any) -> list[str]:
+    """``trainer.device``, the worker count against the devices (or cores) there are."""
+    import torch
+
+    t = cfg.trainer
+    if t.device not in DEVICES:
+        return [f"trainer.device={t.device!r} is not one of {DEVICES}; set trainer.device=auto."]
+    errors = []
+    if t.nnodes < 1 or t.n_gpus_per_node < 1:
+        errors.append(
+            f"trainer.nnodes={t.nnodes} and trainer.n_gpus_per_node={t.n_gpus_per_node} must both be >= 1."
+        )
+    device = resolve_device(t.device)
+    if t.device == "cuda" and not torch.cuda.is_available():
+        errors.append("trainer.device=cuda but no CUDA device is visible; set trainer.device=cpu (or auto).")
+    elif device == "cuda" and t.nnodes == 1 and t.n_gpus_per_node > torch.cuda.device_count():
+        errors.append(
+            f"trainer.n_gpus_per_node={t.n_gpus_per_node} but this machine has {torch.cuda.device_count()} GPUs; "
+            "lower trainer.n_gpus_per_node."
+        )
+    elif device == "cpu" and t.nnodes == 1 and t.n_gpus_per_node > (cfg.ray_init.num_cpus or os.cpu_count() or 1):
+        cores = cfg.ray_init.num_cpus or os.cpu_count()
+        errors.append(
+            f"trainer.n_gpus_per_node={t.n_gpus_per_node} CPU workers but only {cores} cores are available "
+            "(ray_init.num_cpus / os.cpu_count()); lower trainer.n_gpus_per_node to at most the core count."
+        )
+    return errors
+
+
+def check_model_path(key: str, path: str, trust_remote_code: Optional[bool] = None) -> list[str]:
+    """A local HF folder or the embedded model id; with ``trust_remote_code`` given, also a causal LM."""
+    from hybrid_rl.workers.model_loader import EMBEDDED_MODEL_ID, causal_lm_problem
+
+    if not path:
+        return [f"{key} is empty; set it to a local HF model folder or {EMBEDDED_MODEL_ID!r} (a critic usually "
+                "starts from the actor's model path)."]
+    if path == EMBEDDED_MODEL_ID:
+        return []
+    local = os.path.expanduser(path)
+    if not os.path.isfile(os.path.join(local, "config.json")):
+        return [f"{key}={path!r} is not a local HF model folder (no config.json) nor {EMBEDDED_MODEL_ID!r}; fix the path."]
+    problem = None if trust_remote_code is None else causal_lm_problem(local, key, trust_remote_code)
+    return [problem] if problem else []
+
+
+def check_trainer(cfg: Any) -> list[str]:
+    """The ``trainer.*`` keys every mode reads (trackers, logging, cadence, resume, checkpoints)."""
+    from hybrid_rl.trainer.core.checkpoints import RESUME_MODES
+    from hybrid_rl.trainer.core.tracking import as_backend_list, check_backends
+    from hybrid_rl.utils.log_setup import LOG_LEVELS
+
+    t = cfg.trainer
+    if not isinstance(t.logger, str) and not all(isinstance(b, str) for b in t.logger or []):
+        return [f"trainer.logger={t.logger!r} must be a tracker name or a list of them, e.g. "
+                "trainer.logger=console or trainer.logger=[console,jsonl]."]
+    errors = check_backends(as_backend_list(t.logger))
+    if t.use_legacy_worker_impl not in ("auto", "enable"):
+        errors.append(f"trainer.use_legacy_worker_impl={t.use_legacy_worker_impl!r} asks for veRL's new engine "
+                      "workers, which hybrid_rl does not have; set it to auto (or enable).")
+    if t.cpu_allocator not in CPU_ALLOCATORS:
+        errors.append(f"trainer.cpu_allocator={t.cpu_allocator!r} must be one of {CPU_ALLOCATORS}; use auto "
+                      "(jemalloc where Ray ships it), glibc or jemalloc.")
+    if t.single_process not in (None, True, False):
+        errors.append(f"trainer.single_process={t.single_process!r} must be true, false or null (auto).")
+    elif t.single_process:
+        from hybrid_rl.trainer.core.single_process import single_process_blockers
+
+        blockers = single_process_blockers(cfg, resolve_device(t.device) if t.device in DEVICES else None)
+        if blockers:
+            errors.append(f"trainer.single_process=true cannot host {'; '.join(blockers)}: these need the workers "
+                          "in Ray processes. Set trainer.single_process=false (or null to choose automatically).")
+    if t.log_level.lower() not in LOG_LEVELS:
+        errors.append(f"trainer.log_level={t.log_level!r} must be one of {LOG_LEVELS}; use info (quiet console) "
+                      "or debug (everything).")
+    if t.total_training_steps is not None and t.total_training_steps < 1:
+        errors.append(f"trainer.total_training_steps={t.total_training_steps} must be >= 1 or null.")
+    if t.total_epochs < 1:
+        errors.append(f"trainer.total_epochs={t.total_epochs} must be >= 1.")
+    for key in ("save_freq", "test_freq"):
+        value = getattr(t, key)
+        if value == 0 or value < -1:
+            errors.append(f"trainer.{key}={value} must be a positive number of steps or -1 (never).")
+    if t.worker_call_timeout_s is not None and t.worker_call_timeout_s <= 0:
+        errors.append(f"trainer.worker_call_timeout_s={t.worker_call_timeout_s} must be > 0 seconds or null.")
+    if t.resume_mode not in RESUME_MODES:
+        errors.append(f"trainer.resume_mode={t.resume_mode!r} must be one of {RESUME_MODES}.")
+    elif t.resume_mode == "resume_path" and not t.resume_from_path:
+        errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<.../global_step_N>.")
+    if t.max_actor_ckpt_to_keep is not None and t.max_actor_ckpt_to_keep < 1:
+        errors.append(f"trainer.max_actor_ckpt_to_keep={t.max_actor_ckpt_to_keep} must be >= 1 or null (keep all).")
+    return errors
+
+
+def check_data_files(data: Any) -> list[str]:
+    """``data.train_files`` / ``val_files`` exist; held-out files need training files beside them."""
+    errors = []
+    for key, files in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
+        for path in as_file_list(files):
+            if not os.path.isfile(os.path.expanduser(path)):
+                errors.append(f"{key}: file {path!r} does not exist; fix the path or leave {key} unset.")
+    if data.train_files is None and data.val_files is not None:
+        errors.append(
+            "data.val_files is set but data.train_files is not (the built-in arithmetic task is used); "
+            "set both, or neither."
+        )
+    return errors
+
+
+def worker_layout(cfg: Any, processes_per_node: Optional[int] = None) -> tuple[str, int, int]:
+    """``(device, world size, CPU threads per worker)``: ``trainer.device`` resolved,
+    ``nnodes * n_gpus_per_node`` workers, the cores split over ``processes_per_node`` (default the
+    training workers of one node)."""
+    t = cfg.trainer
+    cores = cfg.ray_init.num_cpus or os.cpu_count() or 1
+    return (resolve_device(t.device), t.nnodes * t.n_gpus_per_node,
+            max(1, cores // (processes_per_node or t.n_gpus_per_node)))
+
+
+def world_size_problems(cfg: Any, point: Any) -> list[str]:
+    """Why the checkpoint ``point`` (a :class:`~hybrid_rl.trainer.core.checkpoints.ResumePoint`) cannot
+    be loaded by this run's workers: it was saved by another number of them."""
+    t = cfg.trainer
+    saved, world = point.state.get("world_size"), t.nnodes * t.n_gpus_per_node
+    if saved is None or saved == world:
+        return []
+    return [
+        f"cannot resume from {point.step_dir}: it was saved by {saved} workers but this run has {world} "
+        f"(trainer.nnodes={t.nnodes} * trainer.n_gpus_per_node={t.n_gpus_per_node}). Each worker saved its own "
+        f"shard of the weights and optimizer state and its own RNG stream, so they only reload on {saved} "
+        f"workers: set trainer.n_gpus_per_node so that nnodes * n_gpus_per_node = {saved}, or start fresh "
+        "with trainer.resume_mode=disable (or another trainer.default_local_dir)."
+    ]
+
+
+def check_resume(cfg: Any, point_problems=world_size_problems) -> list[str]:
+    """The checkpoint a resume would load exists, is complete and fits this run (``point_problems``:
+    the mode's reasons it may not; checked before any worker starts)."""
+    from hybrid_rl.trainer.core.checkpoints import RESUME_MODES, CheckpointManager
+
+    t = cfg.trainer
+    if t.resume_mode not in RESUME_MODES or (t.resume_mode == "resume_path" and not t.resume_from_path):
+        return []  # reported by check_trainer
+    try:
+        point = CheckpointManager(t.default_local_dir).resolve_resume(t.resume_mode, t.resume_from_path)
+    except (ValueError, OSError) as error:
+        return [f"{error} (trainer.resume_mode={t.resume_mode})"]
+    return [] if point is None else point_problems(cfg, point)
+
+
+def raise_problems(errors: list[str]) -> None:
+    """One ValueError listing ``errors`` (one line for one problem); nothing when there are none."""
+    if len(errors) == 1:
+        raise ValueError(errors[0])
+    if errors:
+        raise ValueError(f"{len(errors)} config problems:\n" + "\n".join(f"- {e}" for e in errors))

@@ -1,0 +1,88 @@
+"""The checks of the supervised modes' configs (:class:`SFTConfig`, :class:`RMConfig`) and their run plan.
+
+They start from what every mode shares (:mod:`hybrid_rl.trainer.config.run_checks`: devices, the
+``trainer.*`` keys, data files, resume) and add their own: the model folder, the batch against the
+workers, the lengths; SFT also the engine of its held-out generations. Every problem is one line
+naming the keys, their values and the fix, all reported together.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Union
+
+from hybrid_rl.trainer.config.run_checks import (RunPlan, check_data_files, check_devices, check_model_path,
+                                                 check_resume, check_trainer, raise_problems, worker_layout)
+from hybrid_rl.trainer.config.supervised import RMConfig, SFTConfig, rm_critic_config, sft_actor_config
+
+__all__ = ["supervised_plan", "validate_rm_config", "validate_sft_config"]
+
+TRUNCATIONS = ("error", "left", "right")
+
+
+def supervised_plan(cfg: Union[SFTConfig, RMConfig]) -> RunPlan:
+    """One trained model per worker: no critic, reference, reward model or separate rollout pool."""
+    device, world, threads = worker_layout(cfg)
+    return RunPlan(device=device, world_size=world, use_critic=False, use_reference_policy=False,
+                   threads_per_worker=threads, single_process=cfg.trainer.single_process is True)
+
+
+def _check_data(cfg: Any, training: bool) -> list[str]:
+    """Lengths always; with ``training`` the batch against the workers."""
+    d, t = cfg.data, cfg.trainer
+    errors = check_data_files(d)
+    if d.truncation not in TRUNCATIONS:
+        errors.append(f"data.truncation={d.truncation!r} must be one of {TRUNCATIONS} (error stops at the first "
+                      "overlong conversation; left keeps its end, right its start).")
+    if d.max_length < 2:
+        errors.append(f"data.max_length={d.max_length} must be >= 2 tokens (e.g. 1024).")
+    if not training:
+        return errors
+    world = max(1, t.nnodes * t.n_gpus_per_node)
+    if d.train_batch_size < 1 or d.train_batch_size % world:
+        errors.append(f"data.train_batch_size={d.train_batch_size} must be a positive multiple of the {world} "
+                      "workers (trainer.nnodes * trainer.n_gpus_per_node): each gets an equal share of a batch.")
+    if d.micro_batch_size_per_gpu < 1:
+        errors.append(f"data.micro_batch_size_per_gpu={d.micro_batch_size_per_gpu} must be >= 1 row.")
+    return errors
+
+
+def _common(cfg: Any, training: bool) -> list[str]:
+    m = cfg.model
+    errors = check_devices(cfg) + check_trainer(cfg) + _check_data(cfg, training)
+    errors += check_model_path("model.partial_pretrain", m.partial_pretrain, m.trust_remote_code)
+    return errors + (check_resume(cfg) if training else [])
+
+
+def _worker_config_problem(build, cfg: Any) -> list[str]:
+    """The worker config's own checks (its dtypes, LoRA, optimizer), reported among the others."""
+    try:
+        build(cfg)
+    except ValueError as error:
+        return [str(error)]
+    return []
+
+
+def validate_sft_config(cfg: SFTConfig, *, training: bool = True) -> None:
+    """Raise one ValueError listing every problem of an SFT config."""
+    errors = _common(cfg, training)
+    d, rollout = cfg.data, cfg.rollout
+    if training and d.use_dynamic_bsz and d.max_token_len_per_gpu < d.max_length:
+        errors.append(f"data.max_token_len_per_gpu={d.max_token_len_per_gpu} is smaller than one conversation of up "
+                      f"to data.max_length={d.max_length} tokens; raise it to at least {d.max_length}.")
+    if rollout.n != 1:
+        errors.append(f"rollout.n={rollout.n}: SFT samples no responses to train on (its engine only answers the "
+                      "held-out prompts); leave rollout.n=1 and set rollout.val_kwargs.n for more answers per prompt.")
+    for data_key, rollout_key in (("max_response_length", "response_length"), ("max_prompt_length", "prompt_length")):
+        if getattr(d, data_key) != getattr(rollout, rollout_key):
+            errors.append(f"rollout.{rollout_key}={getattr(rollout, rollout_key)} differs from data.{data_key}="
+                          f"{getattr(d, data_key)}; set only data.{data_key} (rollout.{rollout_key} follows it).")
+    path = cfg.custom_reward_function.path
+    if path is not None and not os.path.isfile(os.path.expanduser(path)):
+        errors.append(f"custom_reward_function.path={path!r} does not exist; point it at a .py file or set it to null.")
+    raise_problems(errors or _worker_config_problem(sft_actor_config, cfg))  # else a problem is told twice
+
+
+def validate_rm_config(cfg: RMConfig, *, training: bool = True) -> None:
+    """Raise one ValueError listing every problem of a reward-model config."""
+    raise_problems(_common(cfg, training) or _worker_config_problem(rm_critic_config, cfg))
