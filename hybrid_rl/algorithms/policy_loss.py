@@ -47,6 +47,10 @@ class PolicyLossInfo:
     set ``actor_rollout_ref.rollout.calculate_log_probs=true``."""
     uses_advantages: bool = True
     """It weights tokens by ``advantages``; false for a supervised loss (no rewards needed)."""
+    applies_rollout_is_weights: bool = False
+    """It multiplies each token's loss by ``rollout_is_weights`` (the rollout correction's importance
+    weights, ``algorithm.rollout_correction.rollout_is``) before aggregation; a run asking for those
+    weights needs a loss that applies them."""
     recommended: Mapping[str, Any] = field(default_factory=dict)
     """Config values it is meant to run with (``key -> value``, e.g. GSPO's tiny clip ratios); a run
     that picks the loss and leaves one of them at another value gets a one-line notice."""
@@ -63,14 +67,14 @@ GSPO_LOG_RATIO_MAX = 10.0
 
 
 def register_policy_loss(name: str, *, needs_rollout_log_probs: bool = False, uses_advantages: bool = True,
-                         recommended: Optional[Mapping[str, Any]] = None,
+                         applies_rollout_is_weights: bool = False, recommended: Optional[Mapping[str, Any]] = None,
                          description: Optional[str] = None) -> Callable:
     """Decorator registering a policy loss with the uniform signature (duplicate names raise ValueError);
     the keywords say what it needs from the run (:class:`PolicyLossInfo`)."""
 
     def decorator(fn: Callable) -> Callable:
         info = PolicyLossInfo(needs_rollout_log_probs=needs_rollout_log_probs, uses_advantages=uses_advantages,
-                              recommended=dict(recommended or {}),
+                              applies_rollout_is_weights=applies_rollout_is_weights, recommended=dict(recommended or {}),
                               description=first_doc_line(fn) if description is None else description)
         return _POLICY_LOSS_REGISTRY.register(name, info)(fn)
 
@@ -115,13 +119,14 @@ def _check_clip(clip_ratio_low: float, clip_ratio_high: float, clip_ratio_c: flo
         )
 
 
-@register_policy_loss("vanilla")
+@register_policy_loss("vanilla", applies_rollout_is_weights=True)
 def compute_policy_loss_vanilla(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     *,
+    rollout_is_weights: Optional[torch.Tensor] = None,
     loss_agg_mode: str = "token-mean",
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.2,
@@ -140,6 +145,8 @@ def compute_policy_loss_vanilla(
         loss_agg_mode, global_batch_num_tokens, global_batch_num_seqs: passed to ``agg_loss``.
         clip_ratio_low / clip_ratio_high: ratio clipped to ``[1 - low, 1 + high]``.
         clip_ratio_c: dual-clip bound (> 1) for negative advantages.
+        rollout_is_weights: ``[B, R]`` detached rollout-correction weights multiplying each token's
+            clipped loss before aggregation (None = 1).
 
     Returns:
         ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``: the loss; fraction of tokens where
@@ -148,6 +155,8 @@ def compute_policy_loss_vanilla(
     """
     pg_losses, pg_clipfrac, ppo_kl, pg_clipfrac_lower = _clipped_token_losses(
         old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c)
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, global_batch_num_tokens, global_batch_num_seqs)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
@@ -267,7 +276,7 @@ def behaviour_weight_stats(old_log_prob: torch.Tensor, rollout_log_probs: torch.
     return out
 
 
-@register_policy_loss("gspo", recommended={  # the GSPO paper's and veRL's / TRL's GSPO recipes
+@register_policy_loss("gspo", applies_rollout_is_weights=True, recommended={  # GSPO paper's, veRL's / TRL's recipes
     "actor_rollout_ref.actor.clip_ratio_low": 3e-4, "actor_rollout_ref.actor.clip_ratio_high": 4e-4,
     "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean"})
 def compute_policy_loss_gspo(
@@ -276,6 +285,7 @@ def compute_policy_loss_gspo(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     *,
+    rollout_is_weights: Optional[torch.Tensor] = None,
     loss_agg_mode: str = "token-mean",
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.2,
@@ -292,6 +302,7 @@ def compute_policy_loss_gspo(
         clip_ratio_low / clip_ratio_high: sequence ratio clipped to ``[1 - low, 1 + high]``
             (GSPO uses much smaller values than token-level PPO, e.g. 3e-4 / 4e-4).
         clip_ratio_c: unused (no dual clip in GSPO); accepted for the uniform signature.
+        rollout_is_weights: ``[B, R]`` rollout-correction weights scaling each token's loss (None = 1).
 
     Returns:
         ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``; ``pg_clipfrac_lower`` is always 0.
@@ -309,6 +320,8 @@ def compute_policy_loss_gspo(
     loss_unclipped = -advantages * ratio
     loss_clipped = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
     pg_losses = torch.maximum(loss_unclipped, loss_clipped)
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, global_batch_num_tokens, global_batch_num_seqs)
 
     pg_clipfrac = masked_mean(torch.gt(loss_clipped, loss_unclipped).to(ratio.dtype), response_mask)

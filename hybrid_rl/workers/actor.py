@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from hybrid_rl.algorithms import agg_loss, behaviour_weight_stats, get_policy_loss_fn, global_batch_denominators, kl_penalty
+from hybrid_rl.algorithms.rollout_correction import RolloutCorrectionConfig, bypass_policy_loss
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.utils.memory import grad_bytes
 from hybrid_rl.workers.batching import all_reduce_sum, restore_order, split_micro_batches
@@ -71,6 +72,7 @@ class DataParallelPPOActor:
         self.mini_batch_rows = ppo_mini_batch_size_per_gpu or config.ppo_mini_batch_size
         # per-rank rows of a micro-batch (derive_batch_sizes: also from veRL's global micro-batch key)
         self.micro_batch_rows = ppo_micro_batch_size_per_gpu or config.ppo_micro_batch_size_per_gpu
+        self._bypass: Optional[RolloutCorrectionConfig] = None  # bypass mode's correction, per update_policy
         self.use_remove_padding = use_remove_padding
         # per-row attention, no [T, T] mask; its kernel chosen by device (attention_backend)
         varlen = use_remove_padding and use_varlen_attention(actor_module, attn_implementation, device,
@@ -148,14 +150,19 @@ class DataParallelPPOActor:
         keys = _MODEL_INPUTS + ["response_mask", "advantages"] + ([] if detach_old else ["old_log_probs"])
         if self.config.use_kl_loss:
             keys.append("ref_log_prob")
-        if "rollout_log_probs" in data.batch.keys():  # behaviour log-probs (the decoupled loss uses them)
-            keys.append("rollout_log_probs")
+        # behaviour log-probs (the decoupled loss, bypass mode) and the rollout correction's weights
+        keys += [k for k in ("rollout_log_probs", "rollout_is_weights") if k in data.batch.keys()]
+        correction = data.meta_info.get("rollout_correction")  # bypass mode: the loss corrects itself
+        if correction is not None and "rollout_log_probs" not in keys:
+            raise ValueError("algorithm.rollout_correction.bypass_mode=true needs the rollout's log-probs: set "
+                             "actor_rollout_ref.rollout.calculate_log_probs=true.")
         missing = [k for k in keys if k not in data.batch.keys()]
         if missing:
             raise ValueError(f"update_policy: batch lacks {missing} (actor.use_kl_loss="
                              f"{self.config.use_kl_loss}); compute them before update_actor")
         check_mini_batch_rows(len(data), self.mini_batch_rows, "actor")
         data = data.select(batch_keys=keys)
+        self._bypass = RolloutCorrectionConfig(**correction) if correction is not None else None
         metrics: dict[str, list[float]] = defaultdict(list)
         skipped_before = self.num_skipped_steps
         self.actor_module.train()  # gradient checkpointing only runs in train mode
@@ -224,12 +231,8 @@ class DataParallelPPOActor:
         mask = batch["response_mask"]
         old_log_prob = log_prob.detach() if detach_old else batch["old_log_probs"]
         agg = dict(loss_agg_mode=cfg.loss_agg_mode, **denoms)
-        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = self.policy_loss_fn(
-            old_log_prob, log_prob, batch["advantages"], mask,
-            clip_ratio_low=cfg.effective_clip_ratio_low,
-            clip_ratio_high=cfg.effective_clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
-            rollout_log_probs=batch.get("rollout_log_probs"),
-            behav_imp_weight_cap=cfg.policy_loss.behav_imp_weight_cap, **agg)
+        (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower), corr_stats = self._policy_loss(
+            batch, log_prob, old_log_prob, agg)
         entropy_term = agg_loss(entropy, mask, cfg.loss_agg_mode, denoms["global_batch_num_tokens"],
                                 denoms["global_batch_num_seqs"])
         loss = pg_loss - cfg.entropy_coeff * entropy_term
@@ -241,9 +244,25 @@ class DataParallelPPOActor:
             loss = loss + cfg.kl_loss_coef * kl_term
         parts = torch.stack([pg_loss.detach(), entropy_term.detach(), kl_term.detach()]).double()
         stats = {"actor/pg_clipfrac": pg_clipfrac.detach(), "actor/ppo_kl": ppo_kl.detach(),
-                 "actor/pg_clipfrac_lower": pg_clipfrac_lower.detach()}  # to the host once per mini-batch
+                 "actor/pg_clipfrac_lower": pg_clipfrac_lower.detach(), **corr_stats}  # to the host once per mini-batch
         if "rollout_log_probs" in batch:  # how far the sampling engine's policy is from the proximal one
             weights = behaviour_weight_stats(old_log_prob, batch["rollout_log_probs"], mask,
                                              cfg.policy_loss.behav_imp_weight_cap)
             stats.update({f"actor/{k}": v for k, v in weights.items()})
         return loss, parts, stats
+
+    def _policy_loss(self, batch: dict[str, torch.Tensor], log_prob: torch.Tensor, old_log_prob: torch.Tensor,
+                     agg: dict) -> tuple[tuple[torch.Tensor, ...], dict[str, float]]:
+        """``((pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower), rollout-correction metrics)`` of the
+        registered loss; in bypass mode its weights and rejections against the current policy."""
+        cfg = self.config
+        clip = dict(clip_ratio_low=cfg.effective_clip_ratio_low, clip_ratio_high=cfg.effective_clip_ratio_high,
+                    clip_ratio_c=cfg.clip_ratio_c)
+        if self._bypass is not None:
+            *out, corr = bypass_policy_loss(self.policy_loss_fn, log_prob, batch["rollout_log_probs"],
+                                            batch["advantages"], batch["response_mask"], self._bypass, **clip, **agg)
+            return tuple(out), corr
+        return self.policy_loss_fn(
+            old_log_prob, log_prob, batch["advantages"], batch["response_mask"], **clip,
+            rollout_log_probs=batch.get("rollout_log_probs"), rollout_is_weights=batch.get("rollout_is_weights"),
+            behav_imp_weight_cap=cfg.policy_loss.behav_imp_weight_cap, **agg), {}

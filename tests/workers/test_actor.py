@@ -229,3 +229,28 @@ def test_decoupled_loss_reads_the_rollout_log_probs(base_model):
     # every model token's weight is exp(0.5) ~ 1.65 > the cap: the metrics say so
     assert all(w == pytest.approx(math.exp(0.5), rel=1e-4) for w in metrics["actor/behav_imp_weight/max"])
     assert all(f == 1.0 for f in metrics["actor/behav_imp_weight/capped_frac"])
+
+
+def test_bypass_mode_ppo_clip_is_vanilla_against_the_rollout_log_probs(base_model):
+    """Bypass mode (meta_info["rollout_correction"]) with ppo_clip and nothing rejected updates exactly as
+    vanilla PPO whose old log-probs are the rollout's; reinforce with token weights (the ratio, outside
+    the clip range here) updates otherwise and reports the mismatch metrics of the current policy."""
+    from dataclasses import asdict
+
+    from hybrid_rl.algorithms.rollout_correction import RolloutCorrectionConfig
+
+    data = _prepared_batch(base_model)
+    # the engine's log-probs 0.5 below the model's own: every current-policy weight is e^0.5 > 1 + clip
+    data.batch["rollout_log_probs"] = hf_response_log_probs(base_model, data, 0.7) - 0.5
+    reference = copy.deepcopy(data)
+    reference.batch["old_log_probs"] = data.batch["rollout_log_probs"].clone()
+    want, _ = _run_update(base_model, reference)
+    data.meta_info["rollout_correction"] = asdict(RolloutCorrectionConfig(bypass_mode=True, loss_type="ppo_clip"))
+    got, metrics = _run_update(base_model, data)
+    _assert_same_params(want, got, atol=0)
+    assert "rollout_corr/kl" in metrics and "rollout_corr/rollout_is_mean" not in metrics
+    data.meta_info["rollout_correction"] = asdict(RolloutCorrectionConfig(bypass_mode=True, loss_type="reinforce",
+                                                                          rollout_is="token"))
+    reinforce, metrics = _run_update(base_model, data)
+    assert max((reinforce[k] - want[k]).abs().max().item() for k in want) > 1e-6
+    assert all(w == pytest.approx(math.exp(0.5), rel=1e-3) for w in metrics["rollout_corr/rollout_is_mean"])

@@ -210,7 +210,7 @@ def _check_algorithm(cfg: PPOConfig) -> list[str]:
     from hybrid_rl.algorithms import KL_PENALTY_TYPES
 
     alg = cfg.algorithm
-    errors = _check_estimator(cfg) + _check_policy_loss(cfg)
+    errors = _check_estimator(cfg) + _check_policy_loss(cfg) + _check_rollout_correction(cfg)
     if alg.kl_penalty not in KL_PENALTY_TYPES:
         errors.append(
             f"algorithm.kl_penalty={alg.kl_penalty!r} is not one of {list(KL_PENALTY_TYPES)}; set one of them "
@@ -258,6 +258,44 @@ def _check_policy_loss(cfg: PPOConfig) -> list[str]:
     if loss_needs(cfg).needs_rollout_log_probs and not cfg.actor_rollout_ref.rollout.calculate_log_probs:
         return [f"actor_rollout_ref.actor.policy_loss.loss_mode={name} needs the behaviour log-probs of the rollout: "
                 "set actor_rollout_ref.rollout.calculate_log_probs=true."]
+    return []
+
+
+def _check_rollout_correction(cfg: PPOConfig) -> list[str]:
+    """``algorithm.rollout_correction``: its values parse, the engine returns log-probs, the loss applies
+    importance weights, bypass mode runs without a critic."""
+    from hybrid_rl.algorithms.rollout_correction import (LOSS_TYPES, parse_is_threshold, parse_rejection_specs,
+                                                         resolve_preset)
+
+    key = "algorithm.rollout_correction"
+    try:
+        rc = resolve_preset(cfg.algorithm.rollout_correction)
+        if rc.rollout_is not in (None, "token", "sequence"):
+            raise ValueError(f"{key}.rollout_is={rc.rollout_is!r} must be token, sequence or null.")
+        parse_is_threshold(rc.rollout_is_threshold)
+        parse_rejection_specs(rc.rollout_rs, rc.rollout_rs_threshold)
+        if rc.loss_type not in LOSS_TYPES:
+            raise ValueError(f"{key}.loss_type={rc.loss_type!r} must be one of {LOSS_TYPES} (bypass mode's loss).")
+    except ValueError as error:
+        return [str(error)]
+    if not rc.enabled:
+        return []
+    what = ("bypass_mode=true" if rc.bypass_mode else f"rollout_is={rc.rollout_is}" if rc.rollout_is
+            else f"rollout_rs={rc.rollout_rs}")
+    if not cfg.actor_rollout_ref.rollout.calculate_log_probs:
+        return [f"{key}.{what} corrects against the rollout engine's log-probs, which it does not return: set "
+                "actor_rollout_ref.rollout.calculate_log_probs=true."]
+    loss = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    if rc.rollout_is and not rc.bypass_mode and not loss_needs(cfg).applies_rollout_is_weights:
+        from hybrid_rl.algorithms import describe_policy_losses
+
+        takers = [n for n, i in describe_policy_losses().items() if i.applies_rollout_is_weights]
+        return [f"{key}.rollout_is={rc.rollout_is} needs a policy loss that applies the weights, not "
+                f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}; use one of {takers} or drop rollout_is."]
+    if rc.bypass_mode and estimator_needs(cfg).needs_critic:
+        return [f"{key}.bypass_mode=true with algorithm.adv_estimator={cfg.algorithm.adv_estimator} (a critic): bypass "
+                "mode is built and tested for critic-free estimators (veRL's presets are); use rollout_is / rollout_rs "
+                f"without bypass, or an estimator without a critic ({estimators_where(lambda i: not i.needs_critic)})."]
     return []
 
 

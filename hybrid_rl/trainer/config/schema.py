@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, TypeVar
 
+from hybrid_rl.algorithms.rollout_correction import RolloutCorrectionConfig
 from hybrid_rl.buffer.base import BufferConfig
 from hybrid_rl.workers.config import ActorRolloutRefConfig, CriticConfig, CriticModelConfig, FSDPConfig
 
@@ -116,6 +117,9 @@ class AlgorithmConfig:
     """KL estimator used in the reward: kl (k1) | abs | mse (k2) | low_var_kl (k3) | full."""
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     """Controller of the in-reward KL coefficient."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Correcting the rollout engine's log-probs against the trainer's (importance weights, rejection
+    sampling, bypass mode): docs/algorithms.md."""
 
 
 @dataclass

@@ -54,3 +54,19 @@ def compute_advantage(
     data.batch["advantages"] = advantages.to(torch.float32)
     data.batch["returns"] = returns.to(torch.float32)
     return data
+
+
+def apply_rollout_correction(data: DataProto, cfg: Any) -> dict[str, float]:
+    """The rollout correction of one batch (``algorithm.rollout_correction``): ``rollout_is_weights``
+    [B, R] when importance weights are asked for, ``response_mask`` [B, R] without the rejected tokens
+    (advantages, the critic and the update then see the reduced mask, as in veRL); returns the
+    ``rollout_corr/*`` metrics. Needs ``old_log_probs`` and ``rollout_log_probs``."""
+    from hybrid_rl.algorithms.rollout_correction import compute_rollout_correction
+
+    tensors = data.batch
+    weights, mask, metrics = compute_rollout_correction(tensors["old_log_probs"], tensors["rollout_log_probs"],
+                                                        tensors["response_mask"], cfg)
+    if weights is not None:
+        tensors["rollout_is_weights"] = weights.to(torch.float32)
+    tensors["response_mask"] = mask
+    return metrics

@@ -3,8 +3,9 @@
 One training step is a list of named steps, each a method ``step(batch, metrics) -> batch`` timed
 into ``timing_s/<step>``::
 
-    generate -> [compute_reward_baseline] -> [compute_rm_score] -> compute_reward -> [compute_old_log_prob]
-    -> [compute_ref_log_prob] -> [compute_values] -> compute_advantage -> [update_critic] -> update_actor
+    generate -> [compute_reward_baseline] -> [compute_rm_score] -> compute_reward
+    -> [compute_old_log_prob | use_rollout_log_probs] -> [compute_ref_log_prob] -> [compute_values]
+    -> [compute_rollout_correction] -> compute_advantage -> [update_critic] -> update_actor
     -> [validate] -> [save_checkpoint] -> log
 
 :meth:`RayPPOTrainer.step_plan` decides which steps run this step (what the chosen estimator and loss
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from hybrid_rl.algorithms import get_kl_controller, masked_mean
+from hybrid_rl.algorithms.rollout_correction import resolve_preset
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config.checks import RunPlan, make_run_plan, resume_point_problems, validate_config
@@ -82,6 +84,7 @@ class RayPPOTrainer(TrainerCore):
         self.val_reward_fn = val_reward_fn or inputs.build_reward_manager(cfg, self.tokenizer, num_examine=0)
         self.remote_rm = reward_model.build_remote_reward_model(cfg)  # None unless reward_model.model.path is a URL
         self.kl_ctrl_in_reward = get_kl_controller(**asdict(cfg.algorithm.kl_ctrl)) if cfg.algorithm.use_kl_in_reward else None
+        self.rollout_correction = resolve_preset(cfg.algorithm.rollout_correction)  # the preset's keys filled in
         # ((body, head) params, peak FLOP/s per worker in the actor's compute dtype, or None)
         self._flops: Optional[tuple[tuple[int, int], Optional[float]]] = None
 
@@ -160,14 +163,22 @@ class RayPPOTrainer(TrainerCore):
         if cfg.reward_model.enable:
             steps.append("compute_rm_score")
         steps.append("compute_reward")
-        # on-policy: the actor uses its own detached log-probs; the in-reward KL still needs them
-        if not (update_is_on_policy(cfg.actor_rollout_ref.actor, cfg.data.train_batch_size)
-                and not cfg.algorithm.use_kl_in_reward):
+        correction = self.rollout_correction
+        # on-policy: the actor uses its own detached log-probs; the in-reward KL and the rollout
+        # correction still need them; bypass mode takes the rollout's instead
+        recompute = correction.enabled or not (
+            update_is_on_policy(cfg.actor_rollout_ref.actor, cfg.data.train_batch_size)
+            and not cfg.algorithm.use_kl_in_reward)
+        if correction.bypass_mode:
+            steps.append("use_rollout_log_probs")
+        elif recompute:
             steps.append("compute_old_log_prob")
         if self.plan.use_reference_policy:
             steps.append("compute_ref_log_prob")
         if self.plan.use_critic:
             steps.append("compute_values")
+        if not correction.bypass_mode and recompute and cfg.actor_rollout_ref.rollout.calculate_log_probs:
+            steps.append("compute_rollout_correction")  # weights and rejections, or the mismatch metrics only
         steps.append("compute_advantage")
         if self.plan.use_critic:
             steps.append("update_critic")
@@ -243,6 +254,17 @@ class RayPPOTrainer(TrainerCore):
             metrics["actor/entropy"] = float(masked_mean(entropys, batch.batch["response_mask"].float()))
         return _absorb(batch, output, metrics)
 
+    def use_rollout_log_probs(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+        """Bypass mode: the rollout engine's log-probs are the old log-probs (no recomputation pass)."""
+        batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+        return batch
+
+    def compute_rollout_correction(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+        """``rollout_is_weights`` and the rejections of ``algorithm.rollout_correction`` (the response
+        mask loses the rejected tokens), with the ``rollout_corr/*`` mismatch metrics."""
+        metrics.update(ppo_ops.apply_rollout_correction(batch, self.rollout_correction))
+        return batch
+
     def compute_ref_log_prob(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """``ref_log_prob`` under the frozen reference policy."""
         return _absorb(batch, self.actor_rollout_wg.compute_ref_log_prob(batch), metrics)
@@ -268,6 +290,8 @@ class RayPPOTrainer(TrainerCore):
         return batch
 
     def update_actor(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+        if self.rollout_correction.bypass_mode:  # the actor's loss recomputes weights and rejections
+            batch.meta_info["rollout_correction"] = asdict(self.rollout_correction)
         return self._update(self.actor_rollout_wg.update_actor, batch, metrics)
 
     # ------------------------------------------------------------------ validation

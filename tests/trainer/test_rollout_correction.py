@@ -1,0 +1,48 @@
+"""Rollout correction in the trainer: the step plan it asks for, and short real runs (HF engine, tiny
+model) with the driver-side correction and with bypass mode."""
+
+import pytest
+
+from hybrid_rl.trainer.config.loader import get_config
+from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
+from tests.trainer.test_e2e import _assert_ok, _rows, _run_cli
+
+LOG_PROBS = "actor_rollout_ref.rollout.calculate_log_probs=true"
+
+
+def _plan(tmp_path, *extra):
+    cfg = get_config([f"data.arithmetic.cache_dir={tmp_path}", f"trainer.default_local_dir={tmp_path}/run", *extra])
+    return RayPPOTrainer(cfg, for_training=False).step_plan()
+
+
+def test_the_step_plan_follows_the_correction(tmp_path):
+    default = _plan(tmp_path)  # on-policy: the actor's detached log-probs, no old-log-prob pass
+    assert "compute_old_log_prob" not in default and "compute_rollout_correction" not in default
+    corrected = _plan(tmp_path, "algorithm.rollout_correction.preset=tis", LOG_PROBS)
+    assert corrected.index("compute_old_log_prob") < corrected.index("compute_rollout_correction") \
+        < corrected.index("compute_advantage")
+    bypass = _plan(tmp_path, "algorithm.rollout_correction.preset=bypass_ppo_clip", LOG_PROBS)
+    assert "use_rollout_log_probs" in bypass and "compute_old_log_prob" not in bypass
+    assert "compute_rollout_correction" not in bypass  # the actor's loss corrects at every micro-batch
+    measured = _plan(tmp_path, LOG_PROBS, "actor_rollout_ref.actor.ppo_mini_batch_size=8")  # off-policy updates
+    assert "compute_old_log_prob" in measured and "compute_rollout_correction" in measured  # metrics only
+
+
+@pytest.mark.parametrize("settings, keys", [
+    (["algorithm.rollout_correction.preset=k3_rs_token_tis", "algorithm.rollout_correction.rollout_rs_threshold=0.5"],
+     ["rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_seq_mean_k3_mean", "rollout_corr/kl",
+      "rollout_corr/log_ppl_diff", "timing_s/compute_rollout_correction"]),
+    (["algorithm.rollout_correction.preset=bypass_pg_is"],
+     ["rollout_corr/rollout_is_mean", "rollout_corr/chi2_token", "timing_s/use_rollout_log_probs"]),
+])
+def test_a_corrected_run_trains_and_reports_the_mismatch(tmp_path, tiny_model_dir, settings, keys):
+    result = _run_cli(tmp_path, tiny_model_dir, LOG_PROBS, *settings, "trainer.n_gpus_per_node=1",
+                      "trainer.total_training_steps=2", "trainer.save_freq=-1", "trainer.val_before_train=false",
+                      "trainer.val_at_end=false")
+    _assert_ok(result)
+    rows = _rows(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in keys:
+        assert key in rows[-1], (key, sorted(k for k in rows[-1] if "rollout_corr" in k))
+    # the HF engine samples in float32 like the actor: the two policies nearly agree
+    assert abs(rows[-1]["rollout_corr/kl"]) < 0.05 if "rollout_corr/kl" in rows[-1] else True
