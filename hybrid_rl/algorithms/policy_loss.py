@@ -51,6 +51,9 @@ class PolicyLossInfo:
     """It multiplies each token's loss by ``rollout_is_weights`` (the rollout correction's importance
     weights, ``algorithm.rollout_correction.rollout_is``) before aggregation; a run asking for those
     weights needs a loss that applies them."""
+    requires: tuple[str, ...] = ()
+    """Config keys it cannot run without (their value must not be null), e.g. dro's
+    ``actor_rollout_ref.actor.policy_loss.dro_beta``; the config checks name them."""
     recommended: Mapping[str, Any] = field(default_factory=dict)
     """Config values it is meant to run with (``key -> value``, e.g. GSPO's tiny clip ratios); a run
     that picks the loss and leaves one of them at another value gets a one-line notice."""
@@ -67,14 +70,16 @@ GSPO_LOG_RATIO_MAX = 10.0
 
 
 def register_policy_loss(name: str, *, needs_rollout_log_probs: bool = False, uses_advantages: bool = True,
-                         applies_rollout_is_weights: bool = False, recommended: Optional[Mapping[str, Any]] = None,
+                         applies_rollout_is_weights: bool = False, requires: tuple[str, ...] = (),
+                         recommended: Optional[Mapping[str, Any]] = None,
                          description: Optional[str] = None) -> Callable:
     """Decorator registering a policy loss with the uniform signature (duplicate names raise ValueError);
     the keywords say what it needs from the run (:class:`PolicyLossInfo`)."""
 
     def decorator(fn: Callable) -> Callable:
         info = PolicyLossInfo(needs_rollout_log_probs=needs_rollout_log_probs, uses_advantages=uses_advantages,
-                              applies_rollout_is_weights=applies_rollout_is_weights, recommended=dict(recommended or {}),
+                              applies_rollout_is_weights=applies_rollout_is_weights, requires=tuple(requires),
+                              recommended=dict(recommended or {}),
                               description=first_doc_line(fn) if description is None else description)
         return _POLICY_LOSS_REGISTRY.register(name, info)(fn)
 

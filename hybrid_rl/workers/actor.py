@@ -255,14 +255,13 @@ class DataParallelPPOActor:
                      agg: dict) -> tuple[tuple[torch.Tensor, ...], dict[str, float]]:
         """``((pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower), rollout-correction metrics)`` of the
         registered loss; in bypass mode its weights and rejections against the current policy."""
-        cfg = self.config
-        clip = dict(clip_ratio_low=cfg.effective_clip_ratio_low, clip_ratio_high=cfg.effective_clip_ratio_high,
-                    clip_ratio_c=cfg.clip_ratio_c)
+        settings = self.config.loss_settings()  # clip ratios and each loss's own keys
         if self._bypass is not None:
+            clip = {k: settings[k] for k in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")}
             *out, corr = bypass_policy_loss(self.policy_loss_fn, log_prob, batch["rollout_log_probs"],
                                             batch["advantages"], batch["response_mask"], self._bypass, **clip, **agg)
             return tuple(out), corr
         return self.policy_loss_fn(
-            old_log_prob, log_prob, batch["advantages"], batch["response_mask"], **clip,
+            old_log_prob, log_prob, batch["advantages"], batch["response_mask"], **settings,
             rollout_log_probs=batch.get("rollout_log_probs"), rollout_is_weights=batch.get("rollout_is_weights"),
-            behav_imp_weight_cap=cfg.policy_loss.behav_imp_weight_cap, **agg), {}
+            **agg), {}

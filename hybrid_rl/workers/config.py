@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from hybrid_rl.algorithms import KL_PENALTY_TYPES, LOSS_AGG_MODES
 from hybrid_rl.utils.precision import COMPUTE_DTYPES, CONCRETE_DTYPES
+from hybrid_rl.workers.policy_loss_config import PolicyLossConfig
 from hybrid_rl.workers.rollout.config import RolloutConfig
 
 DEFAULT_MODEL_PATH = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -189,24 +190,6 @@ class FSDPConfig:
 
 
 @dataclass(kw_only=True)
-class PolicyLossConfig:
-    """Choice of the policy-gradient loss (veRL ``actor.policy_loss.*``)."""
-
-    loss_mode: str = "vanilla"
-    """Name in hybrid_rl.algorithms' policy-loss registry (``--help`` lists the registered ones and
-    what each needs; ``@hybrid_rl.algorithms.register_policy_loss`` adds one)."""
-    behav_imp_weight_cap: Optional[float] = None
-    """decoupled loss (AReaL's name): tokens whose behaviour importance weight pi_prox / pi_behav
-    exceeds this are dropped from the loss; must be > 1. null keeps every token."""
-
-    def __post_init__(self) -> None:
-        cap = self.behav_imp_weight_cap
-        if cap is not None and not cap > 1.0:
-            raise ValueError(f"actor.policy_loss.behav_imp_weight_cap={cap} is invalid: it must be > 1 (tokens whose "
-                             "importance weight exceeds it are dropped). Fix: use e.g. 5, or null.")
-
-
-@dataclass(kw_only=True)
 class CheckpointConfig:
     """What a worker checkpoint contains (veRL ``*.checkpoint.*``)."""
 
@@ -302,8 +285,12 @@ class ActorConfig:
     """Shuffle rows before splitting into mini-batches (seeded per step)."""
     grad_clip: Optional[float] = 1.0
     """Max global gradient norm; null disables clipping (the norm is still reported)."""
+    tau_pos: float = 1.0
+    """sapo loss: temperature of the soft gate for positive advantages (veRL's key)."""
+    tau_neg: float = 1.05
+    """sapo loss: temperature of the soft gate for negative and zero advantages."""
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    """Policy-loss variant."""
+    """Policy-loss variant and its own settings."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and LR schedule."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -321,6 +308,14 @@ class ActorConfig:
                "use e.g. 3.0")
         _check(self.kl_loss_type in KL_PENALTY_TYPES, "actor.kl_loss_type", self.kl_loss_type,
                f"must be one of {KL_PENALTY_TYPES}", "pick one of them")
+        for key in ("tau_pos", "tau_neg"):
+            _check(getattr(self, key) > 0, f"actor.{key}", getattr(self, key), "must be > 0", "use e.g. 1.0")
+
+    def loss_settings(self) -> dict[str, Any]:
+        """The keyword settings every registered policy loss receives (each reads the ones it knows)."""
+        return dict(self.policy_loss.loss_settings(), clip_ratio_low=self.effective_clip_ratio_low,
+                    clip_ratio_high=self.effective_clip_ratio_high, clip_ratio_c=self.clip_ratio_c,
+                    tau_pos=self.tau_pos, tau_neg=self.tau_neg)
 
     @property
     def effective_clip_ratio_low(self) -> float:

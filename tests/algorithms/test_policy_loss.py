@@ -115,6 +115,7 @@ def test_builtins_registered_and_uniform_signature():
             old, new, adv, mask, loss_agg_mode="token-mean", clip_ratio_low=0.2, clip_ratio_high=0.28,
             clip_ratio_c=3.0, global_batch_num_tokens=None, global_batch_num_seqs=None, unused_extra=1,
             rollout_log_probs=old - 0.1,  # every loss accepts it; decoupled needs it
+            dro_beta=0.1,  # dro's required setting
         )
         assert len(out) == 4 and all(t.dim() == 0 and torch.isfinite(t) for t in out)
 

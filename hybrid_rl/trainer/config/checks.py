@@ -258,7 +258,10 @@ def _check_policy_loss(cfg: PPOConfig) -> list[str]:
     if loss_needs(cfg).needs_rollout_log_probs and not cfg.actor_rollout_ref.rollout.calculate_log_probs:
         return [f"actor_rollout_ref.actor.policy_loss.loss_mode={name} needs the behaviour log-probs of the rollout: "
                 "set actor_rollout_ref.rollout.calculate_log_probs=true."]
-    return []
+    from hybrid_rl.trainer.config.schema import key_owner
+
+    return [f"actor_rollout_ref.actor.policy_loss.loss_mode={name} needs {key} set (it is null); e.g. {key}=0.1."
+            for key in loss_needs(cfg).requires if getattr(*key_owner(cfg, key)) is None]
 
 
 def _check_rollout_correction(cfg: PPOConfig) -> list[str]:
