@@ -48,7 +48,7 @@ from hybrid_rl.algorithms.policy_loss import (
     registered_policy_losses,
     unregister_policy_loss,
 )
-from hybrid_rl.algorithms import policy_loss_variants  # noqa: F401  (registers veRL's other losses)
+from hybrid_rl.algorithms import advantage_variants, policy_loss_variants  # noqa: F401  (register veRL's others)
 from hybrid_rl.algorithms.reward_loss import bradley_terry_loss, preference_metrics
 from hybrid_rl.algorithms.value_loss import compute_value_loss
 

@@ -41,6 +41,9 @@ class AdvEstimatorInfo:
     needs_greedy_baseline: bool = False
     """It reads ``reward_baselines``: the driver generates and scores one greedy response per prompt
     each step (a synchronous-mode step; the decoupled mode refuses it)."""
+    requires: tuple[str, ...] = ()
+    """Config keys it cannot run without (not null, not empty), e.g. gdpo's ``algorithm.gdpo_reward_keys``;
+    the config checks name them."""
     description: str = ""
     """One line for listings (``--help``, the studio); default: the function's first docstring line."""
 
@@ -57,12 +60,15 @@ ADV_ESTIMATOR_INPUTS: dict[str, Any] = {
     "lam": 1.0,
     "norm_adv_by_std_in_grpo": True,
     "epsilon": 1e-6,
+    "reward_components": None,  # {name: [B]} scores per reward component (gdpo)
+    "reward_weights": None,  # one weight per component (gdpo)
 }
 _REQUIRED_INPUTS = ("token_level_rewards", "response_mask")
 
 
 def register_adv_est(name: str, *, needs_critic: bool = False, needs_groups: bool = False,
-                     needs_greedy_baseline: bool = False, description: Optional[str] = None) -> Callable:
+                     needs_greedy_baseline: bool = False, requires: tuple[str, ...] = (),
+                     description: Optional[str] = None) -> Callable:
     """Decorator registering an advantage estimator under ``name`` (duplicate names raise ValueError).
 
     The function must accept the keywords of :data:`ADV_ESTIMATOR_INPUTS` plus
@@ -73,7 +79,7 @@ def register_adv_est(name: str, *, needs_critic: bool = False, needs_groups: boo
 
     def decorator(fn: Callable) -> Callable:
         info = AdvEstimatorInfo(needs_critic=needs_critic, needs_groups=needs_groups,
-                                needs_greedy_baseline=needs_greedy_baseline,
+                                needs_greedy_baseline=needs_greedy_baseline, requires=tuple(requires),
                                 description=first_doc_line(fn) if description is None else description)
         return _ADV_REGISTRY.register(name, info)(fn)
 

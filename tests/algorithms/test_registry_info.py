@@ -46,7 +46,9 @@ def test_every_builtin_entry_describes_itself():
     assert all(isinstance(i, AdvEstimatorInfo) and i.description for i in estimators.values())
     assert all(isinstance(i, PolicyLossInfo) and i.description for i in losses.values())
     assert [n for n, i in estimators.items() if i.needs_critic] == ["gae"]
-    assert [n for n, i in estimators.items() if i.needs_groups] == ["grpo", "reinforce_plus_plus_baseline", "rloo"]
+    assert [n for n, i in estimators.items() if i.needs_groups] == [
+        "gdpo", "gpg", "grpo", "grpo_passk", "grpo_vectorized", "opo", "reinforce_plus_plus_baseline", "rloo",
+        "rloo_vectorized"]
     assert [n for n, i in estimators.items() if i.needs_greedy_baseline] == ["remax"]
     assert [n for n, i in losses.items() if i.needs_rollout_log_probs] == ["decoupled"]
     assert [n for n, i in losses.items() if not i.uses_advantages] == ["sft"]

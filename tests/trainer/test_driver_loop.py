@@ -161,3 +161,27 @@ def test_cpu_allocator_auto_takes_jemalloc_where_ray_ships_it():
     assert cpu_env.cpu_malloc_env({"MALLOC_ARENA_MAX": "2"}, "auto") == {"MALLOC_ARENA_MAX": "2"}
     with pytest.raises(ValueError, match="trainer.cpu_allocator='small' is invalid.*Fix: use auto"):
         cpu_env.resolve_cpu_allocator("small")
+
+
+def test_gdpo_reads_the_scorers_reward_components(tmp_path, tiny_model_dir):
+    """gdpo normalises each component the scorer returns in its dict (reward_extra_<key> columns)."""
+    reward = tmp_path / "parts.py"
+    reward.write_text("def parts(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return {'score': 0.0, 'acc': float(len(solution_str) % 2), 'short': -len(solution_str)}\n")
+    base = ["algorithm.adv_estimator=gdpo", f"custom_reward_function.path={reward}", "custom_reward_function.name=parts",
+            "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.val_at_end=false"]
+    trainer = _trainer(tmp_path, tiny_model_dir, *base, "algorithm.gdpo_reward_keys=[acc,short]",
+                       "algorithm.gdpo_reward_weights=[1.0,0.5]")
+    batch = trainer.compute_reward(trainer.generate(_first_batch(trainer), {}), {})
+    out = trainer.compute_advantage(batch, {})
+    assert out.batch["advantages"].abs().sum() > 0  # the score is 0 everywhere: only the components move it
+    missing = _trainer(tmp_path / "b", tiny_model_dir, *base, "algorithm.gdpo_reward_keys=[nope]")
+    keys = r"names 'nope', which the scorer does not return \(its dict keys: \['acc', 'score', 'short'\]"
+    with pytest.raises(ValueError, match=keys):
+        missing.compute_advantage(missing.compute_reward(missing.generate(_first_batch(missing), {}), {}), {})
+
+
+def _first_batch(trainer):
+    from hybrid_rl.protocol import DataProto
+
+    return DataProto.from_single_dict(next(iter(trainer.train_dataloader)))

@@ -227,10 +227,18 @@ def _check_estimator(cfg: PPOConfig) -> list[str]:
     """``algorithm.adv_estimator`` is registered and the run gives it what its registry info says it needs."""
     from hybrid_rl.algorithms import registered_adv_estimators
 
+    from hybrid_rl.algorithms.advantage_variants import UNSUPPORTED_ADV_ESTIMATORS
+    from hybrid_rl.trainer.config.schema import key_owner
+
     name, n, needs = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n, estimator_needs(cfg)
+    if name in UNSUPPORTED_ADV_ESTIMATORS and name not in registered_adv_estimators():
+        nearest, why = UNSUPPORTED_ADV_ESTIMATORS[name]
+        return [f"algorithm.adv_estimator={name} (veRL's) is not available in hybrid_rl: {why}. Nearest: "
+                f"algorithm.adv_estimator={nearest}."]
     if name not in registered_adv_estimators():
         return [f"algorithm.adv_estimator={name!r} is not registered; valid: {registered_adv_estimators()}."]
-    errors = []
+    errors = [f"algorithm.adv_estimator={name} needs {key} set (it is {getattr(*key_owner(cfg, key))!r}); e.g. "
+              f"{key}=[acc,format]." for key in needs.requires if not getattr(*key_owner(cfg, key))]
     if needs.needs_groups and n < 2:
         errors.append(
             f"algorithm.adv_estimator={name} compares the responses to the same prompt but "

@@ -117,6 +117,11 @@ class AlgorithmConfig:
     """KL estimator used in the reward: kl (k1) | abs | mse (k2) | low_var_kl (k3) | full."""
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     """Controller of the in-reward KL coefficient."""
+    gdpo_reward_keys: Optional[list[str]] = None
+    """gdpo estimator: the reward components, i.e. keys of the dict the scorer returns (each becomes
+    a column beside the score), normalised per group one by one."""
+    gdpo_reward_weights: Optional[list[float]] = None
+    """gdpo estimator: one weight per component (null = 1 each)."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """Correcting the rollout engine's log-probs against the trainer's (importance weights, rejection
     sampling, bypass mode): docs/algorithms.md."""

@@ -7,7 +7,7 @@ shared with held-out validation, is :mod:`hybrid_rl.trainer.core.generation`'s.)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -31,14 +31,34 @@ def apply_kl_penalty(data: DataProto, kl_ctrl: Any, kl_penalty: str) -> tuple[Da
     return data, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
 
 
+def reward_components(data: DataProto, keys: Optional[list[str]]) -> Optional[dict[str, torch.Tensor]]:
+    """``key -> [B]`` float scores of the reward components the scorer returned in its dict (the
+    ``reward_extra_<key>`` columns ``compute_reward`` keeps); None without keys. ValueError naming the
+    missing key."""
+    if not keys:
+        return None
+    out = {}
+    for key in keys:
+        column = data.non_tensor_batch.get(f"reward_extra_{key}")
+        if column is None:
+            have = sorted(k[len("reward_extra_"):] for k in data.non_tensor_batch if k.startswith("reward_extra_"))
+            raise ValueError(f"algorithm.gdpo_reward_keys names {key!r}, which the scorer does not return (its dict "
+                             f"keys: {have}); return it from compute_score as a dict entry or fix the key.")
+        out[key] = torch.as_tensor([float(v) for v in column], dtype=torch.float32)
+    return out
+
+
 def compute_advantage(
     data: DataProto,
     adv_estimator: str,
     gamma: float = 1.0,
     lam: float = 1.0,
     norm_adv_by_std_in_grpo: bool = True,
+    components: Optional[dict[str, torch.Tensor]] = None,
+    component_weights: Optional[list[float]] = None,
 ) -> DataProto:
-    """Fill ``advantages`` and ``returns`` ([B, R]) with the registered estimator ``adv_estimator``."""
+    """Fill ``advantages`` and ``returns`` ([B, R]) with the registered estimator ``adv_estimator``
+    (``components`` / ``component_weights``: the reward components of estimators that read them)."""
     tensors = data.batch
     advantages, returns = algorithms.compute_advantage(
         adv_estimator,
@@ -50,6 +70,8 @@ def compute_advantage(
         gamma=gamma,
         lam=lam,
         norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+        reward_components=components,
+        reward_weights=component_weights,
     )
     data.batch["advantages"] = advantages.to(torch.float32)
     data.batch["returns"] = returns.to(torch.float32)

@@ -282,7 +282,9 @@ class RayPPOTrainer(TrainerCore):
         else:
             batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
         return ppo_ops.compute_advantage(batch, alg.adv_estimator, gamma=alg.gamma, lam=alg.lam,
-                                         norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
+                                         norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+                                         components=ppo_ops.reward_components(batch, alg.gdpo_reward_keys),
+                                         component_weights=alg.gdpo_reward_weights)
 
     def update_critic(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         output = self.critic_wg.update_critic(batch)
