@@ -185,3 +185,23 @@ def _first_batch(trainer):
     from hybrid_rl.protocol import DataProto
 
     return DataProto.from_single_dict(next(iter(trainer.train_dataloader)))
+
+
+def test_dynamic_sampling_takes_more_prompt_batches_from_the_stream(tmp_path, tiny_model_dir):
+    """filter_groups refills a step from the training stream; the loader's position counts every batch
+    taken (so a resume continues exactly), and the overlong penalty shows in its metrics."""
+    trainer = _trainer(tmp_path, tiny_model_dir, "algorithm.filter_groups.enable=true",
+                       "algorithm.filter_groups.metric=acc", "algorithm.filter_groups.max_num_gen_batches=3",
+                       "trainer.total_training_steps=2", "trainer.val_before_train=false",
+                       "trainer.val_at_end=false", "reward_model.overlong_buffer.enable=true",
+                       "reward_model.overlong_buffer.len=2", "reward_model.overlong_buffer.log=true")
+    plan = trainer.step_plan()
+    assert plan.index("compute_reward") + 1 == plan.index("filter_groups")
+    trainer.fit()
+    rows = _rows(tmp_path / "run")
+    taken = [r["train/num_gen_batches"] for r in rows]
+    assert all(1 <= t <= 3 for t in taken) and "reward/overlong_frac" in rows[0]
+    assert trainer.train_dataloader.state_dict()["batch_in_epoch"] == sum(taken)  # 10 batches per epoch
+    calls = trainer.workers.actor_rollout.calls
+    assert calls.count("generate_sequences") == sum(taken) and calls.count("update_actor") == 2
+    assert all(r["train/filter_groups/kept_frac"] <= 1 for r in rows)

@@ -70,8 +70,8 @@ def validate_config(cfg: PPOConfig, *, training: bool = True) -> None:
     ``training=False`` (``python -m hybrid_rl.eval`` / ``debug``: generate and score, no update) skips
     what only an update or a checkpoint uses: the mini/micro-batch sizes, token budgets and resume."""
     errors: list[str] = []
-    checks = [_check_devices, _check_lengths, _check_algorithm, _check_files, _check_trainer, _check_reward,
-              _check_async] + ([_check_batch_sizes, _check_resume] if training else [])
+    checks = [_check_devices, _check_lengths, _check_algorithm, _check_dapo, _check_files, _check_trainer,
+              _check_reward, _check_async] + ([_check_batch_sizes, _check_resume] if training else [])
     for check in checks:
         errors.extend(check(cfg))
     raise_problems(errors)
@@ -270,6 +270,30 @@ def _check_policy_loss(cfg: PPOConfig) -> list[str]:
 
     return [f"actor_rollout_ref.actor.policy_loss.loss_mode={name} needs {key} set (it is null); e.g. {key}=0.1."
             for key in loss_needs(cfg).requires if getattr(*key_owner(cfg, key)) is None]
+
+
+def _check_dapo(cfg: PPOConfig) -> list[str]:
+    """``algorithm.filter_groups`` (dynamic sampling) and ``reward_model.overlong_buffer``."""
+    fg, buffer, errors = cfg.algorithm.filter_groups, cfg.reward_model.overlong_buffer, []
+    if fg.enable:
+        if not fg.metric:
+            errors.append("algorithm.filter_groups.enable=true needs algorithm.filter_groups.metric: acc, score, "
+                          "seq_reward, seq_final_reward or a key the scorer returns.")
+        if cfg.actor_rollout_ref.rollout.n < 2:
+            errors.append(f"algorithm.filter_groups.enable=true drops groups whose responses agree, but "
+                          f"actor_rollout_ref.rollout.n={cfg.actor_rollout_ref.rollout.n}; set rollout.n >= 2.")
+        if cfg.async_training.enable:
+            errors.append("algorithm.filter_groups.enable=true with async_training.enable=true: the decoupled mode's "
+                          "producer does not refill dropped groups yet; run dynamic sampling in the synchronous mode.")
+        if fg.metric == "seq_final_reward" and cfg.algorithm.use_kl_in_reward:
+            errors.append("algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=true: the "
+                          "in-reward KL is applied after the filter here; use seq_reward (or acc / score).")
+    if buffer.enable and not 0 < buffer.len <= cfg.data.max_response_length:
+        errors.append(f"reward_model.overlong_buffer.len={buffer.len} must lie in (0, data.max_response_length="
+                      f"{cfg.data.max_response_length}]; e.g. {max(1, cfg.data.max_response_length // 4)}.")
+    if buffer.enable and buffer.penalty_factor < 0:
+        errors.append(f"reward_model.overlong_buffer.penalty_factor={buffer.penalty_factor} must be >= 0 (1.0 in DAPO).")
+    return errors
 
 
 def _check_rollout_correction(cfg: PPOConfig) -> list[str]:

@@ -99,6 +99,21 @@ class KLCtrlConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (veRL ``algorithm.filter_groups.*``): groups whose metric is the same for
+    every response are dropped and more prompts generated until the batch is full."""
+
+    enable: bool = False
+    """Drop the groups (responses to one prompt) whose ``metric`` does not vary, and refill the batch."""
+    metric: Optional[str] = None
+    """What must vary within a group: acc or score (a key the scorer returns; the score itself when it
+    returns a number), seq_reward (summed token scores) or seq_final_reward (summed token rewards)."""
+    max_num_gen_batches: int = 0
+    """Most generation batches per training step (0 = no bound); past it the batch is completed with
+    the last dropped groups (zero advantage) and ``train/filter_groups/filled_groups`` counts them."""
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantage estimation and in-reward KL (veRL ``algorithm.*``)."""
 
@@ -117,6 +132,8 @@ class AlgorithmConfig:
     """KL estimator used in the reward: kl (k1) | abs | mse (k2) | low_var_kl (k3) | full."""
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     """Controller of the in-reward KL coefficient."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """DAPO's dynamic sampling."""
     gdpo_reward_keys: Optional[list[str]] = None
     """gdpo estimator: the reward components, i.e. keys of the dict the scorer returns (each becomes
     a column beside the score), normalised per group one by one."""
@@ -161,6 +178,20 @@ class RewardModelModelConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    """DAPO's soft overlong punishment (veRL ``reward_model.overlong_buffer.*``)."""
+
+    enable: bool = False
+    """Penalise responses longer than ``data.max_response_length - len`` tokens, linearly."""
+    len: int = 0
+    """Length of the ramp: the penalty grows from 0 at ``max_response_length - len`` tokens."""
+    penalty_factor: float = 1.0
+    """The penalty at ``data.max_response_length`` tokens."""
+    log: bool = False
+    """Also log the penalty and the share of penalised responses per step (``reward/overlong_*``)."""
+
+
+@dataclass
 class RewardModelConfig:
     """How rewards are computed (veRL ``reward_model.*``): rule / function scorers, and optionally a
     learned reward model (``enable``) whose score is combined with them (docs/rlhf_pipeline.md)."""
@@ -189,6 +220,8 @@ class RewardModelConfig:
     """Seconds one scoring call may take before it is abandoned and scored 0."""
     num_examine: int = 1
     """Decoded samples per data_source written to the log at each training step."""
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    """DAPO's soft overlong punishment, added to every scorer's score."""
     tool_reward_weight: float = 0.0
     """Multi-turn rollouts: a row's score becomes score + tool_reward_weight x (sum of its tool
     rewards and interaction turn scores). 0 = the final reward only (hybrid_rl's own key; veRL leaves

@@ -100,6 +100,7 @@ class TrainerCore(abc.ABC):
         self.tracker: Optional[Tracking] = None
         self.progress: Optional[ProgressBar] = None
         self._worker_classes = tuple(worker_classes)
+        self._epoch_batches: Optional[Iterator[Any]] = None  # the current epoch of the training stream
 
     # ------------------------------------------------------------------ what a mode supplies
     @abc.abstractmethod
@@ -210,17 +211,22 @@ class TrainerCore(abc.ABC):
     def _batches(self) -> Iterator[DataProto]:
         """Batches until the last step, cycling epochs (the loader resumes mid-epoch)."""
         while self.global_steps < self.total_training_steps:
-            batches = iter(self.train_dataloader)
-            while True:
-                # torch's DataLoader draws a base seed from the global RNG when an epoch starts; a
-                # resumed run starts its epoch at another point, so keep the loader off that RNG.
-                with torch.random.fork_rng(devices=[]):
-                    batch_dict = next(batches, None)
-                if batch_dict is None:
-                    break
-                yield DataProto.from_single_dict(batch_dict)
-                if self.global_steps >= self.total_training_steps:
-                    return
+            yield self.next_prompt_batch()
+
+    def next_prompt_batch(self) -> DataProto:
+        """The next batch of the training stream, a new epoch starting when one ends. The loop takes one
+        per step; a step may take more (DAPO's dynamic sampling): the loader's saved position counts
+        every batch handed out, so a resumed run continues exactly."""
+        while True:
+            if self._epoch_batches is None:
+                self._epoch_batches = iter(self.train_dataloader)
+            # torch's DataLoader draws a base seed from the global RNG when an epoch starts; a
+            # resumed run starts its epoch at another point, so keep the loader off that RNG.
+            with torch.random.fork_rng(devices=[]):
+                batch_dict = next(self._epoch_batches, None)
+            if batch_dict is not None:
+                return DataProto.from_single_dict(batch_dict)
+            self._epoch_batches = None
 
     def train_step(self, batch: DataProto) -> dict[str, float]:
         """Run :meth:`step_plan` on one batch, then :meth:`log`; returns the step's metrics."""
@@ -303,6 +309,7 @@ class TrainerCore(abc.ABC):
         for name, group in self._checkpoint_parts():
             group.load_checkpoint(os.path.join(point.step_dir, name))
         self.train_dataloader.load_state_dict(point.state["dataloader"])
+        self._epoch_batches = None  # continue from the restored position
         restore_rng_state(point.state["rng"])
         self.health.load_state_dict(point.state.get("health"))
         self.global_steps = point.global_step

@@ -92,3 +92,21 @@ def apply_rollout_correction(data: DataProto, cfg: Any) -> dict[str, float]:
         tensors["rollout_is_weights"] = weights.to(torch.float32)
     tensors["response_mask"] = mask
     return metrics
+
+
+def apply_overlong_penalty(data: DataProto, cfg: Any, max_response_length: int) -> dict[str, float]:
+    """DAPO's soft overlong punishment (``reward_model.overlong_buffer``, :func:`~hybrid_rl.algorithms.dapo.overlong_penalty`)
+    added to ``token_level_scores`` [B, R] at each response's last token; returns its metrics when
+    ``cfg.log``. A response's length counts every token of its response part (tool observations too)."""
+    from hybrid_rl.algorithms.dapo import overlong_penalty
+
+    responses = data.batch["responses"]  # [B, R]
+    lengths = data.batch["attention_mask"][:, -responses.shape[-1]:].sum(-1)  # [B]
+    penalty = overlong_penalty(lengths, max_response_length, cfg.len, cfg.penalty_factor)
+    last = (lengths - 1).clamp(min=0).long()
+    scores = data.batch["token_level_scores"]
+    scores[torch.arange(len(scores)), last] += penalty.to(scores.dtype)
+    if not cfg.log:
+        return {}
+    return {"reward/overlong_penalty_mean": float(penalty.mean()),
+            "reward/overlong_frac": float((penalty < 0).float().mean())}

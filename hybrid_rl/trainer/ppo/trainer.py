@@ -3,7 +3,7 @@
 One training step is a list of named steps, each a method ``step(batch, metrics) -> batch`` timed
 into ``timing_s/<step>``::
 
-    generate -> [compute_reward_baseline] -> [compute_rm_score] -> compute_reward
+    generate -> [compute_reward_baseline] -> [compute_rm_score] -> compute_reward -> [filter_groups]
     -> [compute_old_log_prob | use_rollout_log_probs] -> [compute_ref_log_prob] -> [compute_values]
     -> [compute_rollout_correction] -> compute_advantage -> [update_critic] -> update_actor
     -> [validate] -> [save_checkpoint] -> log
@@ -37,6 +37,7 @@ from hybrid_rl.trainer.core.health import memory_hint
 from hybrid_rl.trainer.core.loop import TrainerCore
 from hybrid_rl.trainer.core.validation import dataset_batches, run_validation
 from hybrid_rl.trainer.ppo import learned_reward as reward_model, ops as ppo_ops
+from hybrid_rl.trainer.ppo.dynamic_sampling import fill_with_informative_groups
 from hybrid_rl.workers.config import update_is_on_policy
 
 logger = logging.getLogger(__name__)
@@ -163,6 +164,8 @@ class RayPPOTrainer(TrainerCore):
         if cfg.reward_model.enable:
             steps.append("compute_rm_score")
         steps.append("compute_reward")
+        if cfg.algorithm.filter_groups.enable:
+            steps.append("filter_groups")
         correction = self.rollout_correction
         # on-policy: the actor uses its own detached log-probs; the in-reward KL and the rollout
         # correction still need them; bypass mode takes the rollout's instead
@@ -196,11 +199,14 @@ class RayPPOTrainer(TrainerCore):
         """Repeat each prompt ``rollout.n`` times (shared ``uid``) and sample one response per row."""
         return self.generate_batch(batch, self.global_steps, metrics)
 
-    def generate_batch(self, batch: DataProto, step: int, metrics: dict[str, Any]) -> DataProto:
-        """:meth:`generate` for prompt batch number ``step`` (its uids and seed) on :attr:`rollout_wg`."""
-        batch = generation.prepare_rollout_batch(batch, self.config.actor_rollout_ref.rollout.n, step)
+    def generate_batch(self, batch: DataProto, step: int, metrics: dict[str, Any], extra: int = 0) -> DataProto:
+        """:meth:`generate` for prompt batch number ``step`` (its uids and seed) on :attr:`rollout_wg`;
+        ``extra``: the step's how-many-th additional batch (dynamic sampling: other uids and seeds)."""
+        label = step if extra == 0 else f"{step}.{extra}"
+        batch = generation.prepare_rollout_batch(batch, self.config.actor_rollout_ref.rollout.n, label)
         gen, rest = generation.split_generation_inputs(batch)
         gen.meta_info.update(self._generation_meta(validate=False, step=step))
+        gen.meta_info["seed"] += extra * 1_000_003  # a step's extra batches sample with seeds of their own
         output = self.rollout_wg.generate_sequences(gen)
         metrics.update(metric_fns.reduce_metrics(output.meta_info.get("metrics", {})))
         return generation.merge_generation_output(rest, output)
@@ -244,6 +250,9 @@ class RayPPOTrainer(TrainerCore):
                 batch.non_tensor_batch[f"reward_extra_{key}"] = column
         batch.batch["token_level_scores"] = rule if rm_scores is None else reward_model.rewards_with_rm(
             self.config.reward_model, rm_scores, rule, raw_rm, metrics)
+        overlong = self.config.reward_model.overlong_buffer
+        if overlong.enable:  # DAPO's soft overlong punishment
+            metrics.update(ppo_ops.apply_overlong_penalty(batch, overlong, self.config.data.max_response_length))
         return batch
 
     def compute_old_log_prob(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
@@ -253,6 +262,23 @@ class RayPPOTrainer(TrainerCore):
             entropys = output.batch.pop("entropys")
             metrics["actor/entropy"] = float(masked_mean(entropys, batch.batch["response_mask"].float()))
         return _absorb(batch, output, metrics)
+
+    def filter_groups(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+        """DAPO's dynamic sampling: drop the groups whose metric does not vary, generate and score more
+        prompt batches until ``data.train_batch_size`` groups remain (:mod:`.dynamic_sampling`)."""
+        head = self.step_plan()[1:self.step_plan().index("filter_groups")]  # the scoring steps after generate
+        extras = iter(range(1, 1 << 30))
+
+        def next_scored_batch() -> DataProto:
+            scratch: dict[str, Any] = {}  # the extra batches' own metrics are not the step's
+            more = self.generate_batch(self.next_prompt_batch(), self.global_steps, scratch, next(extras))
+            for name in head:
+                more = getattr(self, name)(more, scratch)
+            return more
+
+        cfg = self.config
+        return fill_with_informative_groups(batch, cfg.algorithm.filter_groups, cfg.actor_rollout_ref.rollout.n,
+                                            cfg.data.train_batch_size, next_scored_batch, metrics)
 
     def use_rollout_log_probs(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """Bypass mode: the rollout engine's log-probs are the old log-probs (no recomputation pass)."""
