@@ -59,7 +59,8 @@ class RolloutCorrectionConfig:
     """One key for a published setting (hybrid_rl's key; veRL's preset constructors): tis, token_tis, mis,
     icepop, seq_is_rs, geo_rs, geo_rs_seq_tis, geo_rs_token_tis, k3_rs, k3_rs_seq_tis, k3_rs_token_tis,
     bypass_ppo_clip, bypass_ppo_clip_geo_rs, bypass_ppo_clip_k3_rs, bypass_pg_is, bypass_pg_geo_rs, or
-    metrics (measure only). It fills the keys below that are left at their defaults."""
+    metrics (measure the mismatch only: the old log-probs are recomputed every step). It fills the keys
+    below that are left at their defaults."""
     rollout_is: Optional[str] = None
     """Importance weights pi_train / pi_rollout per ``token`` or per ``sequence`` (product over its
     tokens); null = none."""
@@ -86,6 +87,12 @@ class RolloutCorrectionConfig:
     def enabled(self) -> bool:
         """Whether anything is corrected (weights, rejections or bypass); else metrics only."""
         return bool(self.rollout_is or self.rollout_rs or self.bypass_mode)
+
+    @property
+    def measured(self) -> bool:
+        """Whether the run measures the mismatch every step (a correction, or the ``metrics`` preset):
+        the trainer then recomputes the old log-probs even when its update would not need them."""
+        return self.enabled or self.preset == "metrics"
 
 
 ROLLOUT_CORRECTION_PRESETS: dict[str, dict[str, Any]] = {
@@ -125,7 +132,7 @@ def resolve_preset(cfg: RolloutCorrectionConfig) -> RolloutCorrectionConfig:
                          f"{sorted(ROLLOUT_CORRECTION_PRESETS)} or null.")
     default = RolloutCorrectionConfig()
     unset = {f.name for f in fields(cfg) if getattr(cfg, f.name) == getattr(default, f.name)}
-    return replace(cfg, preset=None, **{k: v for k, v in ROLLOUT_CORRECTION_PRESETS[cfg.preset].items() if k in unset})
+    return replace(cfg, **{k: v for k, v in ROLLOUT_CORRECTION_PRESETS[cfg.preset].items() if k in unset})
 
 
 def parse_is_threshold(value: Any) -> tuple[Optional[float], float]:

@@ -83,6 +83,10 @@ def test_recipe_composes(path):
     elif "async_arithmetic" in path:  # the default run, decoupled
         assert cfg.async_training.enable and cfg.async_training.max_head_offpolicyness == 1
         assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "decoupled" and cfg.trainer.device == "auto"
+    elif "dapo_arithmetic" in path:  # the default run with DAPO's pieces
+        assert cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.metric == "acc"
+        assert cfg.reward_model.overlong_buffer.enable and cfg.actor_rollout_ref.actor.clip_ratio_high == 0.28
+        assert cfg.trainer.device == "auto"
     elif "calculator_agent" in path:  # the CPU agentic recipe
         rollout = cfg.actor_rollout_ref.rollout
         assert rollout.multi_turn.enable and rollout.multi_turn.tool_config_path.endswith("tools.yaml")

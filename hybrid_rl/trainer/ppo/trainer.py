@@ -169,7 +169,7 @@ class RayPPOTrainer(TrainerCore):
         correction = self.rollout_correction
         # on-policy: the actor uses its own detached log-probs; the in-reward KL and the rollout
         # correction still need them; bypass mode takes the rollout's instead
-        recompute = correction.enabled or not (
+        recompute = correction.measured or not (
             update_is_on_policy(cfg.actor_rollout_ref.actor, cfg.data.train_batch_size)
             and not cfg.algorithm.use_kl_in_reward)
         if correction.bypass_mode:

@@ -26,6 +26,8 @@ def test_the_step_plan_follows_the_correction(tmp_path):
     assert "compute_rollout_correction" not in bypass  # the actor's loss corrects at every micro-batch
     measured = _plan(tmp_path, LOG_PROBS, "actor_rollout_ref.actor.ppo_mini_batch_size=8")  # off-policy updates
     assert "compute_old_log_prob" in measured and "compute_rollout_correction" in measured  # metrics only
+    measured = _plan(tmp_path, LOG_PROBS, "algorithm.rollout_correction.preset=metrics")  # on-policy, measured
+    assert "compute_old_log_prob" in measured and "compute_rollout_correction" in measured
 
 
 @pytest.mark.parametrize("settings, keys", [
