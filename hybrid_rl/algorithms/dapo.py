@@ -36,7 +36,7 @@ def overlong_penalty(response_lengths: torch.Tensor, max_response_length: int, b
 
 
 def informative_groups(uids: Any, values: torch.Tensor) -> torch.Tensor:
-    """``[B]`` bool: the rows of groups whose metric varies (population std > 0), and of singletons.
+    """``[B]`` bool: the rows of groups whose metric varies (not all equal), and of singletons.
 
     Args:
         uids: length-B group labels (the prompt ``uid``).
@@ -48,7 +48,8 @@ def informative_groups(uids: Any, values: torch.Tensor) -> torch.Tensor:
     values = values.detach().to(torch.float64).reshape(-1)
     groups = int(ids.max()) + 1 if ids.numel() else 0
     count = torch.zeros(groups, dtype=torch.float64).index_add_(0, ids, torch.ones_like(values))
-    mean = torch.zeros(groups, dtype=torch.float64).index_add_(0, ids, values) / count
-    spread = torch.zeros(groups, dtype=torch.float64).index_add_(0, ids, (values - mean[ids]) ** 2)
-    keep = (spread > 0) | (count == 1)
+    # max > min, not std > 0: equal values that are no binary fractions leave a rounding-sized std
+    high = torch.full((groups,), -torch.inf, dtype=torch.float64).scatter_reduce(0, ids, values, reduce="amax")
+    low = torch.full((groups,), torch.inf, dtype=torch.float64).scatter_reduce(0, ids, values, reduce="amin")
+    keep = (high > low) | (count == 1)
     return keep[ids]

@@ -94,8 +94,7 @@ def compute_policy_loss_sapo(old_log_prob, log_prob, advantages, response_mask, 
     """SAPO: a soft sigmoid gate on the ratio instead of a hard clip (``actor.tau_pos`` / ``tau_neg``)."""
     log_ratio = _log_ratio(old_log_prob, log_prob)
     ratio = torch.exp(log_ratio)
-    tau = torch.where(advantages > 0, torch.as_tensor(tau_pos, dtype=advantages.dtype),
-                      torch.as_tensor(tau_neg, dtype=advantages.dtype))
+    tau = torch.where(advantages > 0, torch.full_like(advantages, tau_pos), torch.full_like(advantages, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1)) * 4 / tau
     return _finish(-gate * advantages, response_mask, rollout_is_weights, "seq-mean-token-mean",
                    global_batch_num_tokens, global_batch_num_seqs, ppo_kl=masked_mean(-log_ratio.detach(), response_mask))

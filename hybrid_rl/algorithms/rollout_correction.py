@@ -411,9 +411,10 @@ def bypass_policy_loss(base_loss_fn: Callable, log_prob: torch.Tensor, rollout_l
                        *, loss_agg_mode: str = "token-mean", global_batch_num_tokens: Any = None,
                        global_batch_num_seqs: Any = None, **loss_kwargs: Any):
     """Bypass mode's policy loss: weights and rejections of the current policy ``log_prob`` against the
-    rollout's, recomputed without gradient at every micro-batch; then ``ppo_clip`` (``base_loss_fn``,
-    the run's clipped surrogate, with pi_rollout as the old policy and the rejections masked) or
-    ``reinforce`` (``-A * w * log pi``, w the ``rollout_is`` weight or 1).
+    rollout's, recomputed without gradient at every micro-batch (so ``rollout_is_batch_normalize``
+    normalises over the micro-batch); then ``ppo_clip`` (``base_loss_fn``, the run's registered loss,
+    PPO's clipped surrogate by default, with pi_rollout as the old policy, the rejections masked and
+    ``loss_kwargs`` its settings) or ``reinforce`` (``-A * w * log pi``, w the ``rollout_is`` weight or 1).
 
     Returns ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower, rollout_corr metrics)``."""
     cfg = resolve_preset(cfg)

@@ -256,10 +256,10 @@ class DataParallelPPOActor:
         """``((pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower), rollout-correction metrics)`` of the
         registered loss; in bypass mode its weights and rejections against the current policy."""
         settings = self.config.loss_settings()  # clip ratios and each loss's own keys
-        if self._bypass is not None:
-            clip = {k: settings[k] for k in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")}
+        if self._bypass is not None:  # ppo_clip runs the configured loss, with all its settings
             *out, corr = bypass_policy_loss(self.policy_loss_fn, log_prob, batch["rollout_log_probs"],
-                                            batch["advantages"], batch["response_mask"], self._bypass, **clip, **agg)
+                                            batch["advantages"], batch["response_mask"], self._bypass, **settings,
+                                            **agg)
             return tuple(out), corr
         return self.policy_loss_fn(
             old_log_prob, log_prob, batch["advantages"], batch["response_mask"], **settings,

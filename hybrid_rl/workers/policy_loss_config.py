@@ -41,6 +41,8 @@ class PolicyLossConfig:
             if not 0 < getattr(self, key) <= 1:
                 raise ValueError(f"actor.policy_loss.{key}={getattr(self, key)} is invalid: it must be a share in "
                                  "(0, 1]. Fix: use e.g. 0.0002.")
+        if self.dro_beta is not None and self.dro_beta <= 0:
+            raise ValueError(f"actor.policy_loss.dro_beta={self.dro_beta} is invalid: it must be > 0. Fix: e.g. 0.1.")
         if self.clip_cov_lb >= self.clip_cov_ub:
             raise ValueError(f"actor.policy_loss.clip_cov_lb={self.clip_cov_lb} must be below clip_cov_ub="
                              f"{self.clip_cov_ub}. Fix: e.g. 1.0 and 5.0.")

@@ -55,3 +55,23 @@ def test_past_the_bound_the_batch_is_completed_with_dropped_groups():
     assert metrics["train/num_gen_batches"] == 2 and metrics["train/filter_groups/filled_groups"] == 1
     with pytest.raises(ValueError, match="filter_groups.metric='nope' is neither"):
         group_metric(out, "nope")
+
+
+def test_batches_of_different_prompt_widths_join_left_padded():
+    """Prompt batches are padded to their own longest prompt: joining left-pads the narrower one, and a
+    scorer column one batch lacks (every row failed) is filled with None, which counts as 0."""
+    def batch(width, uid, extra):
+        prompts = torch.full((2, width), 7)
+        tensors = {"prompts": prompts, "input_ids": torch.cat([prompts, torch.ones(2, 3, dtype=torch.long)], 1),
+                   "attention_mask": torch.ones(2, width + 3, dtype=torch.long),
+                   "position_ids": torch.arange(width + 3).repeat(2, 1), "token_level_scores": torch.zeros(2, 3)}
+        columns = {"uid": np.array([uid, uid], dtype=object), **extra}
+        return DataProto.from_dict(tensors=tensors, non_tensors=columns)
+
+    from hybrid_rl.trainer.ppo.dynamic_sampling import column_floats, join_scored_batches
+
+    joined = join_scored_batches([batch(5, "a", {"reward_extra_acc": np.array([1.0, 0.0], dtype=object)}),
+                                  batch(3, "b", {})])
+    assert joined.batch["prompts"].shape == (4, 5) and joined.batch["input_ids"].shape == (4, 8)
+    assert joined.batch["attention_mask"][2:, :2].sum() == 0 and joined.batch["input_ids"][2, 2].item() == 7
+    assert column_floats(joined.non_tensor_batch["reward_extra_acc"]).tolist() == [1.0, 0.0, 0.0, 0.0]

@@ -188,8 +188,8 @@ def _first_batch(trainer):
 
 
 def test_dynamic_sampling_takes_more_prompt_batches_from_the_stream(tmp_path, tiny_model_dir):
-    """filter_groups refills a step from the training stream; the loader's position counts every batch
-    taken (so a resume continues exactly), and the overlong penalty shows in its metrics."""
+    """filter_groups refills a step from the training stream; the loader's position (what a checkpoint
+    saves) counts every batch taken, and the overlong penalty shows in its metrics."""
     trainer = _trainer(tmp_path, tiny_model_dir, "algorithm.filter_groups.enable=true",
                        "algorithm.filter_groups.metric=acc", "algorithm.filter_groups.max_num_gen_batches=3",
                        "trainer.total_training_steps=2", "trainer.val_before_train=false",

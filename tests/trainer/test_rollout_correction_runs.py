@@ -35,7 +35,7 @@ def test_the_step_plan_follows_the_correction(tmp_path):
      ["rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_seq_mean_k3_mean", "rollout_corr/kl",
       "rollout_corr/log_ppl_diff", "timing_s/compute_rollout_correction"]),
     (["algorithm.rollout_correction.preset=bypass_pg_is"],
-     ["rollout_corr/rollout_is_mean", "rollout_corr/chi2_token", "timing_s/use_rollout_log_probs"]),
+     ["rollout_corr/rollout_is_mean", "rollout_corr/chi2_token", "rollout_corr/kl", "timing_s/use_rollout_log_probs"]),
 ])
 def test_a_corrected_run_trains_and_reports_the_mismatch(tmp_path, tiny_model_dir, settings, keys):
     result = _run_cli(tmp_path, tiny_model_dir, LOG_PROBS, *settings, "trainer.n_gpus_per_node=1",
@@ -47,4 +47,20 @@ def test_a_corrected_run_trains_and_reports_the_mismatch(tmp_path, tiny_model_di
     for key in keys:
         assert key in rows[-1], (key, sorted(k for k in rows[-1] if "rollout_corr" in k))
     # the HF engine samples in float32 like the actor: the two policies nearly agree
-    assert abs(rows[-1]["rollout_corr/kl"]) < 0.05 if "rollout_corr/kl" in rows[-1] else True
+    assert abs(rows[-1]["rollout_corr/kl"]) < 0.05
+
+
+@pytest.mark.parametrize("settings, message", [
+    (["algorithm.rollout_correction.preset=metrics"], "preset=metrics corrects against the rollout engine's log-probs"),
+    ([LOG_PROBS, "algorithm.rollout_correction.preset=bypass_ppo_clip", "algorithm.rollout_correction.rollout_is=token"],
+     "would count twice"),
+    (["algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[a,b]", "algorithm.gdpo_reward_weights=[1.0]"],
+     "1 weights for 2"),
+    (["actor_rollout_ref.actor.policy_loss.dro_beta=-1"], "dro_beta=-1.0 is invalid"),
+])
+def test_bad_combinations_are_one_line(tmp_path, settings, message):
+    from hybrid_rl.trainer.config.checks import validate_config
+    from hybrid_rl.trainer.config.loader import to_ppo_config
+
+    with pytest.raises(ValueError, match=message):
+        validate_config(to_ppo_config(get_config([f"data.arithmetic.cache_dir={tmp_path}", *settings])))

@@ -239,6 +239,10 @@ def _check_estimator(cfg: PPOConfig) -> list[str]:
         return [f"algorithm.adv_estimator={name!r} is not registered; valid: {registered_adv_estimators()}."]
     errors = [f"algorithm.adv_estimator={name} needs {key} set (it is {getattr(*key_owner(cfg, key))!r}); e.g. "
               f"{key}=[acc,format]." for key in needs.requires if not getattr(*key_owner(cfg, key))]
+    keys, weights = cfg.algorithm.gdpo_reward_keys, cfg.algorithm.gdpo_reward_weights
+    if keys and weights is not None and len(weights) != len(keys):
+        errors.append(f"algorithm.gdpo_reward_weights has {len(weights)} weights for {len(keys)} "
+                      f"algorithm.gdpo_reward_keys {list(keys)}; give one weight per key (or null for 1 each).")
     if needs.needs_groups and n < 2:
         errors.append(
             f"algorithm.adv_estimator={name} compares the responses to the same prompt but "
@@ -313,10 +317,10 @@ def _check_rollout_correction(cfg: PPOConfig) -> list[str]:
             raise ValueError(f"{key}.loss_type={rc.loss_type!r} must be one of {LOSS_TYPES} (bypass mode's loss).")
     except ValueError as error:
         return [str(error)]
-    if not rc.enabled:
+    if not rc.measured:
         return []
     what = ("bypass_mode=true" if rc.bypass_mode else f"rollout_is={rc.rollout_is}" if rc.rollout_is
-            else f"rollout_rs={rc.rollout_rs}")
+            else f"rollout_rs={rc.rollout_rs}" if rc.rollout_rs else "preset=metrics")
     if not cfg.actor_rollout_ref.rollout.calculate_log_probs:
         return [f"{key}.{what} corrects against the rollout engine's log-probs, which it does not return: set "
                 "actor_rollout_ref.rollout.calculate_log_probs=true."]
@@ -327,6 +331,10 @@ def _check_rollout_correction(cfg: PPOConfig) -> list[str]:
         takers = [n for n, i in describe_policy_losses().items() if i.applies_rollout_is_weights]
         return [f"{key}.rollout_is={rc.rollout_is} needs a policy loss that applies the weights, not "
                 f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}; use one of {takers} or drop rollout_is."]
+    if rc.bypass_mode and rc.loss_type == "ppo_clip" and rc.rollout_is:
+        return [f"{key}.rollout_is={rc.rollout_is} with bypass_mode=true and loss_type=ppo_clip: the clipped ratio "
+                "against pi_rollout already corrects, the weights would count twice (veRL ignores them); use "
+                "loss_type=reinforce (preset bypass_pg_is) or drop rollout_is."]
     if rc.bypass_mode and estimator_needs(cfg).needs_critic:
         return [f"{key}.bypass_mode=true with algorithm.adv_estimator={cfg.algorithm.adv_estimator} (a critic): bypass "
                 "mode is built and tested for critic-free estimators (veRL's presets are); use rollout_is / rollout_rs "

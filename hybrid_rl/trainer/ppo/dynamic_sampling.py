@@ -9,6 +9,9 @@ counts them and a resume is exact), filtered, and appended. The batch is then cu
 ``max_num_gen_batches`` generation batches the batch is completed with the most recently dropped
 groups (zero GRPO advantage) instead of stopping the run.
 
+Prompt batches are padded to their own longest prompt, so the rows of several generation batches
+are left-padded to one prompt width before they are joined (:func:`join_scored_batches`).
+
 Metrics: ``train/num_gen_batches`` (veRL's name), ``train/filter_groups/kept_frac`` (kept groups /
 generated groups) and ``train/filter_groups/filled_groups``.
 """
@@ -20,16 +23,43 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from hybrid_rl.algorithms.dapo import informative_groups
 from hybrid_rl.protocol import DataProto
 
-__all__ = ["SEQUENCE_METRICS", "fill_with_informative_groups", "group_metric"]
+__all__ = ["SEQUENCE_METRICS", "column_floats", "fill_with_informative_groups", "group_metric", "join_scored_batches"]
 
 logger = logging.getLogger(__name__)
 
 SEQUENCE_METRICS = ("seq_reward", "seq_final_reward")
 """Metrics read from the batch's tensors; any other name is a key the scorer returns."""
+
+LEFT_PADDED_KEYS = ("prompts", "input_ids", "attention_mask", "position_ids")
+"""Tensors that start with the left-padded prompt (the prompt width P differs between prompt batches)."""
+
+
+def column_floats(column: Any) -> torch.Tensor:
+    """``[B]`` float64 of a scorer's column; a row whose scorer failed (None) counts as 0, as its score does."""
+    return torch.as_tensor([0.0 if v is None else float(v) for v in column], dtype=torch.float64)
+
+
+def join_scored_batches(batches: list[DataProto]) -> DataProto:
+    """One batch of ``batches``' rows: prompts left-padded to the widest (mask 0, position 0 on the
+    padding), and a scorer column some batch lacks (all its rows failed) filled with None."""
+    def width(batch: DataProto) -> int:
+        return batch.batch["prompts"].shape[-1] if "prompts" in batch.batch.keys() else 0
+
+    widest = max(width(b) for b in batches)
+    columns = sorted({k for b in batches for k in b.non_tensor_batch})
+    for batch in batches:
+        pad = widest - width(batch)
+        for key in LEFT_PADDED_KEYS if pad else ():
+            if key in batch.batch.keys():
+                batch.batch[key] = F.pad(batch.batch[key], (pad, 0))
+        for key in columns:
+            batch.non_tensor_batch.setdefault(key, np.array([None] * len(batch), dtype=object))
+    return DataProto.concat(batches)
 
 
 def group_metric(batch: DataProto, metric: str) -> torch.Tensor:
@@ -40,12 +70,14 @@ def group_metric(batch: DataProto, metric: str) -> torch.Tensor:
         return batch.batch[key].sum(-1)
     column = batch.non_tensor_batch.get(f"reward_extra_{metric}")
     if column is None and metric in ("acc", "score"):  # a scorer returning a plain number: its score
-        return batch.batch["token_level_scores"].sum(-1)
+        column = batch.non_tensor_batch.get("reward_extra_score")  # before the overlong penalty, if any
+        if column is None:
+            return batch.batch["token_level_scores"].sum(-1)
     if column is None:
         have = sorted(k[len("reward_extra_"):] for k in batch.non_tensor_batch if k.startswith("reward_extra_"))
         raise ValueError(f"algorithm.filter_groups.metric={metric!r} is neither {SEQUENCE_METRICS} nor a key the "
                          f"scorer returns (its dict keys: {have}); fix the metric or return it from compute_score.")
-    return torch.as_tensor([float(v) for v in column], dtype=torch.float64)
+    return column_floats(column)
 
 
 def _split(batch: DataProto, metric: str) -> tuple[DataProto, DataProto, int]:
@@ -69,14 +101,14 @@ def fill_with_informative_groups(batch: DataProto, cfg: Any, n: int, train_batch
     while groups < train_batch_size and (cfg.max_num_gen_batches <= 0 or num_gen < cfg.max_num_gen_batches):
         more = next_scored_batch()
         more_kept, more_dropped, more_groups = _split(more, cfg.metric)
-        kept, dropped = DataProto.concat([kept, more_kept]), DataProto.concat([dropped, more_dropped])
+        kept, dropped = join_scored_batches([kept, more_kept]), join_scored_batches([dropped, more_dropped])
         groups, generated, num_gen = groups + more_groups, generated + len(more) // n, num_gen + 1
     filled = max(0, train_batch_size - groups)
     if filled:
         logger.warning("filter_groups: %d of %d groups after %d generation batches (max_num_gen_batches=%d); the "
                        "batch is completed with %d dropped groups", groups, train_batch_size, num_gen,
                        cfg.max_num_gen_batches, filled)
-        kept = DataProto.concat([kept, dropped.select_idxs(np.arange(len(dropped) - filled * n, len(dropped)))])
+        kept = join_scored_batches([kept, dropped.select_idxs(np.arange(len(dropped) - filled * n, len(dropped)))])
     metrics.update({"train/num_gen_batches": num_gen, "train/filter_groups/kept_frac": groups / max(generated, 1),
                     "train/filter_groups/filled_groups": filled})
     return kept.select_idxs(np.arange(train_batch_size * n))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
 from hybrid_rl import algorithms
@@ -44,7 +45,7 @@ def reward_components(data: DataProto, keys: Optional[list[str]]) -> Optional[di
             have = sorted(k[len("reward_extra_"):] for k in data.non_tensor_batch if k.startswith("reward_extra_"))
             raise ValueError(f"algorithm.gdpo_reward_keys names {key!r}, which the scorer does not return (its dict "
                              f"keys: {have}); return it from compute_score as a dict entry or fix the key.")
-        out[key] = torch.as_tensor([float(v) for v in column], dtype=torch.float32)
+        out[key] = torch.as_tensor([0.0 if v is None else float(v) for v in column], dtype=torch.float32)
     return out
 
 
@@ -105,6 +106,8 @@ def apply_overlong_penalty(data: DataProto, cfg: Any, max_response_length: int) 
     penalty = overlong_penalty(lengths, max_response_length, cfg.len, cfg.penalty_factor)
     last = (lengths - 1).clamp(min=0).long()
     scores = data.batch["token_level_scores"]
+    if "reward_extra_score" not in data.non_tensor_batch:  # the score before the penalty (DAPO's filter reads it)
+        data.non_tensor_batch["reward_extra_score"] = np.array(scores.sum(-1).tolist(), dtype=object)
     scores[torch.arange(len(scores)), last] += penalty.to(scores.dtype)
     if not cfg.log:
         return {}

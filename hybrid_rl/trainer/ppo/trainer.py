@@ -224,7 +224,11 @@ class RayPPOTrainer(TrainerCore):
         gen.meta_info["do_sample"] = False
         greedy = generation.merge_generation_output(
             DataProto(non_tensor_batch=dict(first.non_tensor_batch)), self.actor_rollout_wg.generate_sequences(gen))
-        baseline = self.reward_fn(greedy, return_dict=True)["reward_tensor"].sum(-1)  # [B / n]
+        greedy.batch["token_level_scores"] = self.reward_fn(greedy, return_dict=True)["reward_tensor"]
+        if self.config.reward_model.overlong_buffer.enable:  # the baseline pays the same overlong penalty
+            ppo_ops.apply_overlong_penalty(greedy, self.config.reward_model.overlong_buffer,
+                                           self.config.data.max_response_length)
+        baseline = greedy.batch["token_level_scores"].sum(-1)  # [B / n]
         batch.batch["reward_baselines"] = baseline.repeat_interleave(n)  # [B]
         return batch
 
