@@ -6,6 +6,7 @@ import pytest
 from hybrid_rl.trainer.config.loader import get_config
 from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
 from tests.trainer.test_e2e import _assert_ok, _rows, _run_cli
+from tests.trainer.test_e2e_agent import agent_files  # noqa: F401  (a fixture)
 
 LOG_PROBS = "actor_rollout_ref.rollout.calculate_log_probs=true"
 
@@ -64,3 +65,25 @@ def test_bad_combinations_are_one_line(tmp_path, settings, message):
 
     with pytest.raises(ValueError, match=message):
         validate_config(to_ppo_config(get_config([f"data.arithmetic.cache_dir={tmp_path}", *settings])))
+
+
+@pytest.mark.slow
+def test_the_correction_runs_decoupled_and_multi_turn_with_lora(tmp_path, tiny_model_dir, agent_files):
+    """The decoupled mode (the buffer carries the engine's log-probs; the proximal pass is the old
+    policy), and a multi-turn LoRA run in bypass mode (observation tokens are masked out)."""
+    from tests.trainer.test_e2e_agent import _agent_args
+    from tests.trainer.test_e2e_async import _async_args
+
+    common = [LOG_PROBS, "trainer.n_gpus_per_node=1", "trainer.total_training_steps=2", "trainer.save_freq=-1",
+              "trainer.val_before_train=false", "trainer.val_at_end=false"]
+    decoupled = tmp_path / "decoupled"
+    decoupled.mkdir()
+    _assert_ok(_run_cli(decoupled, tiny_model_dir, *common, *_async_args(), "algorithm.rollout_correction.preset=tis"))
+    assert "rollout_corr/rollout_is_mean" in _rows(decoupled / "run")[-1]
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    _assert_ok(_run_cli(agent, tiny_model_dir, *common, *_agent_args(agent_files), "actor_rollout_ref.model.lora_rank=8",
+                        "actor_rollout_ref.actor.optim.lr=1e-2", "algorithm.rollout_correction.preset=bypass_pg_is"))
+    row = _rows(agent / "run")[-1]
+    assert "rollout_corr/rollout_is_mean" in row and row["rollout_corr/rollout_is_mean"] > 0
+
