@@ -40,6 +40,13 @@ UNSUPPORTED_ADV_ESTIMATORS: dict[str, tuple[str, str]] = {
 """veRL estimators hybrid_rl does not run: ``name -> (nearest registered estimator, why not)``."""
 
 
+def _grouped_scores(token_level_rewards: torch.Tensor, index: Any, name: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(scores [B], dense group ids [B], G)``: each response's summed reward and its prompt group."""
+    _require(index, "index", name, "pass the prompt group ids (non_tensor_batch['uid']) as index")
+    scores = token_level_rewards.sum(dim=-1)  # [B]
+    return (scores, *group_ids(index, scores.device))
+
+
 def _broadcast(per_row: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     adv = per_row.unsqueeze(-1) * response_mask.to(per_row.dtype)  # [B, R]
     return adv, adv
@@ -55,9 +62,7 @@ register_adv_est("grpo_vectorized", needs_groups=True, description=(
 def compute_rloo_vectorized_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any,
                                       **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO's leave-one-out baseline, veRL's vectorised form: a singleton group's advantage is 0."""
-    _require(index, "index", "rloo_vectorized", "pass the prompt group ids (non_tensor_batch['uid']) as index")
-    scores = token_level_rewards.sum(dim=-1)  # [B]
-    ids, num_groups = group_ids(index, scores.device)
+    scores, ids, num_groups = _grouped_scores(token_level_rewards, index, "rloo_vectorized")
     mean, _, count = group_mean_std(scores, ids, num_groups)
     adv = (scores - mean) * count / (count - 1).clamp(min=1) * (count > 1).to(scores.dtype)
     return _broadcast(adv, response_mask)
@@ -69,9 +74,7 @@ def compute_grpo_passk_advantage(token_level_rewards: torch.Tensor, response_mas
                                  epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True,
                                  **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k: the best response of each group gets ``max - second max`` (/ std), the others 0."""
-    _require(index, "index", "grpo_passk", "pass the prompt group ids (non_tensor_batch['uid']) as index")
-    scores = token_level_rewards.sum(dim=-1)  # [B]
-    ids, num_groups = group_ids(index, scores.device)
+    scores, ids, num_groups = _grouped_scores(token_level_rewards, index, "grpo_passk")
     adv = torch.zeros_like(scores)
     for group in range(num_groups):
         rows = torch.nonzero(ids == group).squeeze(-1)
@@ -92,10 +95,8 @@ def compute_grpo_passk_advantage(token_level_rewards: torch.Tensor, response_mas
 def compute_opo_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any,
                           **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """OPO: score minus the length-weighted mean score of its group (singletons: baseline 0)."""
-    _require(index, "index", "opo", "pass the prompt group ids (non_tensor_batch['uid']) as index")
-    scores = token_level_rewards.sum(dim=-1)  # [B]
+    scores, ids, num_groups = _grouped_scores(token_level_rewards, index, "opo")
     lengths = response_mask.to(scores.dtype).sum(dim=-1)  # [B]
-    ids, num_groups = group_ids(index, scores.device)
     weighted = torch.zeros(num_groups, dtype=scores.dtype).index_add_(0, ids, lengths * scores)
     total = torch.zeros(num_groups, dtype=scores.dtype).index_add_(0, ids, lengths)
     count = torch.zeros(num_groups, dtype=scores.dtype).index_add_(0, ids, torch.ones_like(scores))
@@ -108,9 +109,7 @@ def compute_opo_advantage(token_level_rewards: torch.Tensor, response_mask: torc
 def compute_gpg_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any,
                           **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG: ``B / #nonzero scores * (s - group mean)``, the advantage for the ``gpg`` policy loss."""
-    _require(index, "index", "gpg", "pass the prompt group ids (non_tensor_batch['uid']) as index")
-    scores = token_level_rewards.sum(dim=-1)  # [B]
-    ids, num_groups = group_ids(index, scores.device)
+    scores, ids, num_groups = _grouped_scores(token_level_rewards, index, "gpg")
     mean, _, count = group_mean_std(scores, ids, num_groups)
     alpha = len(scores) / max(int(torch.count_nonzero(scores)), 1)
     return _broadcast(alpha * (scores - torch.where(count > 1, mean, torch.zeros_like(mean))), response_mask)

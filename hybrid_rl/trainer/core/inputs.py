@@ -27,6 +27,11 @@ def build_tokenizer(cfg: PPOConfig):
     return load_model_tokenizer(path, key, model.trust_remote_code)
 
 
+def supervised_tokenizer(model: Any):
+    """The tokenizer of a supervised mode's ``model.partial_pretrain`` (SFT, RM)."""
+    return load_model_tokenizer(model.partial_pretrain, "model.partial_pretrain", model.trust_remote_code)
+
+
 def load_model_tokenizer(path: str, key: str, trust_remote_code: bool = False):
     """The tokenizer of the model folder ``path`` (the embedded model's id is resolved; ``key``
     names the setting in a message when the folder is missing)."""

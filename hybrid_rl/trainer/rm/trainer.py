@@ -76,8 +76,7 @@ class RMTrainer(TrainerCore):
         return supervised_plan(self.config)
 
     def _build_tokenizer(self) -> Any:
-        model = self.config.model
-        return inputs.load_model_tokenizer(model.partial_pretrain, "model.partial_pretrain", model.trust_remote_code)
+        return inputs.supervised_tokenizer(self.config.model)
 
     def _report_precision(self) -> str:
         key = "model.fsdp_config.mixed_precision.param_dtype"

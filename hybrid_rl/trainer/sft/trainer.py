@@ -71,8 +71,7 @@ class SFTTrainer(TrainerCore):
         return supervised_plan(self.config)
 
     def _build_tokenizer(self) -> Any:
-        model = self.config.model
-        return inputs.load_model_tokenizer(model.partial_pretrain, "model.partial_pretrain", model.trust_remote_code)
+        return inputs.supervised_tokenizer(self.config.model)
 
     def _report_precision(self) -> str:
         return model_facts.report_precision(self.config, self.plan, {
