@@ -170,3 +170,31 @@ def test_dro_requires_its_beta():
     old, lp, adv, mask = _inputs(0)
     with pytest.raises(ValueError, match="dro_beta > 0"):
         get_policy_loss_fn("dro")(old, lp, adv, mask)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_multi_turn_holes_equal_the_single_turn_layout(name):
+    """Observation tokens (mask 0 inside a response) change nothing: the loss and its gradient equal
+    those of the same tokens laid out contiguously, as a single-turn response."""
+    old, base, adv, _ = _inputs(6)
+    holes = torch.ones(B, R, dtype=F64)
+    holes[:, 2:4] = 0  # a tool observation in the middle of every response
+    keep = holes[0].bool()
+    compact = torch.zeros(B, R, dtype=F64)
+    compact[:, :int(keep.sum())] = 1
+
+    def packed(t):
+        out = torch.zeros_like(t)
+        out[:, :int(keep.sum())] = t[:, keep]
+        return out
+
+    results = []
+    for layout, (o, a, m) in {"holes": (old, adv, holes), "compact": (packed(old), packed(adv), compact)}.items():
+        lp = (base if layout == "holes" else packed(base)).clone().requires_grad_(True)
+        torch.manual_seed(0)
+        loss = _ours(name, o, lp, a, m)[0]
+        loss.backward()
+        grad = lp.grad if layout == "compact" else packed(lp.grad)
+        results.append((loss.item(), grad))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-10, abs=1e-12)
+    assert torch.allclose(results[0][1], results[1][1], atol=1e-12)

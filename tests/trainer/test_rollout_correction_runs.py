@@ -6,7 +6,7 @@ import pytest
 from hybrid_rl.trainer.config.loader import get_config
 from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
 from tests.trainer.test_e2e import _assert_ok, _rows, _run_cli
-from tests.trainer.test_e2e_agent import agent_files  # noqa: F401  (a fixture)
+from tests.trainer.test_e2e_agent import agent_files, chatty_model_dir  # noqa: F401  (fixtures)
 
 LOG_PROBS = "actor_rollout_ref.rollout.calculate_log_probs=true"
 
@@ -68,9 +68,11 @@ def test_bad_combinations_are_one_line(tmp_path, settings, message):
 
 
 @pytest.mark.slow
-def test_the_correction_runs_decoupled_and_multi_turn_with_lora(tmp_path, tiny_model_dir, agent_files):
+def test_the_correction_runs_decoupled_and_multi_turn_with_lora(tmp_path, tiny_model_dir, chatty_model_dir,
+                                                                agent_files):
     """The decoupled mode (the buffer carries the engine's log-probs; the proximal pass is the old
-    policy), and a multi-turn LoRA run in bypass mode (observation tokens are masked out)."""
+    policy), and a multi-turn LoRA run in bypass mode (the chatty model takes several turns: the
+    interaction's replies are observation tokens, masked out)."""
     from tests.trainer.test_e2e_agent import _agent_args
     from tests.trainer.test_e2e_async import _async_args
 
@@ -82,8 +84,9 @@ def test_the_correction_runs_decoupled_and_multi_turn_with_lora(tmp_path, tiny_m
     assert "rollout_corr/rollout_is_mean" in _rows(decoupled / "run")[-1]
     agent = tmp_path / "agent"
     agent.mkdir()
-    _assert_ok(_run_cli(agent, tiny_model_dir, *common, *_agent_args(agent_files), "actor_rollout_ref.model.lora_rank=8",
+    _assert_ok(_run_cli(agent, chatty_model_dir, *common, *_agent_args(agent_files), "actor_rollout_ref.model.lora_rank=8",
                         "actor_rollout_ref.actor.optim.lr=1e-2", "algorithm.rollout_correction.preset=bypass_pg_is"))
     row = _rows(agent / "run")[-1]
     assert "rollout_corr/rollout_is_mean" in row and row["rollout_corr/rollout_is_mean"] > 0
+    assert row["agent/num_turns/mean"] > 1 and row["agent/observation_token_fraction"] > 0  # observations inside
 
