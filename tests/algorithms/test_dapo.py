@@ -68,10 +68,11 @@ def test_batches_of_different_prompt_widths_join_left_padded():
         columns = {"uid": np.array([uid, uid], dtype=object), **extra}
         return DataProto.from_dict(tensors=tensors, non_tensors=columns)
 
-    from hybrid_rl.trainer.ppo.dynamic_sampling import column_floats, join_scored_batches
+    from hybrid_rl.trainer.ppo.dynamic_sampling import join_scored_batches
+    from hybrid_rl.trainer.ppo.ops import scorer_column
 
     joined = join_scored_batches([batch(5, "a", {"reward_extra_acc": np.array([1.0, 0.0], dtype=object)}),
                                   batch(3, "b", {})])
     assert joined.batch["prompts"].shape == (4, 5) and joined.batch["input_ids"].shape == (4, 8)
     assert joined.batch["attention_mask"][2:, :2].sum() == 0 and joined.batch["input_ids"][2, 2].item() == 7
-    assert column_floats(joined.non_tensor_batch["reward_extra_acc"]).tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert scorer_column(joined, "acc").tolist() == [1.0, 0.0, 0.0, 0.0]

@@ -27,8 +27,9 @@ import torch.nn.functional as F
 
 from hybrid_rl.algorithms.dapo import informative_groups
 from hybrid_rl.protocol import DataProto
+from hybrid_rl.trainer.ppo.ops import scorer_column, scorer_keys
 
-__all__ = ["SEQUENCE_METRICS", "column_floats", "fill_with_informative_groups", "group_metric", "join_scored_batches"]
+__all__ = ["SEQUENCE_METRICS", "fill_with_informative_groups", "group_metric", "join_scored_batches"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +38,6 @@ SEQUENCE_METRICS = ("seq_reward", "seq_final_reward")
 
 LEFT_PADDED_KEYS = ("prompts", "input_ids", "attention_mask", "position_ids")
 """Tensors that start with the left-padded prompt (the prompt width P differs between prompt batches)."""
-
-
-def column_floats(column: Any) -> torch.Tensor:
-    """``[B]`` float64 of a scorer's column; a row whose scorer failed (None) counts as 0, as its score does."""
-    return torch.as_tensor([0.0 if v is None else float(v) for v in column], dtype=torch.float64)
 
 
 def join_scored_batches(batches: list[DataProto]) -> DataProto:
@@ -68,16 +64,16 @@ def group_metric(batch: DataProto, metric: str) -> torch.Tensor:
         key = "token_level_rewards" if metric == "seq_final_reward" and "token_level_rewards" in batch.batch.keys() \
             else "token_level_scores"
         return batch.batch[key].sum(-1)
-    column = batch.non_tensor_batch.get(f"reward_extra_{metric}")
-    if column is None and metric in ("acc", "score"):  # a scorer returning a plain number: its score
-        column = batch.non_tensor_batch.get("reward_extra_score")  # before the overlong penalty, if any
-        if column is None:
+    values = scorer_column(batch, metric)
+    if values is None and metric in ("acc", "score"):  # a scorer returning a plain number: its score,
+        values = scorer_column(batch, "score")  # before the overlong penalty when one was added
+        if values is None:
             return batch.batch["token_level_scores"].sum(-1)
-    if column is None:
-        have = sorted(k[len("reward_extra_"):] for k in batch.non_tensor_batch if k.startswith("reward_extra_"))
+    if values is None:
         raise ValueError(f"algorithm.filter_groups.metric={metric!r} is neither {SEQUENCE_METRICS} nor a key the "
-                         f"scorer returns (its dict keys: {have}); fix the metric or return it from compute_score.")
-    return column_floats(column)
+                         f"scorer returns (its dict keys: {scorer_keys(batch)}); fix the metric or return it from "
+                         "compute_score.")
+    return values
 
 
 def _split(batch: DataProto, metric: str) -> tuple[DataProto, DataProto, int]:

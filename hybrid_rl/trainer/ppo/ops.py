@@ -32,20 +32,37 @@ def apply_kl_penalty(data: DataProto, kl_ctrl: Any, kl_penalty: str) -> tuple[Da
     return data, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
 
 
+SCORER_COLUMN = "reward_extra_{}"
+"""The non-tensor column ``compute_reward`` keeps for each key of a scorer's dict result."""
+
+
+def scorer_keys(data: DataProto) -> list[str]:
+    """The keys the scorer returned in its dict for this batch (its ``reward_extra_*`` columns)."""
+    prefix = SCORER_COLUMN.format("")
+    return sorted(k[len(prefix):] for k in data.non_tensor_batch if k.startswith(prefix))
+
+
+def scorer_column(data: DataProto, key: str) -> Optional[torch.Tensor]:
+    """``[B]`` float64 of the scorer's ``key`` per row (a failed row, None, counts as 0 like its score);
+    None when the scorer returned no such key."""
+    column = data.non_tensor_batch.get(SCORER_COLUMN.format(key))
+    if column is None:
+        return None
+    return torch.as_tensor([0.0 if v is None else float(v) for v in column], dtype=torch.float64)
+
+
 def reward_components(data: DataProto, keys: Optional[list[str]]) -> Optional[dict[str, torch.Tensor]]:
-    """``key -> [B]`` float scores of the reward components the scorer returned in its dict (the
-    ``reward_extra_<key>`` columns ``compute_reward`` keeps); None without keys. ValueError naming the
-    missing key."""
+    """``key -> [B]`` float scores of the reward components the scorer returned in its dict; None
+    without keys. ValueError naming the missing key."""
     if not keys:
         return None
     out = {}
     for key in keys:
-        column = data.non_tensor_batch.get(f"reward_extra_{key}")
-        if column is None:
-            have = sorted(k[len("reward_extra_"):] for k in data.non_tensor_batch if k.startswith("reward_extra_"))
+        values = scorer_column(data, key)
+        if values is None:
             raise ValueError(f"algorithm.gdpo_reward_keys names {key!r}, which the scorer does not return (its dict "
-                             f"keys: {have}); return it from compute_score as a dict entry or fix the key.")
-        out[key] = torch.as_tensor([0.0 if v is None else float(v) for v in column], dtype=torch.float32)
+                             f"keys: {scorer_keys(data)}); return it from compute_score as a dict entry or fix the key.")
+        out[key] = values.to(torch.float32)
     return out
 
 
@@ -106,8 +123,8 @@ def apply_overlong_penalty(data: DataProto, cfg: Any, max_response_length: int) 
     penalty = overlong_penalty(lengths, max_response_length, cfg.len, cfg.penalty_factor)
     last = (lengths - 1).clamp(min=0).long()
     scores = data.batch["token_level_scores"]
-    if "reward_extra_score" not in data.non_tensor_batch:  # the score before the penalty (DAPO's filter reads it)
-        data.non_tensor_batch["reward_extra_score"] = np.array(scores.sum(-1).tolist(), dtype=object)
+    if SCORER_COLUMN.format("score") not in data.non_tensor_batch:  # the score before the penalty (DAPO's filter)
+        data.non_tensor_batch[SCORER_COLUMN.format("score")] = np.array(scores.sum(-1).tolist(), dtype=object)
     scores[torch.arange(len(scores)), last] += penalty.to(scores.dtype)
     if not cfg.log:
         return {}

@@ -270,7 +270,8 @@ class RayPPOTrainer(TrainerCore):
     def filter_groups(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """DAPO's dynamic sampling: drop the groups whose metric does not vary, generate and score more
         prompt batches until ``data.train_batch_size`` groups remain (:mod:`.dynamic_sampling`)."""
-        head = self.step_plan()[1:self.step_plan().index("filter_groups")]  # the scoring steps after generate
+        plan = self.step_plan()
+        head = plan[1:plan.index("filter_groups")]  # the scoring steps after generate
         extras = iter(range(1, 1 << 30))
 
         def next_scored_batch() -> DataProto:
