@@ -221,6 +221,19 @@ def _log_ratio(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor) -> to
     return (_float(old_log_prob) - _float(rollout_log_prob)).clamp(-SAFETY_BOUND, SAFETY_BOUND)
 
 
+def _v(value: torch.Tensor) -> torch.Tensor:
+    """A metric kept on its device until :func:`_host` copies them all at once (a float per metric
+    would stop a GPU once each, at every micro-batch of bypass mode)."""
+    return value.detach()
+
+
+def _host(metrics: dict[str, Any]) -> dict[str, float]:
+    """``metrics`` as floats, with one device-to-host copy for all the tensors among them."""
+    names = [k for k, v in metrics.items() if isinstance(v, torch.Tensor)]
+    copied = dict(zip(names, torch.stack([metrics[k].double() for k in names]).tolist() if names else []))
+    return {k: copied[k] if k in copied else float(v) for k, v in metrics.items()}
+
+
 def _has_tokens(mask: torch.Tensor) -> torch.Tensor:
     return mask.sum(-1) > 0  # [B]
 
@@ -265,16 +278,16 @@ def rollout_is_weights(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tenso
         weights = weights.clamp(max=upper)
     else:
         inside = (weights >= lower) & (weights <= upper)
-        metrics["rollout_is_masked_fraction"] = float(masked_mean((~inside).float(), mask))
+        metrics["rollout_is_masked_fraction"] = _v(masked_mean((~inside).float(), mask))
         weights = weights * inside
     if batch_normalize:
         rows = _has_tokens(mask)
         mean = (masked_mean(weights, mask) if level == "token"
                 else masked_mean(weights, mask, axis=-1)[rows].mean())
-        factor = float(mean) if float(mean) > 1e-8 else 1.0
+        factor = torch.where(mean > 1e-8, mean, torch.ones_like(mean))  # no host round trip
         weights = weights / factor
         metrics["rollout_is_batch_norm_factor"] = factor
-    return weights.detach(), metrics
+    return weights.detach(), _host(metrics)
 
 
 def _is_metrics(weights: torch.Tensor, log_w: torch.Tensor, mask: torch.Tensor, level: str,
@@ -282,27 +295,27 @@ def _is_metrics(weights: torch.Tensor, log_w: torch.Tensor, mask: torch.Tensor, 
     """The weights before truncation or masking, veRL's ``rollout_is_*`` names."""
     low = lower if lower is not None else 1.0 / upper
     rows = _has_tokens(mask)
-    out = {"rollout_is_mean": float(masked_mean(weights, mask))}
+    out = {"rollout_is_mean": _v(masked_mean(weights, mask))}
     if level == "token":
-        out.update(rollout_is_max=float(_masked_max(weights, mask)), rollout_is_min=float(_masked_min(weights, mask)),
-                   rollout_is_ratio_fraction_high=float(masked_mean((weights > upper).float(), mask)),
-                   rollout_is_ratio_fraction_low=float(masked_mean((weights < low).float(), mask)))
+        out.update(rollout_is_max=_v(_masked_max(weights, mask)), rollout_is_min=_v(_masked_min(weights, mask)),
+                   rollout_is_ratio_fraction_high=_v(masked_mean((weights > upper).float(), mask)),
+                   rollout_is_ratio_fraction_low=_v(masked_mean((weights < low).float(), mask)))
     else:
         seq_log = log_w[:, 0][rows]  # [B'] the sequences' (clamped) log weights
-        out.update(rollout_is_max=float(torch.exp(seq_log.max())), rollout_is_min=float(torch.exp(seq_log.min())),
-                   rollout_is_ratio_fraction_high=float((seq_log > math.log(upper)).float().mean()),
-                   rollout_is_ratio_fraction_low=float((seq_log < math.log(low)).float().mean()))
+        out.update(rollout_is_max=_v(torch.exp(seq_log.max())), rollout_is_min=_v(torch.exp(seq_log.min())),
+                   rollout_is_ratio_fraction_high=_v((seq_log > math.log(upper)).float().mean()),
+                   rollout_is_ratio_fraction_low=_v((seq_log < math.log(low)).float().mean()))
     clipped = weights.clamp(low, upper)
     mean = masked_mean(clipped, mask)
     var = masked_mean((clipped - mean) ** 2, mask)
-    out["rollout_is_std"] = float(var.clamp(min=0).sqrt())
-    out["rollout_is_eff_sample_size"] = float(1.0 / masked_mean((clipped / (mean + 1e-8)) ** 2, mask))
+    out["rollout_is_std"] = _v(var.clamp(min=0).sqrt())
+    out["rollout_is_eff_sample_size"] = _v(1.0 / masked_mean((clipped / (mean + 1e-8)) ** 2, mask))
     seq = masked_mean(weights, mask, axis=-1)[rows]  # [B']
-    out.update(rollout_is_seq_mean=float(seq.mean()), rollout_is_seq_std=float(seq.std()) if seq.numel() > 1 else 0.0,
-               rollout_is_seq_max=float(seq.max()), rollout_is_seq_min=float(seq.min()),
-               rollout_is_seq_max_deviation=float((seq - 1).abs().max()),
-               rollout_is_seq_fraction_high=float((seq > upper).float().mean()),
-               rollout_is_seq_fraction_low=float((seq < low).float().mean()))
+    out.update(rollout_is_seq_mean=_v(seq.mean()), rollout_is_seq_std=_v(seq.std()) if seq.numel() > 1 else 0.0,
+               rollout_is_seq_max=_v(seq.max()), rollout_is_seq_min=_v(seq.min()),
+               rollout_is_seq_max_deviation=_v((seq - 1).abs().max()),
+               rollout_is_seq_fraction_high=_v((seq > upper).float().mean()),
+               rollout_is_seq_fraction_low=_v((seq < low).float().mean()))
     return out
 
 
@@ -347,16 +360,16 @@ def rejection_mask(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, r
         keep_all = keep_all * keep
         values = stat[mask.bool()] if spec.level == "token" else stat[:, 0][rows]
         name = f"rollout_rs_{spec.option}"
-        metrics.update({f"{name}_mean": float(values.mean()), f"{name}_max": float(values.max()),
-                        f"{name}_min": float(values.min()),
-                        f"{name}_fraction_high": float(masked_mean(high.float(), mask)),
-                        f"{name}_fraction_low": float(masked_mean(low.float(), mask)),
-                        f"{name}_masked_fraction": float(masked_mean(1 - keep, mask)),
-                        f"{name}_seq_masked_fraction": float(((1 - keep) * mask).amax(-1)[rows].mean())})
+        metrics.update({f"{name}_mean": _v(values.mean()), f"{name}_max": _v(values.max()),
+                        f"{name}_min": _v(values.min()),
+                        f"{name}_fraction_high": _v(masked_mean(high.float(), mask)),
+                        f"{name}_fraction_low": _v(masked_mean(low.float(), mask)),
+                        f"{name}_masked_fraction": _v(masked_mean(1 - keep, mask)),
+                        f"{name}_seq_masked_fraction": _v(((1 - keep) * mask).amax(-1)[rows].mean())})
     new_mask = response_mask * keep_all.to(response_mask.dtype)
-    metrics["rollout_rs_masked_fraction"] = float(masked_mean(1 - keep_all, mask))
-    metrics["rollout_rs_seq_masked_fraction"] = float(((1 - keep_all) * mask).amax(-1)[rows].mean())
-    return new_mask, metrics
+    metrics["rollout_rs_masked_fraction"] = _v(masked_mean(1 - keep_all, mask))
+    metrics["rollout_rs_seq_masked_fraction"] = _v(((1 - keep_all) * mask).amax(-1)[rows].mean())
+    return new_mask, _host(metrics)
 
 
 def offpolicy_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
@@ -372,14 +385,14 @@ def offpolicy_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor
     r = old - ro
     clamped = r.clamp(-SAFETY_BOUND, SAFETY_BOUND)
     seq_log = masked_sum(clamped, mask, axis=-1)[rows].clamp(-SAFETY_BOUND, SAFETY_BOUND)
-    return {"training_ppl": float(torch.exp(train_log_ppl).mean()), "training_log_ppl": float(train_log_ppl.mean()),
-            "rollout_ppl": float(torch.exp(rollout_log_ppl).mean()), "rollout_log_ppl": float(rollout_log_ppl.mean()),
-            "kl": float(masked_mean(ro - old, mask)), "k3_kl": float(masked_mean(torch.exp(r) - r - 1, mask)),
-            "log_ppl_diff": float(diff.mean()), "log_ppl_abs_diff": float(diff.abs().mean()),
-            "log_ppl_diff_max": float(diff.max()), "log_ppl_diff_min": float(diff.min()),
-            "ppl_ratio": float(torch.exp(diff).mean()),
-            "chi2_token": float(masked_mean(torch.exp(clamped) ** 2, mask) - 1),
-            "chi2_seq": float(torch.exp(2 * seq_log).mean() - 1)}
+    return _host({"training_ppl": _v(torch.exp(train_log_ppl).mean()), "training_log_ppl": _v(train_log_ppl.mean()),
+                  "rollout_ppl": _v(torch.exp(rollout_log_ppl).mean()), "rollout_log_ppl": _v(rollout_log_ppl.mean()),
+                  "kl": _v(masked_mean(ro - old, mask)), "k3_kl": _v(masked_mean(torch.exp(r) - r - 1, mask)),
+                  "log_ppl_diff": _v(diff.mean()), "log_ppl_abs_diff": _v(diff.abs().mean()),
+                  "log_ppl_diff_max": _v(diff.max()), "log_ppl_diff_min": _v(diff.min()),
+                  "ppl_ratio": _v(torch.exp(diff).mean()),
+                  "chi2_token": _v(masked_mean(torch.exp(clamped) ** 2, mask) - 1),
+                  "chi2_seq": _v(torch.exp(2 * seq_log).mean() - 1)})
 
 
 def compute_rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
