@@ -13,16 +13,19 @@ Write the tool YAML (``class_name: echo``) and set ``actor_rollout_ref.rollout.m
 and ``...multi_turn.tool_config_path=<yaml>``; docs/agents.md has the trajectory layout and masks.
 """
 
+from hybrid_rl.agents.agent_loop import AgentLoopBase, AgentLoopOutput, register as register_agent_loop
 from hybrid_rl.agents.calculator import CalculatorTool
 from hybrid_rl.agents.config import MultiTurnConfig
 from hybrid_rl.agents.config_files import load_interactions, load_tools
 from hybrid_rl.agents.interaction import BaseInteraction, register_interaction, registered_interactions
 from hybrid_rl.agents.loop import END_REASONS, AgentLoop, RowContext, Trajectory
 from hybrid_rl.agents.parser import ToolCall, parse_hermes
-from hybrid_rl.agents.tool import BaseTool, ToolResponse, register_tool, registered_tools
+from hybrid_rl.agents.schemas import OpenAIFunctionToolSchema, ToolResponse
+from hybrid_rl.agents.tool import BaseTool, register_tool, registered_tools
 
 __all__ = [
-    "END_REASONS", "AgentLoop", "BaseInteraction", "BaseTool", "CalculatorTool", "MultiTurnConfig", "RowContext",
+    "END_REASONS", "AgentLoop", "AgentLoopBase", "AgentLoopOutput", "BaseInteraction", "BaseTool", "CalculatorTool", "MultiTurnConfig",
+    "OpenAIFunctionToolSchema", "RowContext",
     "ToolCall", "ToolResponse", "Trajectory", "load_interactions", "load_tools", "parse_hermes",
-    "register_interaction", "register_tool", "registered_interactions", "registered_tools",
+    "register_agent_loop", "register_interaction", "register_tool", "registered_interactions", "registered_tools",
 ]

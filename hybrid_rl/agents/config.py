@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from hybrid_rl.agents.parser import TOOL_CALL_FORMATS
 
-__all__ = ["MultiTurnConfig", "TRUNCATE_SIDES"]
+__all__ = ["AgentLoopConfig", "MultiTurnConfig", "TRUNCATE_SIDES", "agent_rollout_enabled"]
 
 TRUNCATE_SIDES = ("left", "middle", "right")
 _PREFIX = "actor_rollout_ref.rollout.multi_turn"
@@ -72,3 +72,38 @@ class MultiTurnConfig:
         _check(self.enable or (self.tool_config_path is None and self.interaction_config_path is None),
                "enable", self.enable, "tool_config_path / interaction_config_path are set but multi-turn is off",
                f"set {_PREFIX}.enable=true to use them")
+
+
+@dataclass(kw_only=True)
+class AgentLoopConfig:
+    """Which agent loop runs each row (veRL ``actor_rollout_ref.rollout.agent.*``; docs/agents.md)."""
+
+    default_agent_loop: Optional[str] = None
+    """The loop of rows without an ``agent_name`` column: null = ``tool_agent`` when multi_turn.enable
+    is true, else ``single_turn_agent`` (veRL's default)."""
+    agent_loop_config_path: Optional[str] = None
+    """veRL's agent-loop YAML: a list of ``{name, _target_: my_pkg.MyAgentLoop, **constructor kwargs}``;
+    rows choose a loop with their ``agent_name``. null = only built-in and @register'ed loops."""
+    timeout_s: float = 600.0
+    """Bound of one row's whole custom loop (hybrid_rl's own key); a loop that runs over, raises or
+    returns garbage gives its row an empty response scored 0 (``agent/ended_by/error``). <= 0: none."""
+    batch_window_s: float = 0.05
+    """Longest a model call of a custom loop waits for the other rows' calls before the engine serves
+    the ones waiting (hybrid_rl's own key): a round starts at once when every running loop waits."""
+
+    def __post_init__(self) -> None:
+        prefix = "actor_rollout_ref.rollout.agent"
+        if not (isinstance(self.batch_window_s, (int, float)) and self.batch_window_s >= 0):
+            raise ValueError(f"{prefix}.batch_window_s={self.batch_window_s!r} is invalid: must be >= 0 seconds. "
+                             "Fix: use e.g. 0.05.")
+        if not isinstance(self.timeout_s, (int, float)):
+            raise ValueError(f"{prefix}.timeout_s={self.timeout_s!r} is invalid: must be a number of seconds. "
+                             "Fix: use e.g. 600 (or 0 for no bound).")
+
+
+def agent_rollout_enabled(rollout: Any) -> bool:
+    """Rows run through agent loops (the rollout's :class:`MultiTurnGenerator`) when multi-turn is on or
+    the ``agent`` section names loops; otherwise every row is one plain completion and ``agent_name``
+    is ignored (the default run)."""
+    agent = rollout.agent
+    return bool(rollout.multi_turn.enable or agent.agent_loop_config_path or agent.default_agent_loop)

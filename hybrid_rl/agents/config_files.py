@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from hybrid_rl.agents.interaction import BaseInteraction, get_interaction_cls
+from hybrid_rl.agents.schemas import as_tool_schema
 from hybrid_rl.agents.tool import BaseTool, get_tool_cls
 
 __all__ = ["load_interactions", "load_tools"]
@@ -74,8 +75,10 @@ def load_tools(path: str) -> dict[str, BaseTool]:
             raise ValueError(f"{where}: config.type={config['type']!r} is not supported (MCP tools need MCP "
                              "servers). Fix: use type: native with a BaseTool subclass.")
         cls = get_tool_cls(class_name, where)
+        schema = entry.get("tool_schema")
         try:
-            tool = cls(config=config, tool_schema=entry.get("tool_schema"))
+            tool = cls(config=config, tool_schema=None if schema is None else as_tool_schema(schema, "tool_schema"))
+            _check_loaded_tool(tool)
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
         if tool.name in tools:
@@ -83,6 +86,20 @@ def load_tools(path: str) -> dict[str, BaseTool]:
                              "function.name.")
         tools[tool.name] = tool
     return tools
+
+
+def _check_loaded_tool(tool: Any) -> None:
+    """A duck-typed tool (not a :class:`BaseTool`) must still carry a schema and a name; its schema is
+    normalised so the rest of the rollout reads ``tool.tool_schema.function.name``."""
+    if isinstance(tool, BaseTool):
+        return
+    schema = getattr(tool, "tool_schema", None)
+    if schema is None:
+        raise ValueError(f"tool {type(tool).__name__} has no tool_schema after construction. Fix: set "
+                         "self.tool_schema in __init__ (veRL's BaseTool does) or give tool_schema in the YAML.")
+    tool.tool_schema = as_tool_schema(schema, f"tool {type(tool).__name__}")
+    name = getattr(tool, "name", None)
+    tool.name = name if isinstance(name, str) and name else tool.tool_schema.function.name
 
 
 def load_interactions(path: str) -> dict[str, BaseInteraction]:

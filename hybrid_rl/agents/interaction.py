@@ -51,7 +51,7 @@ def register_interaction(name: str) -> Callable[[type], type]:
     """Class decorator: make an interaction available as ``class_name: <name>`` in the interaction YAML."""
     from hybrid_rl.agents.tool import registrar
 
-    return registrar(_INTERACTIONS, BaseInteraction, "interaction", name)
+    return registrar(_INTERACTIONS, BaseInteraction, "interaction", name, "generate_response")
 
 
 def registered_interactions() -> list[str]:
@@ -63,6 +63,7 @@ def get_interaction_cls(class_name: str, where: str) -> type:
     """A registered interaction name or a dotted import path, resolved to the class."""
     if class_name in _INTERACTIONS:
         return _INTERACTIONS[class_name]
-    from hybrid_rl.agents.tool import _import_class
+    from hybrid_rl.agents.tool import import_class
 
-    return _import_class(class_name, BaseInteraction, where, "interaction", registered_interactions())
+    return import_class(class_name, BaseInteraction, "generate_response", where, "interaction",
+                        registered_interactions())

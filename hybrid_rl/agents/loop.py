@@ -29,7 +29,7 @@ from hybrid_rl.agents.config import MultiTurnConfig
 from hybrid_rl.agents.executor import AsyncRunner
 from hybrid_rl.agents.interaction import BaseInteraction
 from hybrid_rl.agents.parser import ToolCall, get_tool_parser
-from hybrid_rl.agents.tool import BaseTool, ToolResponse
+from hybrid_rl.agents.tool import BaseTool, call_create, tool_method
 from hybrid_rl.reward.guard import finite_float  # the reward guard's rule for untrusted numbers
 
 __all__ = ["AgentLoop", "GenerateFn", "RowContext", "Trajectory", "END_REASONS"]
@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 GenerateFn = Callable[[list[list[int]], list[int], int], list[tuple[list[int], list[float]]]]
 """(token lists, max new tokens per row, turn index) -> one (new token ids, their log-probs) per row."""
 
-END_REASONS = ("stop", "length", "max_assistant_turns", "max_user_turns", "interaction")
+END_REASONS = ("stop", "length", "max_assistant_turns", "max_user_turns", "interaction", "error")
+"""``error``: a custom agent loop (or black-box agent) failed; its row is empty and scores 0."""
 SINGLE_TURN_AGENT = "single_turn_agent"
 
 
@@ -76,6 +77,8 @@ class Trajectory:
     tool_metrics: dict[str, float] = field(default_factory=dict)
     """``tool/<name>/<key>``: the max over this trajectory's calls of each numeric metric a tool reported."""
     end_reason: Optional[str] = None
+    reward_score: Optional[float] = None
+    """Set by agents that score their own row: the reward function is skipped for it."""
     messages: list = field(default_factory=list)
     instances: dict[str, str] = field(default_factory=dict)  # tool name -> instance id
     interaction_name: Optional[str] = None
@@ -111,16 +114,32 @@ def truncate_text(text: str, limit: int, side: str) -> str:
     return text[: limit // 2] + "...(truncated)..." + text[len(text) - limit // 2:]
 
 
+def _response_text(response: Any) -> tuple[Optional[str], Optional[str]]:
+    """(text, error) of a tool's response: a string, or a ``ToolResponse``-shaped object or mapping
+    (ours, veRL's) whose ``image`` / ``video`` must be empty (the rollout is text-only)."""
+    if response is None or isinstance(response, str):
+        return response or "", None
+    fields = response if isinstance(response, dict) else {k: getattr(response, k, None) for k in ("text", "image", "video")}
+    if not isinstance(response, dict) and not hasattr(response, "text"):
+        return None, f"the tool returned {type(response).__name__} instead of text"
+    media = [k for k in ("image", "video") if fields.get(k)]
+    if media:
+        return None, (f"the tool returned {' and '.join(media)} content, which hybrid_rl's text-only rollout cannot "
+                      "show the model; return ToolResponse(text=...) only")
+    text = fields.get("text")
+    if text is not None and not isinstance(text, str):
+        return None, f"the tool returned {type(text).__name__} instead of text"
+    return text or "", None
+
+
 def _as_observation(value: Any) -> tuple[Optional[str], float, dict, Optional[str]]:
     """(text, step reward, metrics, error) from what ``execute`` returned."""
     if not (isinstance(value, tuple) and len(value) == 3):
         return None, 0.0, {}, f"the tool returned {type(value).__name__}, expected (text, reward, metrics)"
     response, reward, metrics = value
-    text = response.text if isinstance(response, ToolResponse) else response
-    if text is None:
-        text = ""
-    if not isinstance(text, str):
-        return None, 0.0, {}, f"the tool returned {type(text).__name__} instead of text"
+    text, error = _response_text(response)
+    if error is not None:
+        return None, 0.0, {}, error
     number = finite_float(reward)
     if number is None:
         return None, 0.0, {}, f"the tool returned a reward that is not a finite number ({str(reward)[:40]})"
@@ -242,7 +261,7 @@ class AgentLoop:
 
         def create(i: int, name: str):
             kwargs = (rows[i].tools_kwargs.get(name) or {}).get("create_kwargs") or {}
-            return lambda: self.tools[name].create(**kwargs)
+            return lambda: call_create(self.tools[name], dict(kwargs))
 
         failed = {}
         for (i, name), (status, value) in zip(needed, self.runner.run([create(i, n) for i, n in needed],
@@ -336,13 +355,15 @@ class AgentLoop:
     def _finish(self, trajs: list[Trajectory]) -> None:
         """Final tool rewards, release instances and interactions (failures only logged)."""
         owned = [(t, name, iid) for t in trajs for name, iid in list(t.instances.items())]
-        rewards = self.runner.run([self._method(self.tools[n].calc_reward, iid) for _, n, iid in owned],
-                                  self.config.tool_timeout_s)
-        for (t, _, _), (status, value) in zip(owned, rewards):
+        scored = [(t, tool_method(self.tools[n], "calc_reward"), iid) for t, n, iid in owned]
+        scored = [(t, method, iid) for t, method, iid in scored if method is not None]
+        rewards = self.runner.run([self._method(method, iid) for _, method, iid in scored], self.config.tool_timeout_s)
+        for (t, _, _), (status, value) in zip(scored, rewards):
             number = finite_float(value) if status == "ok" else None
             if number is not None:
                 t.tool_rewards.append(number)
-        releases = [self._method(self.tools[n].release, iid) for _, n, iid in owned]
+        releases = [self._method(method, iid) for _, n, iid in owned
+                    if (method := tool_method(self.tools[n], "release")) is not None]
         releases += [self._method(self.interactions[t.interaction_name].finalize_interaction, t.interaction_id)
                      for t in trajs if t.interaction_id is not None]
         self.runner.run(releases, self.config.tool_timeout_s)

@@ -1,12 +1,17 @@
 """Tools a multi-turn rollout can call: the base class, the response type and the registry.
 
-The interface is veRL's ``BaseTool`` (``verl/tools/base_tool.py``), so a veRL tool's methods port
-unchanged: one tool object serves many trajectories, each trajectory gets its own *instance*
-(``create`` -> ``execute``* -> ``calc_reward`` -> ``release``), and every method is ``async`` (tools
-run concurrently, :mod:`hybrid_rl.agents.executor`).
+The interface is veRL's ``BaseTool`` (``verl/tools/base_tool.py``). A tool written for veRL runs
+with its imports pointed at :mod:`hybrid_rl.agents` (``BaseTool``, ``ToolResponse``,
+``OpenAIFunctionToolSchema``); it need not subclass ours (a class with an ``async def execute`` is
+accepted), ``create`` is called in both veRL's ``create_kwargs=`` shape and ours (:func:`call_create`),
+and the schema is read by attribute (``self.tool_schema.function.name``). In short: one tool object
+serves many trajectories, each trajectory gets its own *instance* (``create`` -> ``execute``* ->
+``calc_reward`` -> ``release``), and every method is ``async`` (tools run concurrently,
+:mod:`hybrid_rl.agents.executor`).
 
-* ``create(instance_id, **kwargs) -> (instance_id, ToolResponse)``: kwargs are the row's
-  ``extra_info.tools_kwargs[<tool name>]["create_kwargs"]`` (e.g. the ground truth).
+* ``create(instance_id=None, **kwargs) -> (instance_id, ToolResponse)``: kwargs are the row's
+  ``extra_info.tools_kwargs[<tool name>]["create_kwargs"]`` (e.g. the ground truth), by name and as
+  ``create_kwargs=``.
 * ``execute(instance_id, parameters, **kwargs) -> (ToolResponse | str, step reward, metrics)``: one
   call with the model's parsed arguments; the text becomes the observation.
 * ``calc_reward(instance_id) -> float``: the instance's reward at the end of the trajectory
@@ -19,40 +24,14 @@ Register a tool for notebooks and YAML with ``@register_tool("name")`` (as ``@re
 
 from __future__ import annotations
 
-import copy
+import inspect
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-__all__ = ["BaseTool", "ToolResponse", "get_tool_cls", "register_tool", "registered_tools", "check_tool_schema"]
+from hybrid_rl.agents.schemas import OpenAIFunctionToolSchema, ToolResponse, as_tool_schema, schema_dict
 
-
-@dataclass
-class ToolResponse:
-    """What a tool returns to the model (veRL's ``ToolResponse``; text only here)."""
-
-    text: Optional[str] = None
-    """The observation text (None = empty)."""
-
-
-def check_tool_schema(schema: Any, where: str) -> dict[str, Any]:
-    """Validate an OpenAI function-tool schema (``{"type": "function", "function": {"name", "description",
-    "parameters"}}``) and return it as a plain dict; ValueError naming ``where`` otherwise."""
-    fix = ("Fix: write it as {type: function, function: {name: ..., description: ..., parameters: "
-           "{type: object, properties: {...}, required: [...]}}} (OpenAI function-calling schema)")
-    if not isinstance(schema, dict) or schema.get("type") != "function" or not isinstance(schema.get("function"), dict):
-        raise ValueError(f"{where}: the tool schema must be a mapping with type 'function' and a 'function' "
-                         f"mapping, got {schema!r:.200}. {fix}.")
-    function = schema["function"]
-    name = function.get("name")
-    if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"{where}: the tool schema has no function.name. {fix}.")
-    params = function.get("parameters", {"type": "object", "properties": {}, "required": []})
-    if not isinstance(params, dict) or params.get("type", "object") != "object" \
-            or not isinstance(params.get("properties", {}), dict):
-        raise ValueError(f"{where}: function.parameters of tool {name!r} must be a JSON-schema object "
-                         f"with 'properties', got {params!r:.200}. {fix}.")
-    return copy.deepcopy(schema)
+__all__ = ["BaseTool", "ToolResponse", "call_create", "get_tool_cls", "register_tool", "registered_tools",
+           "tool_method", "tool_schema_dict"]
 
 
 class BaseTool:
@@ -60,17 +39,20 @@ class BaseTool:
 
     Args:
         config: the ``config`` mapping of the tool's entry in the tool YAML (free-form).
-        tool_schema: the OpenAI function schema shown to the model; None = ``get_openai_tool_schema()``.
+        tool_schema: the OpenAI function schema shown to the model (a mapping or an
+            :class:`OpenAIFunctionToolSchema`, read as ``self.tool_schema.function.name``); None =
+            ``get_openai_tool_schema()``.
     """
 
-    def __init__(self, config: Optional[dict] = None, tool_schema: Optional[dict] = None):
+    def __init__(self, config: Optional[dict] = None, tool_schema: Any = None):
         self.config = dict(config or {})
         schema = tool_schema if tool_schema is not None else self.get_openai_tool_schema()
-        self.tool_schema = check_tool_schema(schema, f"tool {type(self).__name__}")
-        self.name: str = self.tool_schema["function"]["name"]
+        self.tool_schema: OpenAIFunctionToolSchema = as_tool_schema(schema, f"tool {type(self).__name__}")
+        self.name: str = self.tool_schema.function.name
 
-    def get_openai_tool_schema(self) -> dict[str, Any]:
-        """The schema used when the YAML gives none; a tool without a default must be given one."""
+    def get_openai_tool_schema(self) -> Any:
+        """The schema used when the YAML gives none (a mapping or an :class:`OpenAIFunctionToolSchema`);
+        a tool without a default must be given one."""
         raise ValueError(f"tool {type(self).__name__} has no default schema: give it a tool_schema in the "
                          "tool config YAML, or override get_openai_tool_schema().")
 
@@ -94,15 +76,24 @@ class BaseTool:
 _TOOLS: dict[str, type] = {}
 
 
-def registrar(registry: dict[str, type], base: type, kind: str, name: str) -> Callable[[type], type]:
-    """The class decorator behind ``@register_tool`` / ``@register_interaction``: adds a ``base``
-    subclass under ``name``; a second class under the same name raises (the same class redefined,
-    e.g. a re-run notebook cell, replaces it)."""
+def conforms(cls: Any, base: type, method: str) -> bool:
+    """``cls`` is a ``base`` subclass, or a class of its own with an ``async def <method>`` (duck typing:
+    a veRL tool subclasses veRL's base class, not ours)."""
+    if not isinstance(cls, type):
+        return False
+    return issubclass(cls, base) or inspect.iscoroutinefunction(getattr(cls, method, None))
+
+
+def registrar(registry: dict[str, type], base: type, kind: str, name: str, method: str) -> Callable[[type], type]:
+    """The class decorator behind ``@register_tool`` / ``@register_interaction``: adds a class that
+    :func:`conforms` to ``base`` under ``name``; a second class under the same name raises (the same
+    class redefined, e.g. a re-run notebook cell, replaces it)."""
 
     def decorator(cls: type) -> type:
-        if not (isinstance(cls, type) and issubclass(cls, base)):
-            raise ValueError(f"@register_{kind}({name!r}) decorates {cls!r}, which is not a {base.__name__} "
-                             f"subclass. Fix: subclass hybrid_rl.agents.{base.__name__}.")
+        if not conforms(cls, base, method):
+            raise ValueError(f"@register_{kind}({name!r}) decorates {cls!r}, which is neither a {base.__name__} "
+                             f"subclass nor a class with an async {method}(). Fix: subclass "
+                             f"hybrid_rl.agents.{base.__name__}.")
         old = registry.get(name)
         if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
             raise ValueError(f"{kind} {name!r} is already registered as {old.__module__}.{old.__qualname__}. "
@@ -116,7 +107,7 @@ def registrar(registry: dict[str, type], base: type, kind: str, name: str) -> Ca
 def register_tool(name: str) -> Callable[[type], type]:
     """Class decorator: make a :class:`BaseTool` subclass available as ``class_name: <name>`` in the
     tool YAML. A second class under the same name raises (redefining the same class is allowed)."""
-    return registrar(_TOOLS, BaseTool, "tool", name)
+    return registrar(_TOOLS, BaseTool, "tool", name, "execute")
 
 
 def registered_tools() -> list[str]:
@@ -124,22 +115,40 @@ def registered_tools() -> list[str]:
     return sorted(_TOOLS)
 
 
-def _import_class(class_name: str, base: type, where: str, kind: str, registered: list[str]) -> type:
-    """``package.module.Class`` imported and checked to subclass ``base``; ValueError otherwise."""
+VERL_ALIASES: dict[str, str] = {
+    "verl.tools.gsm8k_tool.Gsm8kTool": "hybrid_rl.agents.gsm8k_tool.Gsm8kTool",
+}
+"""veRL class paths that veRL's own example YAMLs name, and hybrid_rl's port of each: used only when the
+``verl`` package is not installed, so veRL's ``gsm8k_tool_config.yaml`` runs unchanged."""
+
+
+def _import(class_name: str) -> Any:
     import importlib
 
     module_name, _, attr = class_name.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("verl", None) or class_name not in VERL_ALIASES:
+            raise
+        return _import(VERL_ALIASES[class_name])
+
+
+def import_class(class_name: str, base: type, method: str, where: str, kind: str, registered: list[str]) -> type:
+    """``package.module.Class`` imported and checked to :func:`conform <conforms>` to ``base``;
+    ValueError otherwise."""
     fix = (f"Fix: use a registered {kind} ({', '.join(registered) or 'none registered'}) or the dotted path of "
-           f"an importable {base.__name__} subclass, e.g. my_pkg.module.MyClass")
-    if not module_name:
+           f"an importable class with an async {method}(), e.g. my_pkg.module.MyClass")
+    if not class_name.rpartition(".")[0]:
         raise ValueError(f"{where}: unknown {kind} class {class_name!r}. {fix}.")
     try:
-        cls = getattr(importlib.import_module(module_name), attr)
+        cls = _import(class_name)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"{where}: cannot import {kind} class {class_name!r} ({type(exc).__name__}: {exc}). "
                          f"{fix}.") from None
-    if not (isinstance(cls, type) and issubclass(cls, base)):
-        raise ValueError(f"{where}: {class_name!r} is not a {base.__name__} subclass. {fix}.")
+    if not conforms(cls, base, method):
+        raise ValueError(f"{where}: {class_name!r} is neither a {base.__name__} subclass nor a class with an "
+                         f"async {method}(). {fix}.")
     return cls
 
 
@@ -147,4 +156,41 @@ def get_tool_cls(class_name: str, where: str) -> type:
     """A registered tool name, or a dotted import path ``package.module.Class``, resolved to the class."""
     if class_name in _TOOLS:
         return _TOOLS[class_name]
-    return _import_class(class_name, BaseTool, where, "tool", registered_tools())
+    return import_class(class_name, BaseTool, "execute", where, "tool", registered_tools())
+
+
+def tool_schema_dict(tool: Any) -> dict[str, Any]:
+    """The tool's schema as the plain mapping a chat template's ``tools=`` takes."""
+    return schema_dict(tool.tool_schema)
+
+
+def tool_method(tool: Any, name: str) -> Optional[Callable]:
+    """The tool's ``create`` / ``calc_reward`` / ``release``, or None when a duck-typed tool lacks it
+    (then the loop uses the default: a fresh id, reward 0, nothing to free)."""
+    method = getattr(tool, name, None)
+    return method if callable(method) else None
+
+
+def call_create(tool: Any, create_kwargs: dict[str, Any]):
+    """A coroutine of ``tool.create`` given the row's ``create_kwargs`` in both call shapes the method's
+    signature accepts: veRL's agent loop passes ``create(create_kwargs={...})``, hybrid_rl's tools
+    (and veRL's ``Gsm8kTool``, which reads ``ground_truth=`` first) take the keys as keyword arguments.
+    Each key is passed by name when the signature takes it (or has ``**kwargs``), and the whole mapping
+    as ``create_kwargs=`` when the signature names it or has ``**kwargs``."""
+    create = tool_method(tool, "create")
+    if create is None:
+        async def fresh() -> tuple[str, ToolResponse]:
+            return str(uuid.uuid4()), ToolResponse()
+        return fresh()
+    try:
+        params = inspect.signature(create).parameters
+    except (TypeError, ValueError):  # a C callable without a signature: veRL's shape
+        return create(create_kwargs=create_kwargs)
+    open_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    named = {n for n, p in params.items() if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                         inspect.Parameter.KEYWORD_ONLY)}
+    kwargs = {k: v for k, v in create_kwargs.items() if k in named or open_kwargs}
+    kwargs.pop("instance_id", None)
+    if "create_kwargs" in named or open_kwargs:
+        kwargs["create_kwargs"] = dict(create_kwargs)
+    return create(**kwargs)

@@ -25,6 +25,9 @@ the manager runs in a remote process): ``reward/num_errors``, ``reward/num_timeo
 ``reward/all_failed`` (1.0 when every row failed -- the trainer stops after K such steps). The first
 failure of each kind is logged once per manager with its (truncated) input.
 
+Rows with a ``reward_score`` (an agent scored its own row; docs/agents.md) keep that score and skip
+the scorer, as veRL's reward loop does with ``AgentLoopOutput.reward_score``.
+
 ``reward_extra_info`` holds the non-``score`` keys of dict results, one list entry per row (``None`` for
 rows whose result lacked the key, e.g. failed rows), plus ``"score"`` when any such key exists (as veRL).
 Configuration errors (a data source with no scorer, missing ``ground_truth``) raise ValueError.
@@ -35,13 +38,13 @@ from __future__ import annotations
 import abc
 import logging
 from collections import Counter
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 import torch
 
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.reward.guard import ScoreOutcome, normalize_score, run_guarded, safe_score_many
+from hybrid_rl.reward.guard import ScoreOutcome, finite_float, normalize_score, run_guarded, safe_score_many
 from hybrid_rl.reward.registry import (check_data_sources, default_compute_score, default_compute_score_batched,
                                       thread_safe_sources)
 
@@ -132,6 +135,16 @@ def _trajectory_rewards(data: DataProto) -> torch.Tensor:
     return total
 
 
+def _given_scores(data: DataProto) -> list[Optional[float]] | None:
+    """The ``reward_score`` column (agents that scored their own row: an agent loop's
+    ``AgentLoopOutput.reward_score``, a black-box agent's return value), finite floats or None per
+    row; None without the column. Those rows skip the reward function (veRL's semantics)."""
+    column = data.non_tensor_batch.get("reward_score")
+    if column is None:
+        return None
+    return [finite_float(v) if v is not None else None for v in column]
+
+
 def _ground_truth(reward_model: Any, row: int) -> Any:
     if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
         raise ValueError(f"row {row}: non_tensor_batch['reward_model'] must be a dict with a 'ground_truth' key, "
@@ -209,8 +222,9 @@ class _RewardManagerBase(abc.ABC):
         if "rm_scores" in data.batch.keys():  # a reward model already scored the batch (veRL behaviour)
             self.last_metrics = self._metrics([])
             return self._result(data.batch["rm_scores"], {}, self.last_metrics, return_dict)
-        rows = self._rows(data)
-        outcomes = self._score(rows) if rows.solution_strs else []
+        given = _given_scores(data)
+        rows = self._rows(data, given)
+        outcomes = self._scored(rows, given) if rows.solution_strs else []
         responses = data.batch["responses"]
         reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)  # [B, R]
         scores = torch.tensor([o.score for o in outcomes], dtype=torch.float32)  # [B]
@@ -228,7 +242,16 @@ class _RewardManagerBase(abc.ABC):
     def _score(self, rows: _Rows) -> list[ScoreOutcome]:
         """One outcome per row, in row order."""
 
-    def _rows(self, data: DataProto) -> _Rows:
+    def _scored(self, rows: _Rows, given: list[Optional[float]] | None) -> list[ScoreOutcome]:
+        """``_score`` of the rows without a given score; the given ones as they are."""
+        if given is None:
+            return self._score(rows)
+        todo = [i for i, g in enumerate(given) if g is None]
+        picked = [[column[i] for i in todo] for column in rows[:4]]
+        scored = iter(self._score(_Rows(*picked, rows.last_index[todo], rows.score_index[todo])) if todo else [])
+        return [next(scored) if g is None else ScoreOutcome(g, {}, "ok") for g in given]
+
+    def _rows(self, data: DataProto, given: list[Optional[float]] | None = None) -> _Rows:
         last_index, score_index = _valid_indices(data)  # [B], [B]
         responses = data.batch["responses"].cpu()
         token_lists = [responses[i, : int(last) + 1].tolist() for i, last in enumerate(last_index)]
@@ -237,7 +260,8 @@ class _RewardManagerBase(abc.ABC):
         data_sources = list(_require_non_tensor(data, self.reward_fn_key, "set by reward_fn_key"))
         extra = data.non_tensor_batch.get("extra_info")
         extra_infos = _with_trajectory_info(data, list(extra) if extra is not None else [None] * len(data))
-        ground_truths = [_ground_truth(rm, i) for i, rm in enumerate(reward_models)]
+        ground_truths = [None if given is not None and given[i] is not None else _ground_truth(rm, i)
+                         for i, rm in enumerate(reward_models)]
         if self.uses_default_scorer:
             # Unknown source = a config error: fail loudly, not as N zero rewards.
             check_data_sources(data_sources, warmup=True)

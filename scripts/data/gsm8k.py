@@ -11,6 +11,11 @@ in the reference answer (commas removed), and ``extra_info`` keeps split/index/a
 veRL's ``gsm8k_tool_agent_loop.py`` preprocessing, with our calculator instead of its answer-checking
 tool): a system prompt naming the tool, ``agent_name: tool_agent`` and
 ``extra_info.tools_kwargs.calculator.create_kwargs.ground_truth``.
+
+``--verl_tool`` writes veRL's ``gsm8k_multiturn_w_tool.py`` layout for veRL's answer-checking tool
+``calc_gsm8k_reward`` (``recipes/gsm8k_verl_tool``): a system prompt asking the model to check its
+answer with the tool, ``agent_name: tool_agent`` and
+``extra_info.tools_kwargs.calc_gsm8k_reward.create_kwargs.ground_truth``.
 """
 
 from __future__ import annotations
@@ -36,6 +41,14 @@ TOOL_SYSTEM_PROMPT = (
 )
 
 
+VERL_TOOL_SYSTEM_PROMPT = (
+    "You are a math expert. Solve the question step by step, reasoning before any tool call. Once you "
+    "have an answer, check it at least once with the `calc_gsm8k_reward` tool: "
+    '<tool_call>{"name": "calc_gsm8k_reward", "arguments": {"answer": "<number>"}}</tool_call>, and refine '
+    "it if needed. Put your final answer in the format of `#### <answer>`."
+)
+
+
 def extract_solution(answer: str) -> str | None:
     """The number after ``#### `` with thousands separators removed, or None when absent."""
     match = _ANSWER_RE.search(answer)
@@ -49,6 +62,15 @@ def tool_agent_row(row: dict) -> dict:
             "prompt": [{"role": "system", "content": TOOL_SYSTEM_PROMPT}, *row["prompt"]],
             "extra_info": {**row["extra_info"], "need_tools_kwargs": True,
                            "tools_kwargs": {"calculator": {"create_kwargs": {"ground_truth": truth}}}}}
+
+
+def verl_tool_row(row: dict) -> dict:
+    """The row for veRL's ``calc_gsm8k_reward`` tool (see the module docstring)."""
+    truth = row["reward_model"]["ground_truth"]
+    return {**row, "agent_name": "tool_agent",
+            "prompt": [{"role": "system", "content": VERL_TOOL_SYSTEM_PROMPT}, *row["prompt"]],
+            "extra_info": {**row["extra_info"], "need_tools_kwargs": True,
+                           "tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": truth}}}}}
 
 
 def make_row(question: str, answer: str, split: str, index: int, where: str) -> dict:
@@ -117,9 +139,12 @@ def write_parquet(rows: list[dict], path: Path) -> None:
 
 def convert(output_dir: str | os.PathLike, *, input_dir: str | os.PathLike | None = None,
             hf_dataset: str | None = None, splits: Iterable[str] = SPLITS,
-            tool_agent: bool = False) -> dict[str, str]:
+            tool_agent: bool = False, verl_tool: bool = False) -> dict[str, str]:
     """Write ``<split>.parquet`` for each split into ``output_dir``; return {split: path}.
-    ``tool_agent``: rows for the multi-turn calculator rollout (:func:`tool_agent_row`)."""
+    ``tool_agent``: rows for the multi-turn calculator rollout (:func:`tool_agent_row`); ``verl_tool``:
+    rows for veRL's answer-checking tool (:func:`verl_tool_row`)."""
+    if tool_agent and verl_tool:
+        raise ValueError("give at most one of --tool_agent (calculator rows) and --verl_tool (calc_gsm8k_reward rows)")
     if (input_dir is None) == (hf_dataset is None):
         raise ValueError("give exactly one of --input_dir (local JSONL folder) or --hf_dataset (hub name)")
     out = Path(output_dir)
@@ -130,8 +155,8 @@ def convert(output_dir: str | os.PathLike, *, input_dir: str | os.PathLike | Non
             rows = rows_from_jsonl(Path(input_dir) / f"{split}.jsonl", split)
         else:
             rows = rows_from_hub(hf_dataset, split)
-        if tool_agent:
-            rows = [tool_agent_row(r) for r in rows]
+        if tool_agent or verl_tool:
+            rows = [(tool_agent_row if tool_agent else verl_tool_row)(r) for r in rows]
         paths[split] = str(out / f"{split}.parquet")
         write_parquet(rows, Path(paths[split]))
         logger.info("%s: %d rows -> %s", split, len(rows), paths[split])
@@ -147,10 +172,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, str]:
                         help="where train.parquet/test.parquet go (--local_dir as in veRL)")
     parser.add_argument("--tool_agent", action="store_true",
                         help="rows for the multi-turn rollout with the calculator tool (recipes/gsm8k_tool)")
+    parser.add_argument("--verl_tool", action="store_true",
+                        help="rows for veRL's calc_gsm8k_reward tool (recipes/gsm8k_verl_tool)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     return convert(args.output_dir, input_dir=args.input_dir, hf_dataset=args.hf_dataset,
-                   tool_agent=args.tool_agent)
+                   tool_agent=args.tool_agent, verl_tool=args.verl_tool)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ def test_load_tools_by_name_and_dotted_path(tmp_path):
     path.write_text(TOOLS_YAML)
     tools = load_tools(str(path))
     assert sorted(tools) == ["calc2", "calculator"]
-    assert tools["calc2"].tool_schema["function"]["description"] == "same tool, second name"
+    assert tools["calc2"].tool_schema.function.description == "same tool, second name"
 
 
 @pytest.mark.parametrize("text, fragment", [

@@ -7,7 +7,8 @@ import pytest
 from hybrid_rl.agents import BaseTool, CalculatorTool, parse_hermes, register_tool
 from hybrid_rl.agents.calculator import evaluate
 from hybrid_rl.agents.parser import get_tool_parser
-from hybrid_rl.agents.tool import check_tool_schema, get_tool_cls
+from hybrid_rl.agents.schemas import as_tool_schema
+from hybrid_rl.agents.tool import get_tool_cls
 
 
 def test_hermes_parses_calls_in_order():
@@ -85,7 +86,7 @@ def test_register_tool_rejects_duplicates_and_non_tools():
         @register_tool("test_echo_tool")
         class Other(BaseTool):
             pass
-    with pytest.raises(ValueError, match="not a BaseTool subclass"):
+    with pytest.raises(ValueError, match="neither a BaseTool subclass"):
         register_tool("nope")(int)
     with pytest.raises(ValueError, match="unknown tool class 'nosuch'"):
         get_tool_cls("nosuch", "here")
@@ -95,11 +96,11 @@ def test_register_tool_rejects_duplicates_and_non_tools():
 
 def test_schema_check_names_the_problem():
     with pytest.raises(ValueError, match="type 'function'"):
-        check_tool_schema({"function": {"name": "x"}}, "t")
+        as_tool_schema({"function": {"name": "x"}}, "t")
     with pytest.raises(ValueError, match="no function.name"):
-        check_tool_schema({"type": "function", "function": {}}, "t")
+        as_tool_schema({"type": "function", "function": {}}, "t")
     with pytest.raises(ValueError, match="parameters of tool 'x'"):
-        check_tool_schema({"type": "function", "function": {"name": "x", "parameters": {"type": "array"}}}, "t")
+        as_tool_schema({"type": "function", "function": {"name": "x", "parameters": {"type": "array"}}}, "t")
     with pytest.raises(ValueError, match="no default schema"):
         BaseTool()
 

@@ -68,6 +68,19 @@ def test_tool_agent_rows_load_with_the_calculator(gsm8k, tmp_path):
     assert item["agent_name"] == "tool_agent"
 
 
+def test_verl_tool_rows_name_verls_answer_checking_tool(gsm8k, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    write(src / "train.jsonl", [{"question": "Q1?", "answer": "#### 12"}])
+    write(src / "test.jsonl", [{"question": "T?", "answer": "#### 3"}])
+    paths = gsm8k.main(["--input_dir", str(src), "--output_dir", str(tmp_path / "out"), "--verl_tool"])
+    (row,) = pq.read_table(paths["test"]).to_pylist()
+    assert row["agent_name"] == "tool_agent" and "calc_gsm8k_reward" in row["prompt"][0]["content"]
+    assert row["extra_info"]["tools_kwargs"] == {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "3"}}}
+    with pytest.raises(ValueError, match="at most one of --tool_agent"):
+        gsm8k.convert(tmp_path / "x", input_dir=src, tool_agent=True, verl_tool=True)
+
+
 @pytest.mark.parametrize("line,message", [
     ({"question": "Q?", "answer": "no marker"}, "field 'answer' has no final '#### <number>' line"),
     ({"answer": "#### 1"}, "field 'question' is missing"),

@@ -266,7 +266,7 @@ def _(env):
 def _(env):
     path = env.write("tools_schema.yaml", "tools:\n  - class_name: calculator\n    tool_schema: "
                      "{type: function, function: {description: x}}\n")
-    return _multi_turn(path), ["tools[0]: tool CalculatorTool: the tool schema has no function.name",
+    return _multi_turn(path), ["tools[0]: tool_schema: the tool schema has no function.name",
                                "OpenAI function-calling schema"]
 
 

@@ -91,6 +91,9 @@ def test_recipe_composes(path):
         rollout = cfg.actor_rollout_ref.rollout
         assert rollout.multi_turn.enable and rollout.multi_turn.tool_config_path.endswith("tools.yaml")
         assert cfg.trainer.device == "auto"
+    elif "gsm8k_verl_tool" in path:  # veRL's tool YAML unchanged, CPU-sized
+        assert cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path.endswith("gsm8k_tool_config.yaml")
+        assert cfg.trainer.device == "auto"
     elif "verl_quickstart" in path:  # veRL's command verbatim, then the CPU-sized additions win
         assert cfg.algorithm.adv_estimator == "gae" and cfg.trainer.logger == "console"
         assert cfg.data.train_batch_size == 16 and cfg.actor_rollout_ref.rollout.name == "vllm"

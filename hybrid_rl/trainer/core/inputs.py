@@ -58,8 +58,9 @@ def tool_schemas(cfg: PPOConfig) -> list[dict] | None:
     if not (multi_turn.enable and multi_turn.tool_config_path):
         return None
     from hybrid_rl.agents import load_tools
+    from hybrid_rl.agents.tool import tool_schema_dict
 
-    return [tool.tool_schema for tool in load_tools(multi_turn.tool_config_path).values()]
+    return [tool_schema_dict(tool) for tool in load_tools(multi_turn.tool_config_path).values()]
 
 
 def build_dataset(files: list[str], tokenizer, cfg: PPOConfig):

@@ -84,7 +84,9 @@ def _start_ray(cfg: Any, plan: RunPlan, log_dir: Optional[str]) -> None:
 
 def _agent_plugins(actor_rollout_ref: ActorRolloutRefConfig) -> dict[str, Any]:
     """Tools and interactions registered in the driver (a notebook), for the rollout workers."""
-    if not actor_rollout_ref.rollout.multi_turn.enable:
+    from hybrid_rl.agents.config import agent_rollout_enabled
+
+    if not agent_rollout_enabled(actor_rollout_ref.rollout):
         return {}
     from hybrid_rl.agents.plugins import plugin_snapshot
 

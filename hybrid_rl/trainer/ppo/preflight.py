@@ -16,10 +16,19 @@ __all__ = ["check_agent_config", "check_reward_coverage"]
 
 
 def check_agent_config(cfg: PPOConfig, tokenizer: Any) -> None:
-    """With ``rollout.multi_turn.enable``: build the tools and interactions (their YAML, classes and
-    schemas) and check that the tokenizer's chat template can render observation turns, here in the
-    driver, so a mistake is one line before any worker starts."""
-    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    """Load the agent-loop YAML (its classes import) and check the default loop's name; with
+    ``rollout.multi_turn.enable``: build the tools and interactions (their YAML, classes and schemas) and
+    check that the tokenizer's chat template can render observation turns. Here in the driver, so a
+    mistake is one line before any worker starts."""
+    multi_turn, agent = cfg.actor_rollout_ref.rollout.multi_turn, cfg.actor_rollout_ref.rollout.agent
+    if agent.agent_loop_config_path:
+        from hybrid_rl.agents.agent_loop import load_agent_loop_config
+
+        load_agent_loop_config(agent.agent_loop_config_path)
+    if agent.default_agent_loop:
+        from hybrid_rl.workers.rollout.multi_turn import check_agent_name
+
+        check_agent_name(agent.default_agent_loop, "actor_rollout_ref.rollout.agent.default_agent_loop")
     if not multi_turn.enable:
         return
     from hybrid_rl.agents import load_interactions, load_tools

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hybrid_rl.agents.config import MultiTurnConfig
+from hybrid_rl.agents.config import AgentLoopConfig, MultiTurnConfig
 from hybrid_rl.utils.precision import COMPUTE_DTYPES
 
 ROLLOUT_NAMES = ("vllm", "hf")
@@ -82,6 +82,8 @@ class RolloutConfig:
     sync here always streams one tensor at a time from the shards (peak = one layer's weights)."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Multi-turn rollout with tools and interactions (veRL names; hybrid_rl/agents/config.py)."""
+    agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
+    """Custom agent loops per row (veRL names; hybrid_rl/agents/agent_loop.py)."""
     n: int = 8
     """Responses per prompt. The driver repeats each prompt row n times before generation; the
     engine produces one response per row."""
@@ -171,6 +173,8 @@ class RolloutConfig:
                "use vllm (falls back to hf when vLLM is unavailable) or hf")
         if isinstance(self.multi_turn, dict):
             self.multi_turn = MultiTurnConfig(**self.multi_turn)
+        if isinstance(self.agent, dict):
+            self.agent = AgentLoopConfig(**self.agent)
         _check_sampling("rollout", self)
         _check(self.mode in ROLLOUT_MODES, "rollout.mode", self.mode, f"must be one of {ROLLOUT_MODES}",
                "use sync (or veRL's async)")

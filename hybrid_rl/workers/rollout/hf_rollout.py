@@ -25,6 +25,7 @@ from hybrid_rl.workers.rollout.base import (ROW_SEED_STRIDE, BaseRollout, Genera
                                             StrictWeightStream, data_parallel_rank, expected_weight_shapes,
                                             resolve_generation_params)
 from hybrid_rl.workers.rollout.config import RolloutConfig
+from hybrid_rl.agents.config import agent_rollout_enabled
 from hybrid_rl.workers.rollout.multi_turn import MultiTurnGenerator
 from hybrid_rl.workers.rollout.sequences import (build_rollout_output, check_prompt_batch, eos_cut_length,
                                                  prompt_token_lists)
@@ -104,7 +105,7 @@ class HFRollout(BaseRollout):
         # draw identical samples.
         self._rng = PrivateRng(config.seed + self._dp_rank, cuda=self.device.type == "cuda")
         self._multi_turn = (MultiTurnGenerator(config, tokenizer, getattr(tokenizer, "eos_token_id", None))
-                            if config.multi_turn.enable else None)
+                            if agent_rollout_enabled(config) else None)
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         check_prompt_batch(prompts, self.config.prompt_length)

@@ -21,17 +21,15 @@ import numpy as np
 import torch
 
 from hybrid_rl.agents import AgentLoop, RowContext, Trajectory, load_interactions, load_tools
+from hybrid_rl.agents.agent_loop import BUILTIN_AGENT_LOOPS, DictConfigWrap, agent_loop_names, load_agent_loop_config
+from hybrid_rl.agents.agent_runner import AgentLoopContext, run_agent_loops
 from hybrid_rl.agents.loop import END_REASONS
+from hybrid_rl.agents.server import TURN_SEED_STRIDE, BatchingServer
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.workers.rollout.base import GenerationParams
 from hybrid_rl.workers.rollout.config import RolloutConfig
 
 __all__ = ["MultiTurnGenerator", "TURN_SEED_STRIDE", "build_trajectory_output", "row_contexts"]
-
-TURN_SEED_STRIDE = 10**12 + 39
-"""Turn t of a call seeded s samples with seed s + t * stride: far above the per-rank stride
-(1_000_003) times any rank count and the per-row offsets on GPU, so no two (turn, rank, row) share a
-seed."""
 
 TurnFn = Callable[[list[list[int]], list[int], GenerationParams], list[tuple[list[int], list[float]]]]
 
@@ -61,9 +59,7 @@ def row_contexts(non_tensor_batch: dict[str, np.ndarray], num_rows: int) -> list
 def build_trajectory_output(prompts: DataProto, trajs: list[Trajectory], params: GenerationParams,
                             with_log_probs: bool) -> DataProto:
     """The rollout batch of multi-turn trajectories (layout in the module docstring)."""
-    prompt_ids = prompts.batch["input_ids"]  # [B, P]
-    prompt_mask = prompts.batch["attention_mask"]  # [B, P]
-    prompt_pos = prompts.batch["position_ids"]  # [B, P]
+    prompt_ids, prompt_mask, prompt_pos = _prompt_tensors(prompts, trajs, params.pad_token_id)  # [B, P] each
     num_rows, resp_len = prompt_ids.shape[0], params.response_length
     responses = torch.full((num_rows, resp_len), params.pad_token_id, dtype=prompt_ids.dtype)  # [B, R]
     response_mask = torch.zeros((num_rows, resp_len), dtype=prompt_mask.dtype)  # [B, R]
@@ -90,7 +86,29 @@ def build_trajectory_output(prompts: DataProto, trajs: list[Trajectory], params:
                        tool_rewards=_object_column([list(t.tool_rewards) for t in trajs]),
                        turn_scores=_object_column([list(t.turn_scores) for t in trajs]),
                        agent_metrics=_object_column([_row_metrics(t) for t in trajs]))
+    if any(t.reward_score is not None for t in trajs):
+        non_tensors["reward_score"] = _object_column([t.reward_score for t in trajs])
     return DataProto.from_dict(tensors, non_tensors=non_tensors, meta_info=dict(prompts.meta_info))
+
+
+def _prompt_tensors(prompts: DataProto, trajs: list[Trajectory],
+                    pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The batch's left-padded prompt ids, mask and positions [B, P]; rows whose trajectory starts from
+    other prompt ids (a custom agent loop templated its own prompt) are re-padded to the same width."""
+    ids, mask, pos = (prompts.batch[k].clone() for k in ("input_ids", "attention_mask", "position_ids"))
+    width = ids.shape[1]
+    for i, t in enumerate(trajs):
+        own = ids[i][mask[i].bool()].tolist()
+        if t.prompt_ids == own:
+            continue
+        n = len(t.prompt_ids)
+        assert n <= width, f"trajectory {i}: prompt of {n} tokens > the batch's prompt width {width}"
+        ids[i] = pad_token_id
+        ids[i, width - n:] = torch.as_tensor(t.prompt_ids, dtype=ids.dtype)
+        mask[i] = 0
+        mask[i, width - n:] = 1
+        pos[i] = torch.clamp(torch.cumsum(mask[i], 0) - 1, min=0)
+    return ids, mask, pos
 
 
 def _row_metrics(t: Trajectory) -> dict[str, float]:
@@ -107,7 +125,7 @@ def batch_metrics(trajs: list[Trajectory]) -> dict[str, float]:
            for key in ("num_turns", "assistant_turns", "tool_calls", "tool_errors", "tool_timeouts")}
     obs, model = sum(r["observation_tokens"] for r in rows), sum(r["model_tokens"] for r in rows)
     out["agent/observation_token_fraction"] = obs / max(obs + model, 1.0)
-    for key in sorted({k for r in rows for k in r if k.startswith("tool/")}):
+    for key in sorted({k for r in rows for k in r if k.startswith(("tool/", "loop/"))}):
         out[f"agent/{key}"] = float(np.mean([r.get(key, 0.0) for r in rows]))  # a row without the call counts 0
     ends = Counter(t.end_reason for t in trajs)
     out.update({f"agent/ended_by/{r}": ends[r] / len(trajs) for r in END_REASONS})
@@ -115,7 +133,9 @@ def batch_metrics(trajs: list[Trajectory]) -> dict[str, float]:
 
 
 class MultiTurnGenerator:
-    """Builds the tools and interactions once; :meth:`generate` runs one batch of trajectories."""
+    """Builds the tools, interactions and agent loops once; :meth:`generate` runs one batch: rows of the
+    built-in loops (``tool_agent``, ``single_turn_agent``) through the batched tool loop, rows naming a
+    custom agent loop (docs/agents.md) as coroutines over a :class:`BatchingServer`."""
 
     def __init__(self, config: RolloutConfig, tokenizer: Any, eos_token_id: Any):
         cfg = config.multi_turn
@@ -126,6 +146,10 @@ class MultiTurnGenerator:
         self.config = config
         self.tools = load_tools(cfg.tool_config_path) if cfg.tool_config_path else {}
         self.interactions = load_interactions(cfg.interaction_config_path) if cfg.interaction_config_path else {}
+        if config.agent.agent_loop_config_path:
+            load_agent_loop_config(config.agent.agent_loop_config_path)
+        self.default_agent = config.agent.default_agent_loop or ("tool_agent" if cfg.enable else "single_turn_agent")
+        check_agent_name(self.default_agent, "actor_rollout_ref.rollout.agent.default_agent_loop")
         eos = list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]
         self._loops: dict[tuple[int, ...], AgentLoop] = {}
         self.tokenizer = tokenizer
@@ -140,14 +164,79 @@ class MultiTurnGenerator:
     def generate(self, prompts: DataProto, prompt_lists: list[list[int]], params: GenerationParams,
                  turn_fn: TurnFn) -> DataProto:
         """Trajectories for ``prompts`` (``prompt_lists``: their unpadded ids), one engine call per turn."""
+        names = self._agent_names(prompts.non_tensor_batch, len(prompt_lists))
+        custom = [i for i, name in enumerate(names) if name not in BUILTIN_AGENT_LOOPS]
+        builtin = [i for i, name in enumerate(names) if name in BUILTIN_AGENT_LOOPS]
+        trajs: list[Trajectory] = [None] * len(prompt_lists)  # type: ignore[list-item]
+        if builtin:
+            for i, t in zip(builtin, self._run_builtin(prompts, prompt_lists, builtin, names, params, turn_fn)):
+                trajs[i] = t
+        if custom:
+            for i, t in zip(custom, self._run_custom(prompts, prompt_lists, custom, names, params, turn_fn)):
+                trajs[i] = t
+        output = build_trajectory_output(prompts, trajs, params, self.config.calculate_log_probs)
+        output.meta_info["metrics"] = {**output.meta_info.get("metrics", {}), **batch_metrics(trajs)}
+        return output
 
+    def _agent_names(self, non_tensor_batch: dict[str, np.ndarray], num_rows: int) -> list[str]:
+        column = non_tensor_batch.get("agent_name", [None] * num_rows)
+        names = [self.default_agent if name is None or name == "" else str(name) for name in column]
+        for i, name in enumerate(names):
+            check_agent_name(name, f"row {i}: agent_name")
+        return names
+
+    def _run_builtin(self, prompts: DataProto, prompt_lists: list[list[int]], rows: list[int], names: list[str],
+                     params: GenerationParams, turn_fn: TurnFn) -> list[Trajectory]:
         def generate_turn(token_lists: list[list[int]], max_tokens: list[int], turn: int):
             seed = None if params.seed is None else params.seed + turn * TURN_SEED_STRIDE
             return turn_fn(token_lists, max_tokens, dataclasses.replace(params, seed=seed))
 
-        loop = self._loop_for(tuple(params.eos_token_ids))
-        trajs = loop.run(prompt_lists, row_contexts(prompts.non_tensor_batch, len(prompt_lists)), generate_turn,
-                         budget=params.response_length)
-        output = build_trajectory_output(prompts, trajs, params, self.config.calculate_log_probs)
-        output.meta_info["metrics"] = {**output.meta_info.get("metrics", {}), **batch_metrics(trajs)}
-        return output
+        contexts = row_contexts(prompts.non_tensor_batch, len(prompt_lists))
+        for i in rows:
+            contexts[i].agent_name = names[i]
+        return self._loop_for(tuple(params.eos_token_ids)).run(
+            [prompt_lists[i] for i in rows], [contexts[i] for i in rows], generate_turn, budget=params.response_length)
+
+    def _run_custom(self, prompts: DataProto, prompt_lists: list[list[int]], rows: list[int], names: list[str],
+                    params: GenerationParams, turn_fn: TurnFn) -> list[Trajectory]:
+        agent = self.config.agent
+        width = prompts.batch["input_ids"].shape[1]
+        server = BatchingServer(turn_fn, params, max_model_len=width + params.response_length,
+                                batch_window_s=agent.batch_window_s)
+        ctx = AgentLoopContext(trainer_config=DictConfigWrap(rollout_config_tree(self.config)), tokenizer=self.tokenizer,
+                               sampling_params=verl_sampling_params(params, self.config.calculate_log_probs),
+                               timeout_s=agent.timeout_s)
+        kwargs = [row_kwargs(prompts.non_tensor_batch, i) for i in rows]
+        return run_agent_loops([names[i] for i in rows], kwargs, [prompt_lists[i] for i in rows], server, ctx,
+                               budget=params.response_length, prompt_width=width)
+
+
+def check_agent_name(name: str, where: str) -> None:
+    """One-line ValueError unless ``name`` is a built-in or registered agent loop."""
+    if name not in agent_loop_names():
+        raise ValueError(f"{where}={name!r} is not an agent loop; known: {', '.join(agent_loop_names())}. Fix: "
+                         "register it with @hybrid_rl.agents.register or list it in "
+                         "actor_rollout_ref.rollout.agent.agent_loop_config_path.")
+
+
+def row_kwargs(non_tensor_batch: dict[str, np.ndarray], i: int) -> dict[str, Any]:
+    """Row ``i``'s non-tensor columns as a custom loop's ``run`` receives them (veRL lifts
+    ``tools_kwargs`` / ``interaction_kwargs`` out of ``extra_info``; so does this)."""
+    kwargs = {k: v[i] for k, v in non_tensor_batch.items()}
+    info = kwargs.get("extra_info") if isinstance(kwargs.get("extra_info"), dict) else {}
+    for key in ("tools_kwargs", "interaction_kwargs"):
+        kwargs.setdefault(key, info.get(key) or {})
+    return kwargs
+
+
+def rollout_config_tree(config: RolloutConfig) -> Any:
+    """``actor_rollout_ref.rollout.*`` as an OmegaConf tree (what veRL loops read from ``self.config``)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({"actor_rollout_ref": {"rollout": dataclasses.asdict(config)}})
+
+
+def verl_sampling_params(params: GenerationParams, logprobs: bool) -> dict[str, Any]:
+    """The ``sampling_params`` veRL passes to an agent loop's ``run``."""
+    return {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+            "repetition_penalty": 1.0, "logprobs": logprobs}

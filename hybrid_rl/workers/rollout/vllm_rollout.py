@@ -42,6 +42,7 @@ from hybrid_rl.workers.rollout.base import (ROW_SEED_STRIDE, BaseRollout, Genera
                                             StrictWeightStream, data_parallel_rank, expected_weight_shapes,
                                             resolve_generation_params)
 from hybrid_rl.workers.rollout.config import RolloutConfig
+from hybrid_rl.agents.config import agent_rollout_enabled
 from hybrid_rl.workers.rollout.multi_turn import MultiTurnGenerator
 from hybrid_rl.workers.rollout.sequences import build_rollout_output, check_prompt_batch, prompt_token_lists
 from hybrid_rl.workers.rollout.vllm_cpu_kernels import cpu_ir_op_priority
@@ -270,7 +271,7 @@ class VLLMRollout(BaseRollout):
                     f", KV cache {kwargs['kv_cache_memory_bytes'] / 2**30:.2f} GiB" if self.on_cpu else "")
         self._dtype = getattr(torch, kwargs["dtype"])
         self._multi_turn = (MultiTurnGenerator(config, tokenizer, getattr(tokenizer, "eos_token_id", None))
-                            if config.multi_turn.enable else None)
+                            if agent_rollout_enabled(config) else None)
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         check_prompt_batch(prompts, self.config.prompt_length)

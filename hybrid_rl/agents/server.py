@@ -1,0 +1,225 @@
+"""Request-level generation for agents that drive the model themselves, batched onto one engine.
+
+Custom agent loops (:mod:`hybrid_rl.agents.agent_loop`), environments and black-box agents behind the
+OpenAI-compatible endpoint each ask for one completion at a time (``await server.generate(...)``),
+from many concurrent coroutines. The rollout engines are batched and synchronous: one call continues
+many token lists. :class:`BatchingServer` joins the two:
+
+* the agents run on a private event loop (a daemon thread); ``generate`` parks a request and awaits it;
+* the calling thread (the rollout worker's, which owns the engine) collects the parked requests and
+  serves them in *rounds*: a round starts once at least as many requests wait as agents are still
+  running (every agent is waiting on the model), or ``batch_window_s`` after the first request waited
+  (an agent busy with a slow tool does not hold the others back);
+* one round is one engine call per distinct sampling setting; round r of a call seeded s samples with
+  seed ``s + r * TURN_SEED_STRIDE`` (as the built-in tool loop's turns), so a run whose agents always
+  reach the model together is reproducible from its seed.
+
+Every agent is bounded by ``timeout_s`` and never raises into the rollout: its result is
+``("ok", value)``, ``("error", message)`` or ``("timeout", message)``, as tools' are
+(:mod:`hybrid_rl.agents.executor`). An engine failure is not an agent's fault and is raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Optional, Sequence
+
+__all__ = ["BatchingServer", "LLMServerManager", "TokenOutput", "TURN_SEED_STRIDE"]
+
+TURN_SEED_STRIDE = 10**12 + 39
+"""Turn (round) t of a call seeded s samples with seed s + t * stride: far above the per-rank stride
+(1_000_003) times any rank count and the per-row offsets on GPU, so no two (turn, rank, row) share a
+seed. The built-in tool loop's turns use it too."""
+
+TurnFn = Callable[[list[list[int]], list[int], Any], list[tuple[list[int], list[float]]]]
+"""The engine's batched turn: (token lists, max new tokens per row, GenerationParams) -> (ids, log-probs)."""
+
+_GRACE_S = 1.0
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k")
+
+
+@dataclass
+class TokenOutput:
+    """One completion (veRL's ``TokenOutput``): the sampled ids exactly as the engine produced them."""
+
+    token_ids: list[int]
+    log_probs: Optional[list[float]] = None
+    """Per sampled token; None when the rollout does not compute them (``calculate_log_probs=false``)."""
+    stop_reason: Optional[str] = None
+    """``completed`` (ended with an EOS id) or ``length`` (hit max_tokens or the context length)."""
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    max_tokens: int
+    params: Any
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+class BatchingServer:
+    """Serves ``generate`` requests of concurrently running agents in batched engine rounds.
+
+    Args:
+        turn_fn: the engine's batched turn call.
+        params: the call's GenerationParams (sampling settings, seed, EOS ids, response_length).
+        max_model_len: longest prompt + completion a request may reach (prompt_length + response_length).
+        batch_window_s: longest a waiting request waits for the other agents before its round starts.
+    """
+
+    def __init__(self, turn_fn: TurnFn, params: Any, max_model_len: int, batch_window_s: float = 0.05):
+        self.turn_fn = turn_fn
+        self.params = params
+        self.max_model_len = int(max_model_len)
+        self.batch_window_s = float(batch_window_s)
+        self.rounds = 0
+        self.requests = 0
+        self._cond = threading.Condition()
+        self._pending: list[_Request] = []
+        self._live = 0
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+
+    # ------------------------------------------------------------------ the agents' side (event loop)
+    async def generate(self, prompt_ids: Sequence[int], sampling_params: Optional[dict] = None) -> TokenOutput:
+        """One completion of ``prompt_ids`` (awaited by an agent running under :meth:`run`).
+
+        ``sampling_params`` may set ``temperature``, ``top_p``, ``top_k`` and ``max_tokens`` (or
+        ``max_new_tokens``); others (``logprobs``, ``repetition_penalty`` ...) are ignored: log-probs
+        come back whenever the rollout computes them.
+        """
+        prompt = [int(t) for t in prompt_ids]
+        request = _Request(prompt, self._max_tokens(len(prompt), sampling_params or {}),
+                           self._request_params(sampling_params or {}))
+        if request.max_tokens <= 0:
+            return TokenOutput(token_ids=[], log_probs=[], stop_reason="length")
+        with self._cond:
+            self._pending.append(request)
+            self._cond.notify_all()
+        return await asyncio.wrap_future(request.future)
+
+    def _max_tokens(self, prompt_len: int, sampling: dict) -> int:
+        room = min(self.params.response_length, self.max_model_len - prompt_len)
+        asked = sampling.get("max_tokens", sampling.get("max_new_tokens"))
+        return room if asked is None else min(room, int(asked))
+
+    def _request_params(self, sampling: dict) -> Any:
+        changes = {k: sampling[k] for k in _SAMPLING_KEYS if sampling.get(k) is not None}
+        if "temperature" in changes:
+            changes["temperature"] = float(changes["temperature"])
+            if changes["temperature"] <= 0:  # greedy, as OpenAI-compatible servers read temperature 0
+                changes.update(temperature=0.0, do_sample=False, top_p=1.0, top_k=-1)
+        for key, cast in (("top_p", float), ("top_k", int)):
+            if key in changes:
+                changes[key] = cast(changes[key])
+        return dataclasses.replace(self.params, **changes) if changes else self.params
+
+    # ------------------------------------------------------------------ the engine's side (calling thread)
+    def run(self, agents: Sequence[Callable[[], Awaitable[Any]]], timeout_s: float) -> list[tuple[str, Any]]:
+        """Run every agent (a zero-argument callable returning a coroutine) concurrently, serving their
+        ``generate`` calls from this thread; one ``(status, value)`` per agent, in order."""
+        if not agents:
+            return []
+        loop = self._loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, name="hybrid_rl-agents", daemon=True).start()
+        self._live = len(agents)
+        futures = [asyncio.run_coroutine_threadsafe(self._bounded(agent, timeout_s), loop) for agent in agents]
+        deadline = None if timeout_s <= 0 else time.monotonic() + timeout_s + _GRACE_S
+        try:
+            while self._serve_round(deadline):
+                pass
+        finally:
+            self._fail_pending("the agent's rollout ended")
+        # an agent counts itself finished just before its future is set: give those futures their moment
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        concurrent.futures.wait(futures, timeout=remaining if self._live == 0 else 0.0)
+        results = []
+        for future in futures:
+            if future.done():
+                results.append(future.result())
+            else:  # the agent blocked the event loop synchronously: leave the loop behind
+                future.cancel()
+                results.append(("timeout", f"no answer within {timeout_s:g} s (the agent blocked its event loop)"))
+        if all(f.done() for f in futures):
+            loop.call_soon_threadsafe(loop.stop)
+        return results
+
+    async def _bounded(self, agent: Callable[[], Awaitable[Any]], timeout_s: float) -> tuple[str, Any]:
+        try:
+            return "ok", await asyncio.wait_for(agent(), timeout=timeout_s if timeout_s > 0 else None)
+        except asyncio.TimeoutError:
+            return "timeout", f"no answer within {timeout_s:g} s"
+        except BaseException as exc:  # untrusted agent code: any failure is the row's, never the step's
+            return "error", f"{type(exc).__name__}: {str(exc)[:300]}"
+        finally:
+            with self._cond:
+                self._live -= 1
+                self._cond.notify_all()
+
+    def _serve_round(self, deadline: Optional[float]) -> bool:
+        """Wait for a round's requests and serve them; False once every agent has finished (or the
+        deadline passed with agents still running)."""
+        with self._cond:
+            first_wait = None
+            while True:
+                waiting = [r for r in self._pending if not r.future.cancelled()]
+                if self._live == 0 and not waiting:
+                    return False
+                now = time.monotonic()
+                if deadline is not None and now > deadline:
+                    return False
+                if waiting:
+                    first_wait = first_wait or now
+                    if len(waiting) >= self._live or now - first_wait >= self.batch_window_s:
+                        break
+                self._cond.wait(timeout=0.005 if waiting else 0.05)
+            self._pending = []
+        self._dispatch(waiting)
+        return True
+
+    def _dispatch(self, requests: list[_Request]) -> None:
+        groups: dict[Any, list[_Request]] = {}
+        for request in requests:
+            groups.setdefault(request.params, []).append(request)
+        seed_base = self.params.seed
+        for params, group in groups.items():
+            seed = None if seed_base is None else seed_base + self.rounds * TURN_SEED_STRIDE
+            outputs = self.turn_fn([r.prompt_ids for r in group], [r.max_tokens for r in group],
+                                   dataclasses.replace(params, seed=seed))
+            for request, (ids, log_probs) in zip(group, outputs):
+                ids = list(ids)[: request.max_tokens]
+                ended = bool(ids) and ids[-1] in params.eos_token_ids
+                output = TokenOutput(token_ids=ids, log_probs=list(log_probs)[: len(ids)] if log_probs else None,
+                                     stop_reason="completed" if ended else "length")
+                if not request.future.done():
+                    request.future.set_result(output)
+            self.rounds += 1
+        self.requests += len(requests)
+
+    def _fail_pending(self, why: str) -> None:
+        with self._cond:
+            pending, self._pending = self._pending, []
+        for request in pending:
+            if not request.future.done():
+                request.future.set_exception(RuntimeError(why))
+
+
+class LLMServerManager:
+    """What an agent loop calls the model through (veRL's ``AsyncLLMServerManager``):
+    ``await server_manager.generate(request_id, prompt_ids=..., sampling_params=...) -> TokenOutput``.
+    ``request_id`` is accepted for veRL's signature (sticky sessions across servers); one rollout
+    worker has one engine, so it does not route anything."""
+
+    def __init__(self, server: BatchingServer):
+        self.server = server
+
+    async def generate(self, request_id: Any = None, *, prompt_ids: Sequence[int],
+                       sampling_params: Optional[dict] = None, image_data: Any = None,
+                       video_data: Any = None) -> TokenOutput:
+        if image_data or video_data:
+            raise ValueError("image_data / video_data: hybrid_rl's rollout is text-only. Fix: pass token ids only.")
+        return await self.server.generate(prompt_ids, sampling_params)
