@@ -17,6 +17,9 @@ from hybrid_rl.agents.agent_loop import AgentLoopBase, AgentLoopOutput, register
 from hybrid_rl.agents.calculator import CalculatorTool
 from hybrid_rl.agents.config import MultiTurnConfig
 from hybrid_rl.agents.config_files import load_interactions, load_tools
+from hybrid_rl.agents.env import BaseTextEnv, register_env, registered_envs
+from hybrid_rl.agents.env_loop import EnvAgentLoop
+from hybrid_rl.agents.guess_number import GuessNumberEnv
 from hybrid_rl.agents.interaction import BaseInteraction, register_interaction, registered_interactions
 from hybrid_rl.agents.loop import END_REASONS, AgentLoop, RowContext, Trajectory
 from hybrid_rl.agents.parser import ToolCall, parse_hermes
@@ -24,8 +27,9 @@ from hybrid_rl.agents.schemas import OpenAIFunctionToolSchema, ToolResponse
 from hybrid_rl.agents.tool import BaseTool, register_tool, registered_tools
 
 __all__ = [
-    "END_REASONS", "AgentLoop", "AgentLoopBase", "AgentLoopOutput", "BaseInteraction", "BaseTool", "CalculatorTool", "MultiTurnConfig",
-    "OpenAIFunctionToolSchema", "RowContext",
+    "END_REASONS", "AgentLoop", "AgentLoopBase", "AgentLoopOutput", "BaseInteraction", "BaseTextEnv", "BaseTool",
+    "CalculatorTool", "EnvAgentLoop", "GuessNumberEnv", "MultiTurnConfig", "OpenAIFunctionToolSchema", "RowContext",
     "ToolCall", "ToolResponse", "Trajectory", "load_interactions", "load_tools", "parse_hermes",
-    "register_agent_loop", "register_interaction", "register_tool", "registered_interactions", "registered_tools",
+    "register_agent_loop", "register_env", "register_interaction", "register_tool", "registered_envs",
+    "registered_interactions", "registered_tools",
 ]

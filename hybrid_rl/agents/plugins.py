@@ -1,4 +1,4 @@
-"""Carrying user-registered tools, interactions and agent loops to the rollout workers.
+"""Carrying user-registered tools, interactions, agent loops and environments to the rollout workers.
 
 ``@register_tool`` / ``@register_interaction`` fill registries in the process that runs them (a
 notebook, the driver script). The rollout runs in Ray worker processes, which only have the
@@ -9,7 +9,7 @@ notebook by value, so the worker can rebuild them and register them again before
 
 from __future__ import annotations
 
-from hybrid_rl.agents import agent_loop, interaction, tool
+from hybrid_rl.agents import agent_loop, env, interaction, tool
 
 __all__ = ["plugin_snapshot", "restore_plugins"]
 
@@ -17,7 +17,7 @@ __all__ = ["plugin_snapshot", "restore_plugins"]
 def plugin_snapshot() -> dict[str, dict[str, type]]:
     """The registered tool and interaction classes by name."""
     return {"tools": dict(tool._TOOLS), "interactions": dict(interaction._INTERACTIONS),
-            "agent_loops": agent_loop.agent_loop_snapshot()}
+            "agent_loops": agent_loop.agent_loop_snapshot(), "envs": dict(env._ENVS)}
 
 
 def restore_plugins(snapshot: dict[str, dict[str, type]]) -> None:
@@ -27,3 +27,5 @@ def restore_plugins(snapshot: dict[str, dict[str, type]]) -> None:
     for name, cls in snapshot.get("interactions", {}).items():
         interaction.register_interaction(name)(cls)
     agent_loop.restore_agent_loops(snapshot.get("agent_loops", {}))
+    for name, cls in snapshot.get("envs", {}).items():
+        env.register_env(name)(cls)

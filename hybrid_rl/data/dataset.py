@@ -56,6 +56,11 @@ def resolve_pad_token_id(tokenizer) -> int:
     )
 
 
+def _agent_scored(row: dict) -> bool:
+    reward_model = row.get("reward_model")
+    return isinstance(reward_model, dict) and reward_model.get("style") == "agent"
+
+
 class RLHFDataset(torch.utils.data.Dataset):
     """Prompt dataset over one or more parquet/JSONL files in veRL's row schema.
 
@@ -190,9 +195,11 @@ class RLHFDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self._rows)
 
-    def data_sources(self) -> list[str]:
-        """The distinct ``data_source`` values of the rows, in first-seen order."""
-        return list(dict.fromkeys(row["data_source"] for row in self._rows))
+    def data_sources(self, scored_only: bool = False) -> list[str]:
+        """The distinct ``data_source`` values of the rows, in first-seen order; ``scored_only``: of the
+        rows the reward function scores (not ``reward_model.style: agent``, which their agent scores)."""
+        return list(dict.fromkeys(row["data_source"] for row in self._rows
+                                  if not (scored_only and _agent_scored(row))))
 
     def prompt_lengths(self) -> np.ndarray:
         """Token length of every prompt, int64 [N]."""

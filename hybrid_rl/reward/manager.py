@@ -26,7 +26,8 @@ the manager runs in a remote process): ``reward/num_errors``, ``reward/num_timeo
 failure of each kind is logged once per manager with its (truncated) input.
 
 Rows with a ``reward_score`` (an agent scored its own row; docs/agents.md) keep that score and skip
-the scorer, as veRL's reward loop does with ``AgentLoopOutput.reward_score``.
+the scorer, as veRL's reward loop does with ``AgentLoopOutput.reward_score``; rows whose
+``reward_model.style`` is ``agent`` are never given to the scorer (no score: 0, counted invalid).
 
 ``reward_extra_info`` holds the non-``score`` keys of dict results, one list entry per row (``None`` for
 rows whose result lacked the key, e.g. failed rows), plus ``"score"`` when any such key exists (as veRL).
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import math
 from collections import Counter
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -135,14 +137,23 @@ def _trajectory_rewards(data: DataProto) -> torch.Tensor:
     return total
 
 
+AGENT_SCORED = "agent"
+"""``reward_model.style`` of rows that their agent scores (an environment, a black-box agent): the
+reward function is never called for them; one that comes back without a ``reward_score`` scores 0 and
+counts as invalid."""
+
+
 def _given_scores(data: DataProto) -> list[Optional[float]] | None:
-    """The ``reward_score`` column (agents that scored their own row: an agent loop's
-    ``AgentLoopOutput.reward_score``, a black-box agent's return value), finite floats or None per
-    row; None without the column. Those rows skip the reward function (veRL's semantics)."""
+    """Per row: the ``reward_score`` column's finite value (an agent scored its own row: an agent loop's
+    ``AgentLoopOutput.reward_score``, an environment's return), NaN for an agent-scored row without one,
+    None for rows the reward function scores. None when no row has a given score or agent style."""
     column = data.non_tensor_batch.get("reward_score")
-    if column is None:
+    styles = [rm.get("style") if isinstance(rm, dict) else None
+              for rm in data.non_tensor_batch.get("reward_model", [None] * len(data))]
+    if column is None and AGENT_SCORED not in styles:
         return None
-    return [finite_float(v) if v is not None else None for v in column]
+    given = [None if column is None or column[i] is None else finite_float(column[i]) for i in range(len(data))]
+    return [math.nan if g is None and style == AGENT_SCORED else g for g, style in zip(given, styles)]
 
 
 def _ground_truth(reward_model: Any, row: int) -> Any:
@@ -249,7 +260,9 @@ class _RewardManagerBase(abc.ABC):
         todo = [i for i, g in enumerate(given) if g is None]
         picked = [[column[i] for i in todo] for column in rows[:4]]
         scored = iter(self._score(_Rows(*picked, rows.last_index[todo], rows.score_index[todo])) if todo else [])
-        return [next(scored) if g is None else ScoreOutcome(g, {}, "ok") for g in given]
+        invalid = ScoreOutcome(0.0, {}, "invalid", f"reward_model.style={AGENT_SCORED!r}: the row's agent returned "
+                               "no reward_score (its loop must set AgentLoopOutput.reward_score)")
+        return [next(scored) if g is None else invalid if math.isnan(g) else ScoreOutcome(g, {}, "ok") for g in given]
 
     def _rows(self, data: DataProto, given: list[Optional[float]] | None = None) -> _Rows:
         last_index, score_index = _valid_indices(data)  # [B], [B]
@@ -264,7 +277,8 @@ class _RewardManagerBase(abc.ABC):
                          for i, rm in enumerate(reward_models)]
         if self.uses_default_scorer:
             # Unknown source = a config error: fail loudly, not as N zero rewards.
-            check_data_sources(data_sources, warmup=True)
+            check_data_sources([d for i, d in enumerate(data_sources) if given is None or given[i] is None],
+                               warmup=True)
         return _Rows(solution_strs, ground_truths, data_sources, extra_infos, last_index, score_index)
 
     @staticmethod

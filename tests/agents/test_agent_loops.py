@@ -163,7 +163,7 @@ def test_yaml_loops_run_per_row_with_masks_scores_and_failures(generator):
     first, second = [len(templated), 100, EOS], [len(templated) + 3 + len(note), 101, EOS]
     b = out.batch
     width = b["prompts"].shape[1]
-    assert width == batch.batch["input_ids"].shape[1]
+    assert width == 64  # custom loops are registered: prompts widen to rollout.prompt_length
     # the loop's own prompt is re-padded into the batch's width
     assert b["prompts"][0, width - len(templated):].tolist() == templated and b["prompts"][0, 0] == 0
     assert b["attention_mask"][0, :width].tolist() == [0] * (width - len(templated)) + [1] * len(templated)

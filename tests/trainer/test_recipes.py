@@ -94,6 +94,11 @@ def test_recipe_composes(path):
     elif "gsm8k_verl_tool" in path:  # veRL's tool YAML unchanged, CPU-sized
         assert cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path.endswith("gsm8k_tool_config.yaml")
         assert cfg.trainer.device == "auto"
+    elif "guess_number_env" in path:  # the environment recipe: an EnvAgentLoop entry, CPU-sized
+        from hybrid_rl.agents.agent_loop import load_agent_loop_config
+
+        loops = load_agent_loop_config(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)
+        assert loops["guess_number"]["env"] == "guess_number" and cfg.trainer.device == "auto"
     elif "verl_quickstart" in path:  # veRL's command verbatim, then the CPU-sized additions win
         assert cfg.algorithm.adv_estimator == "gae" and cfg.trainer.logger == "console"
         assert cfg.data.train_batch_size == 16 and cfg.actor_rollout_ref.rollout.name == "vllm"

@@ -53,7 +53,7 @@ def check_reward_coverage(cfg: PPOConfig, *datasets: Any) -> None:
     for dataset, where in zip(datasets, _describe_files(cfg)):
         if not hasattr(dataset, "data_sources"):
             continue
-        sources = dataset.data_sources()
+        sources = dataset.data_sources(scored_only=True)
         try:
             check_data_sources(sources)
         except ValueError as error:

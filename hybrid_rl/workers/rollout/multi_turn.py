@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -57,9 +57,11 @@ def row_contexts(non_tensor_batch: dict[str, np.ndarray], num_rows: int) -> list
 
 
 def build_trajectory_output(prompts: DataProto, trajs: list[Trajectory], params: GenerationParams,
-                            with_log_probs: bool) -> DataProto:
-    """The rollout batch of multi-turn trajectories (layout in the module docstring)."""
-    prompt_ids, prompt_mask, prompt_pos = _prompt_tensors(prompts, trajs, params.pad_token_id)  # [B, P] each
+                            with_log_probs: bool, prompt_width: Optional[int] = None) -> DataProto:
+    """The rollout batch of multi-turn trajectories (layout in the module docstring); prompts are
+    left-padded to ``prompt_width`` (default: the batch's width)."""
+    prompt_ids, prompt_mask, prompt_pos = _prompt_tensors(prompts, trajs, params.pad_token_id,
+                                                          prompt_width)  # [B, P] each
     num_rows, resp_len = prompt_ids.shape[0], params.response_length
     responses = torch.full((num_rows, resp_len), params.pad_token_id, dtype=prompt_ids.dtype)  # [B, R]
     response_mask = torch.zeros((num_rows, resp_len), dtype=prompt_mask.dtype)  # [B, R]
@@ -86,16 +88,18 @@ def build_trajectory_output(prompts: DataProto, trajs: list[Trajectory], params:
                        tool_rewards=_object_column([list(t.tool_rewards) for t in trajs]),
                        turn_scores=_object_column([list(t.turn_scores) for t in trajs]),
                        agent_metrics=_object_column([_row_metrics(t) for t in trajs]))
-    if any(t.reward_score is not None for t in trajs):
-        non_tensors["reward_score"] = _object_column([t.reward_score for t in trajs])
+    non_tensors["reward_score"] = _object_column([t.reward_score for t in trajs])
     return DataProto.from_dict(tensors, non_tensors=non_tensors, meta_info=dict(prompts.meta_info))
 
 
-def _prompt_tensors(prompts: DataProto, trajs: list[Trajectory],
-                    pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The batch's left-padded prompt ids, mask and positions [B, P]; rows whose trajectory starts from
-    other prompt ids (a custom agent loop templated its own prompt) are re-padded to the same width."""
-    ids, mask, pos = (prompts.batch[k].clone() for k in ("input_ids", "attention_mask", "position_ids"))
+def _prompt_tensors(prompts: DataProto, trajs: list[Trajectory], pad_token_id: int,
+                    width: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The batch's left-padded prompt ids, mask and positions, widened to [B, width]; rows whose
+    trajectory starts from other prompt ids (a custom agent loop templated its own prompt) are re-padded."""
+    ids, mask, pos = (prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
+    extra = max(0, (width or 0) - ids.shape[1])
+    ids = torch.nn.functional.pad(ids, (extra, 0), value=pad_token_id)
+    mask, pos = (torch.nn.functional.pad(t, (extra, 0), value=0) for t in (mask, pos))
     width = ids.shape[1]
     for i, t in enumerate(trajs):
         own = ids[i][mask[i].bool()].tolist()
@@ -174,9 +178,17 @@ class MultiTurnGenerator:
         if custom:
             for i, t in zip(custom, self._run_custom(prompts, prompt_lists, custom, names, params, turn_fn)):
                 trajs[i] = t
-        output = build_trajectory_output(prompts, trajs, params, self.config.calculate_log_probs)
+        output = build_trajectory_output(prompts, trajs, params, self.config.calculate_log_probs,
+                                         prompt_width=self._prompt_width(prompts))
         output.meta_info["metrics"] = {**output.meta_info.get("metrics", {}), **batch_metrics(trajs)}
         return output
+
+    def _prompt_width(self, prompts: DataProto) -> int:
+        """The batch's prompt width, or ``prompt_length`` when custom loops are registered: they may
+        template longer prompts than the dataset's (and every worker's chunk must share one width)."""
+        width = prompts.batch["input_ids"].shape[1]
+        custom_loops = set(agent_loop_names()) - set(BUILTIN_AGENT_LOOPS)
+        return max(width, self.config.prompt_length) if custom_loops else width
 
     def _agent_names(self, non_tensor_batch: dict[str, np.ndarray], num_rows: int) -> list[str]:
         column = non_tensor_batch.get("agent_name", [None] * num_rows)
@@ -200,7 +212,7 @@ class MultiTurnGenerator:
     def _run_custom(self, prompts: DataProto, prompt_lists: list[list[int]], rows: list[int], names: list[str],
                     params: GenerationParams, turn_fn: TurnFn) -> list[Trajectory]:
         agent = self.config.agent
-        width = prompts.batch["input_ids"].shape[1]
+        width = self._prompt_width(prompts)
         server = BatchingServer(turn_fn, params, max_model_len=width + params.response_length,
                                 batch_window_s=agent.batch_window_s)
         ctx = AgentLoopContext(trainer_config=DictConfigWrap(rollout_config_tree(self.config)), tokenizer=self.tokenizer,

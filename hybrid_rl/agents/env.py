@@ -1,0 +1,99 @@
+"""Text environments with Gymnasium's interface, registered like tools.
+
+An environment is one episode's state (a new instance per trajectory)::
+
+    reset(seed=None, options=None) -> (observation: str, info: dict)
+    step(action: str) -> (observation: str, reward: float, terminated: bool, truncated: bool, info: dict)
+
+as Gymnasium's ``Env`` (and SkyRL-gym, OpenEnv, verifiers' multi-turn environments), with text for
+observations and actions: the action is the model's turn, decoded. Methods may be plain or ``async``
+(an environment that waits on a sandbox or a web page). :class:`hybrid_rl.agents.env_loop.EnvAgentLoop`
+runs episodes as agent loops (docs/agents.md, "Environments").
+
+Register with ``@register_env("name")`` (or name a class by its dotted path); a class need not subclass
+:class:`BaseTextEnv`, any class with ``reset`` and ``step`` is accepted.
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+from typing import Any, Callable, Optional
+
+__all__ = ["BaseTextEnv", "call_env", "get_env_cls", "register_env", "registered_envs"]
+
+
+class BaseTextEnv(abc.ABC):
+    """Subclass and implement :meth:`reset` and :meth:`step`.
+
+    Args:
+        **kwargs: the environment's settings (the agent-loop YAML entry's ``env_kwargs`` and the row's
+            ``extra_info.env_kwargs``, the row's winning).
+    """
+
+    def __init__(self, **kwargs: Any):
+        self.kwargs = kwargs
+
+    @abc.abstractmethod
+    def reset(self, seed: Optional[int] = None, options: Optional[dict] = None) -> tuple[str, dict]:
+        """Start the episode: the first observation (shown to the model as a user turn) and an info dict."""
+
+    @abc.abstractmethod
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        """Apply the model's turn: (observation, reward, terminated, truncated, info)."""
+
+    def close(self) -> None:
+        """Free the episode's resources (called when the trajectory ends)."""
+
+
+_ENVS: dict[str, type] = {}
+
+
+def register_env(name: str) -> Callable[[type], type]:
+    """Class decorator: make an environment available as ``env: <name>`` in an env agent loop's entry."""
+
+    def decorator(cls: type) -> type:
+        if not _conforms(cls):
+            raise ValueError(f"@register_env({name!r}) decorates {cls!r}, which has no reset() and step(). Fix: "
+                             "subclass hybrid_rl.agents.BaseTextEnv.")
+        old = _ENVS.get(name)
+        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"environment {name!r} is already registered as {old.__module__}.{old.__qualname__}. "
+                             "Fix: pick another name.")
+        _ENVS[name] = cls
+        return cls
+
+    return decorator
+
+
+def registered_envs() -> list[str]:
+    """Names registered with :func:`register_env`."""
+    return sorted(_ENVS)
+
+
+def _conforms(cls: Any) -> bool:
+    return isinstance(cls, type) and callable(getattr(cls, "reset", None)) and callable(getattr(cls, "step", None))
+
+
+def get_env_cls(name: str, where: str) -> type:
+    """A registered environment name or a dotted import path, resolved to the class; ValueError otherwise."""
+    if name in _ENVS:
+        return _ENVS[name]
+    import importlib
+
+    module, _, attr = name.rpartition(".")
+    fix = (f"Fix: use a registered environment ({', '.join(registered_envs()) or 'none registered'}) or the "
+           "dotted path of a class with reset() and step()")
+    try:
+        cls = getattr(importlib.import_module(module), attr) if module else None
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"{where}: cannot import environment {name!r} ({type(exc).__name__}: {exc}). {fix}.") from None
+    if not _conforms(cls):
+        raise ValueError(f"{where}: {name!r} is not an environment. {fix}.")
+    return cls
+
+
+async def call_env(method: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Call a plain or ``async`` environment method."""
+    result = method(*args, **kwargs)
+    return await result if inspect.isawaitable(result) else result
