@@ -50,6 +50,8 @@ extras_require = {
     "tracking": ["tensorboard", "wandb", "mlflow", "swanlab"],
     # python -m hybrid_rl.studio (docs/studio.md)
     "studio": ["fastapi>=0.110", "uvicorn>=0.29"],
+    # Black-box agents over the OpenAI-compatible endpoint (hybrid_rl/agents/openai_server.py)
+    "agents": ["fastapi>=0.110", "uvicorn>=0.29", "openai>=1.40"],
 }
 
 setup(

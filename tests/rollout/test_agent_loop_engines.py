@@ -57,3 +57,42 @@ def test_custom_loop_records_exactly_what_the_engine_sampled(engine_name, tiny_m
     assert torch.equal(custom.batch["rollout_log_probs"], builtin.batch["rollout_log_probs"]), engine_name
     assert custom.batch["response_mask"].sum() > len(ROWS)  # sampled several tokens, not just an EOS
     assert (custom.batch["rollout_log_probs"] * custom.batch["response_mask"] < 0).any()
+
+
+async def one_chat_call(client, row):
+    """A black-box agent making the single-turn call through the OpenAI endpoint."""
+    await client.chat.completions.create(model="policy", messages=list(row["raw_prompt"]))
+
+
+@pytest.mark.parametrize("engine_name", ENGINES)
+def test_openai_endpoint_records_exactly_what_the_engine_sampled(engine_name, tiny_model_dir, tmp_path):
+    from hybrid_rl.workers.model_loader import load_tokenizer
+
+    path = tmp_path / "agents.yaml"
+    path.write_text(f"- name: oa_one_call\n  _target_: hybrid_rl.agents.openai_agent.OpenAIAgentLoop\n"
+                    f"  agent: {__name__}.one_chat_call\n")
+    tok = load_tokenizer(tiny_model_dir)
+    questions = ["q one", "question two", "3"]
+    prompts = [tok(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                           tokenize=False), add_special_tokens=False)["input_ids"] for q in questions]
+    width = max(map(len, prompts))
+    cfg = RolloutConfig(name=engine_name, dtype="float32", response_length=R, prompt_length=width, calculate_log_probs=True,
+                        max_num_seqs=16, cpu_kvcache_space_gib=0.25, seed=0, temperature=1.0,
+                        agent={"agent_loop_config_path": str(path)})
+    engine = build_rollout(cfg, tiny_model_dir, tok, "cpu")
+
+    def batch(agent_name):
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        return DataProto.from_dict(
+            {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0)},
+            non_tensors={"agent_name": [agent_name] * 3, "raw_prompt": [[{"role": "user", "content": q}] for q in questions]},
+            meta_info={"eos_token_id": [1], "pad_token_id": 0, "do_sample": True, "seed": 99, "global_steps": 1})
+
+    try:
+        custom, builtin = engine.generate_sequences(batch("oa_one_call")), engine.generate_sequences(batch("single_turn_agent"))
+    finally:
+        engine.shutdown()
+    for key in ("prompts", "responses", "response_mask", "rollout_log_probs"):
+        assert torch.equal(custom.batch[key], builtin.batch[key]), (engine_name, key)
+    assert custom.meta_info["metrics"]["agent/ended_by/error"] == 0.0

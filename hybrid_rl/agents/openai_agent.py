@@ -1,0 +1,129 @@
+"""``OpenAIAgentLoop``: train a black-box agent that talks to the policy through OpenAI's API.
+
+The agent is any ``async def agent(client: openai.AsyncOpenAI, row: dict) -> float | dict | None``,
+named by its dotted path in an agent-loop YAML entry::
+
+    - name: calculator_openai                      # rows with agent_name: calculator_openai
+      _target_: hybrid_rl.agents.openai_agent.OpenAIAgentLoop
+      agent: my_agents.calculator.solve            # importable in the rollout workers
+
+For each row the loop opens a trajectory on this process's endpoint
+(:class:`hybrid_rl.agents.openai_server.OpenAIEndpoint`), gives the agent a client whose base URL
+names that trajectory, and awaits it (bounded by ``agent.timeout_s``, like every agent loop). The agent
+may call the model as often as it likes, in parallel, branch or run sub-agents; every call's prompt
+ids, sampled ids and log-probs are recorded exactly.
+
+**From calls to the training row.** A call whose messages continue an earlier call (that call's
+messages, its reply, then new messages) *extends* it and shares its ids. The row is the chain of
+extensions that ends at the agent's last call: the first call's prompt, then each call's sampled ids
+(mask 1) and, between them, the ids the next call added (tool results, user turns: mask 0). Calls off
+that chain (an independent sub-agent, a discarded branch) are not trained on; they are counted in
+``agent/loop/calls_off_row``. (One row per prompt keeps GRPO's groups and the trainer's batch sizes as
+they are; the peers that train every call as its own row pay with variable batch sizes.)
+
+**Scores.** A number returned is the row's score; a dict's ``reward`` (or ``score``) is, and its other
+numeric values are reported as ``agent/loop/<key>``; ``None`` leaves the score to the reward function
+(which then scores the decoded trajectory). An agent that raises, times out, returns anything else or
+never calls the model gives its row an empty response scored 0 (``agent/ended_by/error``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Callable, Optional
+
+from hybrid_rl.agents.agent_loop import AgentLoopBase, AgentLoopOutput
+from hybrid_rl.agents.openai_server import CallRecord, get_endpoint
+from hybrid_rl.reward.guard import finite_float
+
+__all__ = ["OpenAIAgentLoop", "output_from_calls"]
+
+
+def _import_agent(path: str) -> Callable:
+    module, _, attr = str(path).rpartition(".")
+    fix = "Fix: set agent: to the dotted path of an async def agent(client, row), importable in the rollout workers"
+    try:
+        fn = getattr(importlib.import_module(module), attr) if module else None
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"OpenAIAgentLoop agent={path!r}: cannot import it ({type(exc).__name__}: {exc}). {fix}.") from None
+    if not inspect.iscoroutinefunction(fn):
+        raise ValueError(f"OpenAIAgentLoop agent={path!r} is not an async function. {fix}.")
+    return fn
+
+
+class OpenAIAgentLoop(AgentLoopBase):
+    """Runs a black-box agent per row over the OpenAI-compatible endpoint (see the module docstring).
+
+    Args:
+        agent: dotted path of ``async def agent(client, row)``.
+        client_timeout_s: the client's HTTP timeout per call (the whole row is bounded by
+            ``agent.timeout_s``).
+    """
+
+    def __init__(self, *args: Any, agent: str, client_timeout_s: float = 600.0, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.agent = _import_agent(agent)
+        self.client_timeout_s = float(client_timeout_s)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        import openai
+
+        endpoint = get_endpoint(self.tokenizer)
+        key = endpoint.open(self.server_manager, sampling_params)
+        client = openai.AsyncOpenAI(base_url=endpoint.base_url(key), api_key="hybrid-rl", max_retries=0,
+                                    timeout=self.client_timeout_s)
+        row = {k: v.tolist() if hasattr(v, "tolist") and not isinstance(v, (str, bytes)) else v for k, v in kwargs.items()}
+        try:
+            result = await self.agent(client, row)
+        finally:
+            calls = endpoint.close(key)
+            await client.close()
+        return output_from_calls(calls, result)
+
+
+def _score(result: Any) -> tuple[Optional[float], dict[str, float]]:
+    """(row score or None, metrics) from an agent's return value; ValueError when it is not usable."""
+    if result is None:
+        return None, {}
+    if isinstance(result, dict):
+        raw = result.get("reward", result.get("score"))
+        metrics = {k: v for k, v in ((k, finite_float(v)) for k, v in result.items() if k not in ("reward", "score"))
+                   if v is not None}
+        score = finite_float(raw) if raw is not None else None
+        if raw is not None and score is None:
+            raise ValueError(f"the agent returned reward={str(raw)[:40]}, not a finite number")
+        return score, metrics
+    score = finite_float(result) if not isinstance(result, (str, bytes)) else None
+    if score is None:
+        raise ValueError(f"the agent returned {type(result).__name__} {str(result)[:40]!r}; expected a number, "
+                         "a dict with 'reward', or None")
+    return score, {}
+
+
+def output_from_calls(calls: list[CallRecord], result: Any) -> AgentLoopOutput:
+    """The row of a finished agent: the chain of calls ending at its last call (module docstring)."""
+    if not calls:
+        raise ValueError("the agent never called the model")
+    score, metrics = _score(result)
+    chain, index = [], len(calls) - 1
+    while index is not None:
+        chain.append(calls[index])
+        index = calls[index].parent
+    chain.reverse()
+    ids: list[int] = []
+    mask: list[int] = []
+    log_probs: list[float] = []
+    previous = None
+    for call in chain:
+        if previous is not None:
+            inserted = call.prompt_ids[len(previous.prompt_ids) + len(previous.completion_ids):]
+            ids, mask, log_probs = ids + inserted, mask + [0] * len(inserted), log_probs + [0.0] * len(inserted)
+        ids += call.completion_ids
+        mask += [1] * len(call.completion_ids)
+        log_probs += call.log_probs if call.log_probs is not None else [0.0] * len(call.completion_ids)
+        previous = call
+    metrics.update(calls=float(len(calls)), calls_off_row=float(len(calls) - len(chain)))
+    return AgentLoopOutput(prompt_ids=chain[0].prompt_ids, response_ids=ids, response_mask=mask,
+                           response_logprobs=log_probs, reward_score=score, num_turns=2 * len(chain) + 1,
+                           metrics=metrics)

@@ -1,0 +1,277 @@
+"""An OpenAI-compatible endpoint over the rollout engine, recording every call's exact token ids.
+
+During a rollout, black-box agents (any framework that speaks OpenAI's API) call
+``POST /<key>/v1/chat/completions`` or ``/<key>/v1/completions`` on ``127.0.0.1``; ``<key>`` ties the
+call to one row's trajectory (each row's client gets its own base URL). The endpoint (FastAPI on
+uvicorn, one per rollout process, on a daemon thread) turns the request into prompt ids, sends them
+to the row's :class:`~hybrid_rl.agents.server.BatchingServer` (batched with the other rows' calls),
+and records the prompt ids, the sampled ids and their log-probs as the engine returned them.
+
+Prompt ids, no decode and re-encode of sampled tokens: a chat request whose messages are an earlier
+call's messages, then that call's reply (as the endpoint returned it), then new messages (tool results,
+user turns) is continued from the earlier call's exact ids: its prompt ids + its sampled ids + the chat
+template's delta for the new messages (``ObservationEncoder``). Any other request is templated afresh
+(``apply_chat_template(messages, tools=...)``). Such a request *extends* the earlier call; the
+trajectory row is built from the chain of extensions (docs/agents.md, "Black-box agents").
+
+Not supported (a 400 answer saying so): ``stream=true``, ``n`` other than 1; ``stop`` sequences are
+ignored (the model's end-of-turn ids end a completion).
+"""
+
+
+import json
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hybrid_rl.agents.chat import ObservationEncoder
+from hybrid_rl.agents.parser import parse_hermes
+
+__all__ = ["CallRecord", "OpenAIEndpoint", "get_endpoint"]
+
+
+@dataclass
+class CallRecord:
+    """One model call of a trajectory, as the engine saw it."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    log_probs: Optional[list[float]]
+    stop_reason: Optional[str]
+    messages: Optional[list[dict]] = None
+    """The chat request's messages (None for /v1/completions)."""
+    reply: Optional[dict] = None
+    """The assistant message returned (what an agent sends back in its next request)."""
+    parent: Optional[int] = None
+    """Index of the call this one extends (its prompt starts with that call's ids), or None."""
+
+
+@dataclass
+class _Session:
+    server_manager: Any
+    sampling_params: dict
+    calls: list[CallRecord] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class _RequestError(Exception):
+    """A request the endpoint refuses (answered 400 with OpenAI's error shape)."""
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _same_message(sent: dict, returned: Optional[dict]) -> bool:
+    """Whether ``sent`` (an assistant message in a request) is ``returned`` (a reply of ours)."""
+    if returned is None or sent.get("role") != "assistant":
+        return False
+
+    def calls(message: dict) -> list:
+        out = []
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", {}) if isinstance(call, dict) else {}
+            arguments = function.get("arguments")
+            try:
+                arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+            except json.JSONDecodeError:
+                pass
+            out.append((function.get("name"), arguments))
+        return out
+
+    return (sent.get("content") or "") == (returned.get("content") or "") and calls(sent) == calls(returned)
+
+
+class OpenAIEndpoint:
+    """The endpoint of one rollout process (see the module docstring).
+
+    Args:
+        tokenizer: the rollout's tokenizer (chat template, decoding replies).
+        host: the interface to listen on (loopback by default: agents run in this process or host).
+    """
+
+    def __init__(self, tokenizer: Any, host: str = "127.0.0.1"):
+        self.tokenizer = tokenizer
+        self.host = host
+        self.encoder = ObservationEncoder(tokenizer, getattr(tokenizer, "eos_token", None) or "")
+        self._sessions: dict[str, _Session] = {}
+        self.port = _free_port(host)
+        self._server = self._start()
+
+    # ------------------------------------------------------------------ sessions
+    def open(self, server_manager: Any, sampling_params: dict) -> str:
+        """A new trajectory key whose calls go to ``server_manager``."""
+        key = uuid.uuid4().hex
+        self._sessions[key] = _Session(server_manager, dict(sampling_params))
+        return key
+
+    def base_url(self, key: str) -> str:
+        """The OpenAI base URL of a trajectory (``.../v1``)."""
+        return f"http://{self.host}:{self.port}/{key}/v1"
+
+    def close(self, key: str) -> list[CallRecord]:
+        """End a trajectory: later calls with its key are refused; returns its calls in order."""
+        session = self._sessions.pop(key, None)
+        return [] if session is None else list(session.calls)
+
+    # ------------------------------------------------------------------ requests
+    def _session(self, key: str) -> _Session:
+        session = self._sessions.get(key)
+        if session is None:
+            raise _RequestError(f"unknown or finished trajectory key {key!r}: use the base_url given to this row's agent")
+        return session
+
+    def _chat_prompt(self, session: _Session, messages: list, tools: Optional[list]) -> tuple[list[int], Optional[int]]:
+        """(prompt ids, parent call) of a chat request: continued from an earlier call when it extends it."""
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise _RequestError("'messages' must be a non-empty list of message objects")
+        for index in range(len(session.calls) - 1, -1, -1):
+            call = session.calls[index]
+            n = len(call.messages or [])
+            if (call.messages is not None and call.stop_reason == "completed" and len(messages) > n + 1
+                    and messages[:n] == call.messages and _same_message(messages[n], call.reply)):
+                delta = self.encoder.encode(messages[n + 1:])
+                return call.prompt_ids + call.completion_ids + delta, index
+        rendered = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"]), None
+
+    def _sampling(self, session: _Session, body: dict) -> dict:
+        sampling = dict(session.sampling_params)
+        for key in ("temperature", "top_p"):
+            if body.get(key) is not None:
+                sampling[key] = body[key]
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        if limit is not None:
+            sampling["max_tokens"] = int(limit)
+        return sampling
+
+    @staticmethod
+    def _check(body: dict) -> None:
+        if body.get("stream"):
+            raise _RequestError("stream=true is not supported: hybrid_rl records whole completions. Fix: stream=false")
+        if body.get("n", 1) not in (1, None):
+            raise _RequestError("n must be 1: each sample is its own call. Fix: call the endpoint once per sample")
+
+    async def chat(self, key: str, body: dict) -> dict:
+        """``/v1/chat/completions``."""
+        session = self._session(key)
+        self._check(body)
+        messages, tools = body.get("messages"), body.get("tools")
+        prompt, parent = self._chat_prompt(session, messages, tools)
+        call = await self._generate(session, prompt, self._sampling(session, body), parent)
+        text = self.tokenizer.decode(call.completion_ids, skip_special_tokens=True)
+        parsed = [c for c in parse_hermes(text) if c.error is None] if tools else []
+        reply: dict[str, Any] = {"role": "assistant", "content": text.split("<tool_call>")[0].strip() if parsed else text}
+        if parsed:
+            reply["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                                    "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in parsed]
+        call.messages, call.reply = [dict(m) for m in messages], reply
+        finish = "tool_calls" if parsed else ("stop" if call.stop_reason == "completed" else "length")
+        choice = {"index": 0, "message": reply, "finish_reason": finish,
+                  "logprobs": self._logprobs(call) if body.get("logprobs") else None}
+        return self._envelope("chat.completion", body, choice, call)
+
+    async def completions(self, key: str, body: dict) -> dict:
+        """``/v1/completions`` (a prompt string, or token ids used exactly)."""
+        session = self._session(key)
+        self._check(body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            ids = list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)
+        else:
+            raise _RequestError("'prompt' must be a string or a list of token ids (one prompt per call)")
+        call = await self._generate(session, ids, self._sampling(session, body), None)
+        choice = {"index": 0, "text": self.tokenizer.decode(call.completion_ids, skip_special_tokens=True),
+                  "finish_reason": "stop" if call.stop_reason == "completed" else "length",
+                  "logprobs": {"tokens": [self.tokenizer.decode([t]) for t in call.completion_ids],
+                               "token_logprobs": call.log_probs} if body.get("logprobs") is not None else None}
+        return self._envelope("text_completion", body, choice, call)
+
+    async def _generate(self, session: _Session, prompt: list[int], sampling: dict, parent: Optional[int]) -> CallRecord:
+        out = await session.server_manager.generate(uuid.uuid4().hex, prompt_ids=prompt, sampling_params=sampling)
+        call = CallRecord(prompt_ids=list(prompt), completion_ids=list(out.token_ids), log_probs=out.log_probs,
+                          stop_reason=out.stop_reason, parent=parent)
+        with session.lock:
+            session.calls.append(call)
+        return call
+
+    def _logprobs(self, call: CallRecord) -> dict:
+        values = call.log_probs or [0.0] * len(call.completion_ids)
+        return {"content": [{"token": self.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
+                            for t, lp in zip(call.completion_ids, values)]}
+
+    @staticmethod
+    def _envelope(kind: str, body: dict, choice: dict, call: CallRecord) -> dict:
+        prompt, completion = len(call.prompt_ids), len(call.completion_ids)
+        return {"id": f"hybrid-rl-{uuid.uuid4().hex[:16]}", "object": kind, "created": int(time.time()),
+                "model": body.get("model") or "hybrid_rl-policy", "choices": [choice],
+                "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
+
+    # ------------------------------------------------------------------ the server
+    def _app(self) -> Any:
+        from fastapi import FastAPI, Request
+        from fastapi.responses import JSONResponse
+
+        app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+        async def answer(handler, key: str, request: Request):
+            try:
+                body = await request.json()
+                if not isinstance(body, dict):
+                    raise _RequestError("the request body must be a JSON object")
+                return JSONResponse(await handler(key, body))
+            except (_RequestError, json.JSONDecodeError, ValueError) as exc:
+                return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=400)
+
+        @app.post("/{key}/v1/chat/completions")
+        async def chat(key: str, request: Request):
+            return await answer(self.chat, key, request)
+
+        @app.post("/{key}/v1/completions")
+        async def completions(key: str, request: Request):
+            return await answer(self.completions, key, request)
+
+        @app.get("/{key}/v1/models")
+        async def models(key: str):
+            return {"object": "list", "data": [{"id": "hybrid_rl-policy", "object": "model", "owned_by": "hybrid_rl"}]}
+
+        return app
+
+    def _start(self) -> Any:
+        import uvicorn
+
+        config = uvicorn.Config(self._app(), host=self.host, port=self.port, log_level="warning", access_log=False,
+                                lifespan="off")
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, name="hybrid_rl-openai-endpoint", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the OpenAI-compatible endpoint did not start on {self.host}:{self.port}")
+            time.sleep(0.01)
+        return server
+
+    def shutdown(self) -> None:
+        """Stop serving (pending requests are dropped)."""
+        self._server.should_exit = True
+
+
+_ENDPOINTS: dict[int, OpenAIEndpoint] = {}
+
+
+def get_endpoint(tokenizer: Any) -> OpenAIEndpoint:
+    """This process's endpoint for ``tokenizer``, started on first use."""
+    endpoint = _ENDPOINTS.get(id(tokenizer))
+    if endpoint is None:
+        endpoint = _ENDPOINTS[id(tokenizer)] = OpenAIEndpoint(tokenizer)
+    return endpoint
