@@ -14,8 +14,14 @@ Reported per k: trajectories/s, generated (sampled) tokens/s, and the multi-turn
 ``1 - rate(k turns) / rate(single turn, same tokens)`` (target <= 20%). Each figure is the median of
 ``--repeats`` timed calls from an empty prefix cache (as after a weight sync), after one untimed warm-up.
 
+``--endpoint``: the same k-turn trajectories driven by a black-box agent through the OpenAI-compatible
+endpoint (``OpenAIAgentLoop``: the official ``openai`` client, one HTTP request per model turn, the
+"Go on." user turn sent back by the agent), against the in-process loop. Reported: both rollout times
+and the endpoint's extra seconds per rollout, to set against a training step's time.
+
     python benchmarks/bench_agent.py                          # vllm, 64 rows, 32 tokens per turn (~3 min)
     python benchmarks/bench_agent.py --engine hf --rows 16
+    python benchmarks/bench_agent.py --endpoint --turns 3     # the endpoint against the in-process loop
 """
 
 from __future__ import annotations
@@ -50,20 +56,37 @@ class GoOn(BaseInteraction):
         return False, REPLY, 0.0, {}
 
 
-def prompt_batch(tokenizer, rows: int, stop_id: int, multi_turn: bool) -> DataProto:
+TURNS = {"k": 1}
+"""Model turns of the endpoint agent (set per measurement)."""
+
+
+async def endpoint_agent(client, row):
+    """The interaction's k-turn conversation, driven through the OpenAI-compatible endpoint."""
+    messages = list(row["raw_prompt"])
+    for turn in range(TURNS["k"]):
+        reply = await client.chat.completions.create(model="policy", messages=messages)
+        messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": REPLY}]
+    return 0.0
+
+
+def prompt_batch(tokenizer, rows: int, stop_id: int, multi_turn: bool, agent_name: str | None = None) -> DataProto:
     """The calculator task's chat prompts, left-padded: input_ids/attention_mask/position_ids [B, P]."""
-    texts = []
+    texts, chats = [], []
     for a, b in sample_products(rows, seed=1):
         messages = [{"role": "system", "content": SYSTEM_PROMPT}, *demonstration(661, 14),
                     {"role": "user", "content": f"What is {a} * {b}?"}]
+        chats.append(messages)
         texts.append(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
     tokenizer.padding_side = "left"
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     mask = enc["attention_mask"].long()
     extra = [{"interaction_kwargs": {"name": "go_on"}} if multi_turn else {} for _ in range(rows)]
+    columns = {"extra_info": extra, "raw_prompt": chats}
+    if agent_name is not None:
+        columns["agent_name"] = [agent_name] * rows
     return DataProto.from_dict(
         {"input_ids": enc["input_ids"].long(), "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0)},
-        non_tensors={"extra_info": extra},
+        non_tensors=columns,
         meta_info={"eos_token_id": stop_id, "pad_token_id": tokenizer.pad_token_id, "temperature": 1.0})
 
 
@@ -100,11 +123,11 @@ def time_calls(rollout, batch: DataProto, repeats: int, closing_ids_per_row: int
 
 
 def build(engine: str, model_dir: str, tokenizer, response_length: int, interactions: str | None = None,
-          turns: int = 1):
+          turns: int = 1, agents: str | None = None):
     multi = ({"enable": True, "interaction_config_path": interactions, "max_assistant_turns": turns}
              if interactions else {"enable": False})
     cfg = RolloutConfig(name=engine, dtype="auto", temperature=1.0, response_length=response_length, prompt_length=256,
-                        seed=0, multi_turn=multi)
+                        seed=0, multi_turn=multi, agent={"agent_loop_config_path": agents})
     return build_rollout(cfg, model_dir, tokenizer, "cpu", rows_per_call=None)
 
 
@@ -116,6 +139,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--endpoint", action="store_true", help="the OpenAI endpoint against the in-process loop")
     args = parser.parse_args()
     model_dir = resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")
     tokenizer = load_tokenizer(model_dir)
@@ -125,6 +149,8 @@ def main() -> None:
         f.write("interaction:\n  - name: go_on\n    class_name: bench_go_on\n")
     budget = max(args.turns) * (args.turn_tokens + 1 + 24)
     rows = []
+    if args.endpoint:
+        return compare_endpoint(args, model_dir, tokenizer, stop_id, yaml, budget)
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, engine {args.engine}, {args.rows} rows, "
           f"{args.turn_tokens} tokens per turn", flush=True)
     for turns in args.turns:
@@ -146,6 +172,38 @@ def main() -> None:
               f"({agent['tokens']} tokens) | single-turn {base['traj_per_s']:6.2f} traj/s {base['tok_per_s']:7.1f} tok/s "
               f"({base['tokens']} tokens) | overhead {100 * row['overhead']:5.1f}% | ended by {agent['ended_by']}",
               flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+def compare_endpoint(args, model_dir: str, tokenizer, stop_id: int, interactions: str, budget: int) -> None:
+    """Rollout seconds of k-turn trajectories: the in-process loop against the endpoint agent."""
+    agents = os.path.join(os.path.dirname(interactions), "agents.yaml")
+    with open(agents, "w") as f:
+        f.write("- name: bench_endpoint\n  _target_: hybrid_rl.agents.openai_agent.OpenAIAgentLoop\n"
+                "  agent: __main__.endpoint_agent\n")
+    print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, engine {args.engine}, {args.rows} rows, "
+          f"{args.turn_tokens} tokens per turn, endpoint vs in-process", flush=True)
+    rows = []
+    for turns in args.turns:
+        TURNS["k"] = turns
+        results = {}
+        for name, kwargs, batch_kwargs in (("in_process", {"interactions": interactions, "turns": turns}, {"multi_turn": True}),
+                                           ("endpoint", {"agents": agents}, {"multi_turn": False, "agent_name": "bench_endpoint"})):
+            rollout = build(args.engine, model_dir, tokenizer, budget, **kwargs)
+            close_turns_after(rollout, args.turn_tokens, stop_id)
+            batch = prompt_batch(tokenizer, args.rows, stop_id, **batch_kwargs)
+            rollout.generate_sequences(batch)  # warm-up (also starts the endpoint)
+            results[name] = time_calls(rollout, batch, args.repeats, turns)
+            rollout.shutdown()
+        extra = results["endpoint"]["seconds"] - results["in_process"]["seconds"]
+        row = {"turns": turns, **results, "extra_seconds": round(extra, 3),
+               "overhead": round(extra / results["in_process"]["seconds"], 3)}
+        rows.append(row)
+        print(f"{turns} turn(s): in-process {results['in_process']['seconds']:.2f} s ({results['in_process']['tokens']} "
+              f"tokens) | endpoint {results['endpoint']['seconds']:.2f} s ({results['endpoint']['tokens']} tokens) | "
+              f"extra {extra:+.2f} s per rollout ({100 * row['overhead']:+.1f}% of the rollout)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import abc
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["AgentLoopBase", "AgentLoopOutput", "DictConfigWrap", "agent_loop_names", "load_agent_loop_config",
-           "register", "resolve_agent_loop"]
+__all__ = ["AgentLoopBase", "AgentLoopOutput", "DictConfigWrap", "agent_loop_names", "check_agent_loops",
+           "load_agent_loop_config", "register", "resolve_agent_loop"]
 
 BUILTIN_AGENT_LOOPS = ("tool_agent", "single_turn_agent")
 """Loops the batched tool loop runs (hybrid_rl.agents.loop), not a per-row coroutine."""
@@ -87,6 +87,9 @@ class AgentLoopBase(abc.ABC):
 
     def __init__(self, trainer_config: DictConfigWrap, server_manager: Any, tokenizer: Any, processor: Any = None,
                  dataset_cls: Any = None, dataset_config: Any = None, **kwargs: Any):
+        if kwargs:  # a YAML key no constructor took: most likely misspelt
+            raise ValueError(f"agent loop {type(self).__name__} got unexpected settings {sorted(kwargs)}. Fix: "
+                             "remove or correct them in the agent-loop YAML entry.")
         self.config = trainer_config.config
         self.server_manager = server_manager
         self.tokenizer = tokenizer
@@ -208,6 +211,17 @@ def resolve_agent_loop(name: str, **kwargs: Any) -> Any:
     target = config.pop("_target_")
     cls = _CLASSES.get(name) or _import_target(target, f"agent loop {name!r}")
     return cls(**config, **kwargs)
+
+
+def check_agent_loops(names: Iterable[str], trainer_config: DictConfigWrap, tokenizer: Any) -> None:
+    """Build each loop of ``names`` once (no model behind it), so a wrong ``agent:`` / ``env:`` path, a
+    bad or misspelt setting fails here in one line naming the entry instead of zeroing its rows."""
+    for name in sorted(names):
+        try:
+            resolve_agent_loop(name, trainer_config=trainer_config, server_manager=None, tokenizer=tokenizer,
+                               processor=None, dataset_cls=None, dataset_config=DictConfigWrap({}))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"agent loop {name!r} ({_REGISTRY[name].get('_target_')}): {exc}") from None
 
 
 def agent_loop_snapshot() -> dict[str, Any]:

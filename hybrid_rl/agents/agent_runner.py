@@ -40,17 +40,16 @@ def run_agent_loops(names: list[str], row_kwargs: list[dict[str, Any]], prompts:
     """One trajectory per row: row i runs the loop registered as ``names[i]`` with ``row_kwargs[i]``
     (its non-tensor columns); ``prompts[i]`` is the batch's prompt, kept for rows that fail. A loop's
     prompt may be at most ``prompt_width`` tokens (the batch's padded prompt width)."""
-    manager = LLMServerManager(server)
-
-    def agent(name: str, kwargs: dict[str, Any]):
+    def agent(row: int, name: str, kwargs: dict[str, Any]):
         async def run() -> Any:
+            manager = LLMServerManager(server, row=row)
             loop = resolve_agent_loop(name, trainer_config=ctx.trainer_config, server_manager=manager,
                                       tokenizer=ctx.tokenizer, processor=None, dataset_cls=None,
                                       dataset_config=DictConfigWrap({}))
             return await loop.run(dict(ctx.sampling_params), **kwargs)
         return run
 
-    results = server.run([agent(n, k) for n, k in zip(names, row_kwargs)], ctx.timeout_s)
+    results = server.run([agent(i, n, k) for i, (n, k) in enumerate(zip(names, row_kwargs))], ctx.timeout_s)
     trajs, failures = [], []
     for name, prompt, (status, value) in zip(names, prompts, results):
         traj, problem = (trajectory_from_output(value, budget, prompt_width) if status == "ok"

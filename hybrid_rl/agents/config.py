@@ -87,15 +87,20 @@ class AgentLoopConfig:
     timeout_s: float = 600.0
     """Bound of one row's whole custom loop (hybrid_rl's own key); a loop that runs over, raises or
     returns garbage gives its row an empty response scored 0 (``agent/ended_by/error``). <= 0: none."""
-    batch_window_s: float = 0.05
+    batch_window_s: Optional[float] = 1.0
     """Longest a model call of a custom loop waits for the other rows' calls before the engine serves
-    the ones waiting (hybrid_rl's own key): a round starts at once when every running loop waits."""
+    the ones waiting (hybrid_rl's own key). A round starts at once when every running loop waits on
+    the model (then rounds, and the samples, reproduce from the seed); the window only matters when a
+    loop is busy elsewhere (a slow tool, a hung agent), which then delays the others by at most this
+    long per round, and the rounds depend on timing. null = no window: fully reproducible, but a hung
+    agent holds every other row back until its timeout."""
 
     def __post_init__(self) -> None:
         prefix = "actor_rollout_ref.rollout.agent"
-        if not (isinstance(self.batch_window_s, (int, float)) and self.batch_window_s >= 0):
-            raise ValueError(f"{prefix}.batch_window_s={self.batch_window_s!r} is invalid: must be >= 0 seconds. "
-                             "Fix: use e.g. 0.05.")
+        window = self.batch_window_s
+        if not (window is None or (isinstance(window, (int, float)) and window >= 0)):
+            raise ValueError(f"{prefix}.batch_window_s={self.batch_window_s!r} is invalid: must be null or >= 0 "
+                             "seconds. Fix: use null (reproducible rounds) or e.g. 0.05.")
         if not isinstance(self.timeout_s, (int, float)):
             raise ValueError(f"{prefix}.timeout_s={self.timeout_s!r} is invalid: must be a number of seconds. "
                              "Fix: use e.g. 600 (or 0 for no bound).")

@@ -92,7 +92,7 @@ class EnvAgentLoop(AgentLoopBase):
             observation, reward, terminated, truncated, _ = await call_env(env.step, action)
             total += discount * float(reward)
             discount *= self.gamma
-            if terminated or truncated:
+            if terminated or truncated or steps >= self.max_steps:
                 ended = bool(terminated)
                 break
             delta = self.encoder.encode([{"role": self.role, "content": str(observation)}])

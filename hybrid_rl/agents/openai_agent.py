@@ -14,11 +14,11 @@ may call the model as often as it likes, in parallel, branch or run sub-agents; 
 ids, sampled ids and log-probs are recorded exactly.
 
 **From calls to the training row.** A call whose messages continue an earlier call (that call's
-messages, its reply, then new messages) *extends* it and shares its ids. The row is the chain of
-extensions that ends at the agent's last call: the first call's prompt, then each call's sampled ids
-(mask 1) and, between them, the ids the next call added (tool results, user turns: mask 0). Calls off
-that chain (an independent sub-agent, a discarded branch) are not trained on; they are counted in
-``agent/loop/calls_off_row``. (One row per prompt keeps GRPO's groups and the trainer's batch sizes as
+messages, its reply, then new messages) *extends* it and shares its ids. The row is the longest chain
+of extensions (most calls, then most sampled tokens, then the one requested last): the first call's
+prompt, then each call's sampled ids (mask 1) and, between them, the ids the next call added (tool
+results, user turns: mask 0). Calls off that chain (an independent sub-agent, a judge call, a
+discarded branch) are not trained on; they are counted in ``agent/loop/calls_off_row``. (One row per prompt keeps GRPO's groups and the trainer's batch sizes as
 they are; the peers that train every call as its own row pay with variable batch sizes.)
 
 **Scores.** A number returned is the row's score; a dict's ``reward`` (or ``score``) is, and its other
@@ -67,12 +67,15 @@ class OpenAIAgentLoop(AgentLoopBase):
         self.client_timeout_s = float(client_timeout_s)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        import httpx
         import openai
 
         endpoint = get_endpoint(self.tokenizer)
-        key = endpoint.open(self.server_manager, sampling_params)
-        client = openai.AsyncOpenAI(base_url=endpoint.base_url(key), api_key="hybrid-rl", max_retries=0,
-                                    timeout=self.client_timeout_s)
+        key = endpoint.open(self.server_manager, sampling_params,
+                            budget=int(self.config.actor_rollout_ref.rollout.response_length))
+        client = openai.AsyncOpenAI(  # trust_env=False: loopback calls never go through an HTTP(S)_PROXY
+            base_url=endpoint.base_url(key), api_key="hybrid-rl", max_retries=0, timeout=self.client_timeout_s,
+            http_client=httpx.AsyncClient(trust_env=False, timeout=self.client_timeout_s))
         row = {k: v.tolist() if hasattr(v, "tolist") and not isinstance(v, (str, bytes)) else v for k, v in kwargs.items()}
         try:
             result = await self.agent(client, row)
@@ -101,16 +104,22 @@ def _score(result: Any) -> tuple[Optional[float], dict[str, float]]:
     return score, {}
 
 
-def output_from_calls(calls: list[CallRecord], result: Any) -> AgentLoopOutput:
-    """The row of a finished agent: the chain of calls ending at its last call (module docstring)."""
-    if not calls:
-        raise ValueError("the agent never called the model")
-    score, metrics = _score(result)
-    chain, index = [], len(calls) - 1
+def _chain(calls: list[CallRecord], last: int) -> list[CallRecord]:
+    """The calls from the first one of ``last``'s chain to ``last``, in order."""
+    chain, index = [], last
     while index is not None:
         chain.append(calls[index])
         index = calls[index].parent
-    chain.reverse()
+    return chain[::-1]
+
+
+def output_from_calls(calls: list[CallRecord], result: Any) -> AgentLoopOutput:
+    """The row of a finished agent: its longest chain of continued calls (module docstring)."""
+    if not calls:
+        raise ValueError("the agent never called the model")
+    score, metrics = _score(result)
+    chain = max((_chain(calls, i) for i in range(len(calls))),
+                key=lambda c: (len(c), sum(len(x.completion_ids) for x in c), c[-1].started))
     ids: list[int] = []
     mask: list[int] = []
     log_probs: list[float] = []

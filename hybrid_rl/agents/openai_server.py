@@ -47,12 +47,17 @@ class CallRecord:
     """The assistant message returned (what an agent sends back in its next request)."""
     parent: Optional[int] = None
     """Index of the call this one extends (its prompt starts with that call's ids), or None."""
+    started: int = 0
+    """The order in which the row's calls were requested."""
 
 
 @dataclass
 class _Session:
     server_manager: Any
     sampling_params: dict
+    requested: int = 0
+    budget: Optional[int] = None
+    """Most tokens after the first prompt of a chain (the row's response_length); None = no bound."""
     calls: list[CallRecord] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -75,7 +80,8 @@ def _same_message(sent: dict, returned: Optional[dict]) -> bool:
     def calls(message: dict) -> list:
         out = []
         for call in message.get("tool_calls") or []:
-            function = call.get("function", {}) if isinstance(call, dict) else {}
+            function = call.get("function") if isinstance(call, dict) else None
+            function = function if isinstance(function, dict) else {}
             arguments = function.get("arguments")
             try:
                 arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
@@ -104,10 +110,12 @@ class OpenAIEndpoint:
         self._server = self._start()
 
     # ------------------------------------------------------------------ sessions
-    def open(self, server_manager: Any, sampling_params: dict) -> str:
-        """A new trajectory key whose calls go to ``server_manager``."""
+    def open(self, server_manager: Any, sampling_params: dict, budget: Optional[int] = None) -> str:
+        """A new trajectory key whose calls go to ``server_manager``. ``budget``: the most tokens a chain
+        of continued calls may add after its first prompt (a call is cut to what is left, as the
+        in-process tool loop cuts its turns), so the row built from the chain is never truncated."""
         key = uuid.uuid4().hex
-        self._sessions[key] = _Session(server_manager, dict(sampling_params))
+        self._sessions[key] = _Session(server_manager, dict(sampling_params), budget=budget)
         return key
 
     def base_url(self, key: str) -> str:
@@ -135,9 +143,18 @@ class OpenAIEndpoint:
             n = len(call.messages or [])
             if (call.messages is not None and call.stop_reason == "completed" and len(messages) > n + 1
                     and messages[:n] == call.messages and _same_message(messages[n], call.reply)):
-                delta = self.encoder.encode(messages[n + 1:])
+                try:
+                    delta = self.encoder.encode(messages[n + 1:])
+                except Exception as exc:
+                    raise _RequestError(f"the chat template cannot render the new messages ({type(exc).__name__}: "
+                                        f"{str(exc)[:200]})") from None
                 return call.prompt_ids + call.completion_ids + delta, index
-        rendered = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        try:
+            rendered = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                          tokenize=False)
+        except Exception as exc:  # jinja's TemplateError, a message without a role, ...
+            raise _RequestError(f"the chat template cannot render these messages ({type(exc).__name__}: "
+                                f"{str(exc)[:200]})") from None
         return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"]), None
 
     def _sampling(self, session: _Session, body: dict) -> dict:
@@ -165,7 +182,8 @@ class OpenAIEndpoint:
         prompt, parent = self._chat_prompt(session, messages, tools)
         call = await self._generate(session, prompt, self._sampling(session, body), parent)
         text = self.tokenizer.decode(call.completion_ids, skip_special_tokens=True)
-        parsed = [c for c in parse_hermes(text) if c.error is None] if tools else []
+        wants_calls = bool(tools) and body.get("tool_choice") != "none"
+        parsed = [c for c in parse_hermes(text) if c.error is None] if wants_calls else []
         reply: dict[str, Any] = {"role": "assistant", "content": text.split("<tool_call>")[0].strip() if parsed else text}
         if parsed:
             reply["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
@@ -197,9 +215,21 @@ class OpenAIEndpoint:
         return self._envelope("text_completion", body, choice, call)
 
     async def _generate(self, session: _Session, prompt: list[int], sampling: dict, parent: Optional[int]) -> CallRecord:
+        if session.budget is not None:
+            root = parent
+            while root is not None and session.calls[root].parent is not None:
+                root = session.calls[root].parent
+            used = 0 if root is None else len(prompt) - len(session.calls[root].prompt_ids)
+            if used >= session.budget:  # the new messages alone spend the row's budget: end the chain here
+                return CallRecord(prompt_ids=list(prompt), completion_ids=[], log_probs=[], stop_reason="length")
+            asked = sampling.get("max_tokens")  # 0 is a limit too
+            sampling = {**sampling, "max_tokens": session.budget - used if asked is None
+                        else min(asked, session.budget - used)}
+        session.requested += 1
+        started = session.requested
         out = await session.server_manager.generate(uuid.uuid4().hex, prompt_ids=prompt, sampling_params=sampling)
         call = CallRecord(prompt_ids=list(prompt), completion_ids=list(out.token_ids), log_probs=out.log_probs,
-                          stop_reason=out.stop_reason, parent=parent)
+                          stop_reason=out.stop_reason, parent=parent, started=started)
         with session.lock:
             session.calls.append(call)
         return call

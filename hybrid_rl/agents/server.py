@@ -8,11 +8,13 @@ many token lists. :class:`BatchingServer` joins the two:
 * the agents run on a private event loop (a daemon thread); ``generate`` parks a request and awaits it;
 * the calling thread (the rollout worker's, which owns the engine) collects the parked requests and
   serves them in *rounds*: a round starts once at least as many requests wait as agents are still
-  running (every agent is waiting on the model), or ``batch_window_s`` after the first request waited
-  (an agent busy with a slow tool does not hold the others back);
-* one round is one engine call per distinct sampling setting; round r of a call seeded s samples with
-  seed ``s + r * TURN_SEED_STRIDE`` (as the built-in tool loop's turns), so a run whose agents always
-  reach the model together is reproducible from its seed.
+  running (every agent is waiting on the model), or, with ``batch_window_s`` set, that long after the
+  first request waited (an agent busy with a slow tool then does not hold the others back, at the
+  price of rounds that depend on timing);
+* a round is one engine call per distinct sampling setting (usually one), its requests in (row, call
+  number) order whatever order they arrived in; the r-th engine call of a rollout samples with seed
+  ``s + r * TURN_SEED_STRIDE`` (as the built-in tool loop's turns). Runs whose agents all reach the
+  model within the window are reproducible from the seed (agents that issue parallel calls aside).
 
 Every agent is bounded by ``timeout_s`` and never raises into the rollout: its result is
 ``("ok", value)``, ``("error", message)`` or ``("timeout", message)``, as tools' are
@@ -59,6 +61,8 @@ class _Request:
     prompt_ids: list[int]
     max_tokens: int
     params: Any
+    order: tuple = ()
+    """(row, call number): the request's place in its round's engine call."""
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
@@ -69,14 +73,15 @@ class BatchingServer:
         turn_fn: the engine's batched turn call.
         params: the call's GenerationParams (sampling settings, seed, EOS ids, response_length).
         max_model_len: longest prompt + completion a request may reach (prompt_length + response_length).
-        batch_window_s: longest a waiting request waits for the other agents before its round starts.
+        batch_window_s: longest a waiting request waits for the other agents before its round starts;
+            None = until every running agent waits (reproducible rounds).
     """
 
-    def __init__(self, turn_fn: TurnFn, params: Any, max_model_len: int, batch_window_s: float = 0.05):
+    def __init__(self, turn_fn: TurnFn, params: Any, max_model_len: int, batch_window_s: Optional[float] = None):
         self.turn_fn = turn_fn
         self.params = params
         self.max_model_len = int(max_model_len)
-        self.batch_window_s = float(batch_window_s)
+        self.batch_window_s = None if batch_window_s is None else float(batch_window_s)
         self.rounds = 0
         self.requests = 0
         self._cond = threading.Condition()
@@ -85,17 +90,19 @@ class BatchingServer:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
 
     # ------------------------------------------------------------------ the agents' side (event loop)
-    async def generate(self, prompt_ids: Sequence[int], sampling_params: Optional[dict] = None) -> TokenOutput:
+    async def generate(self, prompt_ids: Sequence[int], sampling_params: Optional[dict] = None,
+                       order: tuple = ()) -> TokenOutput:
         """One completion of ``prompt_ids`` (awaited by an agent running under :meth:`run`).
 
         ``sampling_params`` may set ``temperature``, ``top_p``, ``top_k`` and ``max_tokens`` (or
         ``max_new_tokens``); others (``logprobs``, ``repetition_penalty`` ...) are ignored: log-probs
-        come back whenever the rollout computes them.
+        come back whenever the rollout computes them. ``order``: the request's place in its round.
         """
         prompt = [int(t) for t in prompt_ids]
         request = _Request(prompt, self._max_tokens(len(prompt), sampling_params or {}),
-                           self._request_params(sampling_params or {}))
+                           self._request_params(sampling_params or {}), tuple(order))
         if request.max_tokens <= 0:
+            await asyncio.sleep(0)  # an agent retrying on empty output must not starve the loop
             return TokenOutput(token_ids=[], log_probs=[], stop_reason="length")
         with self._cond:
             self._pending.append(request)
@@ -113,6 +120,8 @@ class BatchingServer:
             changes["temperature"] = float(changes["temperature"])
             if changes["temperature"] <= 0:  # greedy, as OpenAI-compatible servers read temperature 0
                 changes.update(temperature=0.0, do_sample=False, top_p=1.0, top_k=-1)
+            else:  # a positive temperature samples on every engine (vLLM reads only the temperature)
+                changes["do_sample"] = True
         for key, cast in (("top_p", float), ("top_k", int)):
             if key in changes:
                 changes[key] = cast(changes[key])
@@ -132,6 +141,11 @@ class BatchingServer:
         try:
             while self._serve_round(deadline):
                 pass
+        except BaseException:
+            self._fail_pending("the rollout engine failed")
+            concurrent.futures.wait(futures, timeout=_GRACE_S)
+            loop.call_soon_threadsafe(loop.stop)
+            raise
         finally:
             self._fail_pending("the agent's rollout ended")
         # an agent counts itself finished just before its future is set: give those futures their moment
@@ -174,7 +188,8 @@ class BatchingServer:
                     return False
                 if waiting:
                     first_wait = first_wait or now
-                    if len(waiting) >= self._live or now - first_wait >= self.batch_window_s:
+                    window = self.batch_window_s
+                    if len(waiting) >= self._live or (window is not None and now - first_wait >= window):
                         break
                 self._cond.wait(timeout=0.005 if waiting else 0.05)
             self._pending = []
@@ -182,22 +197,32 @@ class BatchingServer:
         return True
 
     def _dispatch(self, requests: list[_Request]) -> None:
+        """Serve one round: one engine call per sampling setting, requests in (row, call) order. A request
+        whose agent was cancelled meanwhile is skipped (its future can no longer be set); an engine
+        failure fails every request of the round and is raised."""
         groups: dict[Any, list[_Request]] = {}
-        for request in requests:
-            groups.setdefault(request.params, []).append(request)
+        for request in sorted(requests, key=lambda r: r.order):
+            if request.future.set_running_or_notify_cancel():  # running futures cannot be cancelled any more
+                groups.setdefault(request.params, []).append(request)
         seed_base = self.params.seed
-        for params, group in groups.items():
-            seed = None if seed_base is None else seed_base + self.rounds * TURN_SEED_STRIDE
-            outputs = self.turn_fn([r.prompt_ids for r in group], [r.max_tokens for r in group],
-                                   dataclasses.replace(params, seed=seed))
-            for request, (ids, log_probs) in zip(group, outputs):
-                ids = list(ids)[: request.max_tokens]
-                ended = bool(ids) and ids[-1] in params.eos_token_ids
-                output = TokenOutput(token_ids=ids, log_probs=list(log_probs)[: len(ids)] if log_probs else None,
-                                     stop_reason="completed" if ended else "length")
-                if not request.future.done():
-                    request.future.set_result(output)
-            self.rounds += 1
+        try:
+            for params, group in groups.items():
+                seed = None if seed_base is None else seed_base + self.rounds * TURN_SEED_STRIDE
+                self.rounds += 1
+                outputs = self.turn_fn([r.prompt_ids for r in group], [r.max_tokens for r in group],
+                                       dataclasses.replace(params, seed=seed))
+                for request, (ids, log_probs) in zip(group, outputs):
+                    ids = list(ids)[: request.max_tokens]
+                    ended = bool(ids) and ids[-1] in params.eos_token_ids
+                    request.future.set_result(TokenOutput(
+                        token_ids=ids, log_probs=list(log_probs)[: len(ids)] if log_probs else None,
+                        stop_reason="completed" if ended else "length"))
+        except BaseException as exc:
+            for group in groups.values():
+                for request in group:
+                    if not request.future.done():
+                        request.future.set_exception(RuntimeError(f"the rollout engine failed: {exc!r}"))
+            raise
         self.requests += len(requests)
 
     def _fail_pending(self, why: str) -> None:
@@ -212,14 +237,18 @@ class LLMServerManager:
     """What an agent loop calls the model through (veRL's ``AsyncLLMServerManager``):
     ``await server_manager.generate(request_id, prompt_ids=..., sampling_params=...) -> TokenOutput``.
     ``request_id`` is accepted for veRL's signature (sticky sessions across servers); one rollout
-    worker has one engine, so it does not route anything."""
+    worker has one engine, so it does not route anything. One manager per row (``row``): its calls
+    take their place in a round by (row, call number)."""
 
-    def __init__(self, server: BatchingServer):
+    def __init__(self, server: BatchingServer, row: int = 0):
         self.server = server
+        self.row = row
+        self.calls = 0
 
     async def generate(self, request_id: Any = None, *, prompt_ids: Sequence[int],
                        sampling_params: Optional[dict] = None, image_data: Any = None,
                        video_data: Any = None) -> TokenOutput:
         if image_data or video_data:
             raise ValueError("image_data / video_data: hybrid_rl's rollout is text-only. Fix: pass token ids only.")
-        return await self.server.generate(prompt_ids, sampling_params)
+        self.calls += 1
+        return await self.server.generate(prompt_ids, sampling_params, order=(self.row, self.calls))

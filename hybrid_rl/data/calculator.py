@@ -49,12 +49,12 @@ def demonstration(a: int, b: int) -> list[dict[str, str]]:
     ]
 
 
-def make_row(a: int, b: int, split: str, index: int, demo: tuple[int, int]) -> dict:
-    """One veRL tool-agent row for ``a * b``."""
+def make_row(a: int, b: int, split: str, index: int, demo: tuple[int, int], agent_name: str = "tool_agent") -> dict:
+    """One veRL tool-agent row for ``a * b`` (``agent_name``: the loop that runs it)."""
     answer = a * b
     return {
         "data_source": DATA_SOURCE,
-        "agent_name": "tool_agent",
+        "agent_name": agent_name,
         "prompt": [{"role": "system", "content": SYSTEM_PROMPT}, *demonstration(*demo),
                    {"role": "user", "content": QUESTION.format(a=a, b=b)}],
         "ability": "math",
@@ -77,8 +77,10 @@ def sample_products(num: int, seed: int, a_digits: int = 3, b_digits: int = 2) -
 
 
 def generate_calculator(out_dir: str | os.PathLike, num_train: int = 2000, num_test: int = 200,
-                        seed: int = 0) -> tuple[str, str]:
-    """Write ``train.parquet`` and ``test.parquet`` into ``out_dir``; return their paths."""
+                        seed: int = 0, agent_name: str = "tool_agent") -> tuple[str, str]:
+    """Write ``train.parquet`` and ``test.parquet`` into ``out_dir``; return their paths. ``agent_name``
+    names the loop of every row (``tool_agent``: the in-process tool loop; an agent-loop YAML name,
+    e.g. the black-box agent of ``recipes/calculator_openai``)."""
     if num_train < 1 or num_test < 1:
         raise ValueError(f"need num_train >= 1 and num_test >= 1, got num_train={num_train}, num_test={num_test}")
     problems = sample_products(num_train + num_test + 1, seed)
@@ -88,7 +90,7 @@ def generate_calculator(out_dir: str | os.PathLike, num_train: int = 2000, num_t
     paths = []
     for split, chunk in (("train", train), ("test", test)):
         path = out / f"{split}.parquet"
-        _write_parquet([make_row(a, b, split, i, demo) for i, (a, b) in enumerate(chunk)], path)
+        _write_parquet([make_row(a, b, split, i, demo, agent_name) for i, (a, b) in enumerate(chunk)], path)
         paths.append(str(path))
     logger.info("wrote %d train / %d test calculator problems to %s", num_train, num_test, out)
     return paths[0], paths[1]
@@ -100,9 +102,10 @@ def main(argv: Sequence[str] | None = None) -> tuple[str, str]:
     parser.add_argument("--num_train", type=int, default=2000)
     parser.add_argument("--num_test", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--agent_name", default="tool_agent", help="the agent loop of every row")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    return generate_calculator(args.out_dir, args.num_train, args.num_test, args.seed)
+    return generate_calculator(args.out_dir, args.num_train, args.num_test, args.seed, args.agent_name)
 
 
 if __name__ == "__main__":

@@ -201,6 +201,11 @@ class RLHFDataset(torch.utils.data.Dataset):
         return list(dict.fromkeys(row["data_source"] for row in self._rows
                                   if not (scored_only and _agent_scored(row))))
 
+    def agent_names(self) -> list[str]:
+        """The distinct non-empty ``agent_name`` values of the rows (empty without the column)."""
+        return list(dict.fromkeys(str(row["agent_name"]) for row in self._rows
+                                  if isinstance(row.get("agent_name"), str) and row["agent_name"]))
+
     def prompt_lengths(self) -> np.ndarray:
         """Token length of every prompt, int64 [N]."""
         return np.diff(self._offsets)

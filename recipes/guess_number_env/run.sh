@@ -25,7 +25,7 @@ python -m hybrid_rl.trainer.main_ppo \
     actor_rollout_ref.actor.optim.lr=2e-5 \
     actor_rollout_ref.actor.ppo_mini_batch_size=16 \
     actor_rollout_ref.actor.use_kl_loss=false \
-    trainer.total_training_steps=8 \
+    trainer.total_training_steps=16 \
     trainer.test_freq=4 \
     trainer.save_freq=8 \
     trainer.logger='[console,jsonl]' \

@@ -57,6 +57,22 @@ def test_server_batches_rounds_seeds_them_and_honours_limits():
     assert results[1][1][1].token_ids == [5, 101, EOS] and results[1][1][1].stop_reason == "completed"
 
 
+def test_rounds_follow_row_order_and_wait_for_every_agent_without_a_window():
+    engine = Recorder()
+    server = BatchingServer(engine, PARAMS, max_model_len=64)  # no window
+    managers = [LLMServerManager(server, row=r) for r in range(3)]
+
+    def agent(row, delay):
+        async def run():
+            await asyncio.sleep(delay)  # row 2 arrives first, row 0 last, 0.2 s later
+            return (await managers[row].generate("r", prompt_ids=[row + 1])).token_ids
+        return run
+
+    results = server.run([agent(0, 0.2), agent(1, 0.1), agent(2, 0.0)], timeout_s=5)
+    assert [v for _, v in results] == [[1, 100, EOS], [1, 100, EOS], [1, 100, EOS]]
+    assert engine.calls[0][0] == [[1], [2], [3]] and len(engine.calls) == 1  # one round, in row order
+
+
 def test_server_groups_sampling_settings_and_treats_temperature_zero_as_greedy():
     engine = Recorder()
     server = BatchingServer(engine, PARAMS, max_model_len=64)
@@ -69,7 +85,7 @@ def test_server_groups_sampling_settings_and_treats_temperature_zero_as_greedy()
 
 def test_failing_hanging_and_blocking_agents_never_fail_the_batch():
     engine = Recorder()
-    server = BatchingServer(engine, PARAMS, max_model_len=64)
+    server = BatchingServer(engine, PARAMS, max_model_len=64, batch_window_s=0.05)
 
     async def raises():
         raise RuntimeError("boom")
@@ -200,3 +216,30 @@ def test_server_manager_refuses_images():
 
 def test_params_are_frozen_and_hashable():  # the server groups requests by their GenerationParams
     assert hash(dataclasses.replace(PARAMS, temperature=0.5)) != hash(PARAMS)
+
+
+def test_an_engine_failure_is_raised_and_fails_the_waiting_agents():
+    def broken(token_lists, max_tokens, params):
+        raise RuntimeError("engine down")
+
+    async def asks():
+        return await server.generate([1])
+
+    server = BatchingServer(broken, PARAMS, max_model_len=64)
+    with pytest.raises(RuntimeError, match="engine down"):
+        server.run([asks, asks], timeout_s=5)
+
+
+def test_loops_that_cannot_be_built_fail_at_start_up_in_one_line(tmp_path, monkeypatch):
+    from hybrid_rl.agents import agent_loop
+    from hybrid_rl.agents.agent_loop import DictConfigWrap, check_agent_loops
+    from hybrid_rl.workers.rollout.multi_turn import rollout_config_tree
+
+    monkeypatch.setattr(agent_loop, "_REGISTRY", dict(agent_loop._REGISTRY))  # leave no entry behind
+    path = tmp_path / "typo.yaml"
+    path.write_text(f"- name: typo_loop\n  _target_: {__name__}.TwoCalls\n  notes: misspelt\n")
+    loops = load_agent_loop_config(str(path))
+    tree = DictConfigWrap(rollout_config_tree(RolloutConfig(name="hf", response_length=16, prompt_length=64)))
+    with pytest.raises(ValueError, match=r"agent loop 'typo_loop' \(.*TwoCalls\): agent loop TwoCalls got "
+                                         r"unexpected settings \['notes'\]"):
+        check_agent_loops(loops, tree, build_byte_tokenizer())

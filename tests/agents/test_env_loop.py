@@ -126,6 +126,8 @@ def test_episodes_mask_observations_and_score_the_discounted_return(setup):
     prompt_text = tok.decode(out.batch["prompts"][0][out.batch["attention_mask"][0, :200].bool()].tolist())
     assert "start 7 {'k': 1}" in prompt_text  # reset(seed=row index, options=row's) became a user turn
     assert out.batch["response_mask"][2].sum() == 0  # the environment raised: empty row, score 0
+    last = int(out.batch["attention_mask"][0, 200:].sum()) - 1
+    assert out.batch["response_mask"][0, last] == 1  # max_steps reached: no observation after the last move
     metrics = out.meta_info["metrics"]
     assert metrics["agent/ended_by/error"] == 0.25 and metrics["agent/loop/env_terminated"] == 0.5
 

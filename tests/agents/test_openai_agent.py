@@ -149,3 +149,63 @@ def test_failing_agents_score_zero_and_are_counted(setup):
     metrics = out.meta_info["metrics"]
     assert metrics["agent/ended_by/error"] == pytest.approx(0.8)
     assert metrics["agent/loop/refused"] == pytest.approx(0.2)  # stream=true answered 400 in one line
+
+
+def test_a_chain_of_calls_is_cut_to_the_rows_budget():
+    from hybrid_rl.agents.openai_server import OpenAIEndpoint
+    from hybrid_rl.agents.server import TokenOutput
+
+    tok = build_byte_tokenizer()
+    asked = []
+
+    class Manager:
+        async def generate(self, request_id, *, prompt_ids, sampling_params):
+            asked.append((len(prompt_ids), sampling_params["max_tokens"]))
+            return TokenOutput(token_ids=tok("ok", add_special_tokens=False)["input_ids"] + [EOS], log_probs=None,
+                               stop_reason="completed")
+
+    endpoint = OpenAIEndpoint(tok)
+    try:
+        key = endpoint.open(Manager(), {"temperature": 1.0}, budget=40)
+        messages = [{"role": "user", "content": "hi"}]
+        first = asyncio.run(endpoint.chat(key, {"messages": messages, "max_tokens": 100}))
+        messages += [first["choices"][0]["message"], {"role": "user", "content": "again"}]
+        asyncio.run(endpoint.chat(key, {"messages": messages}))
+        calls = endpoint.close(key)
+    finally:
+        endpoint.shutdown()
+    added = len(calls[1].prompt_ids) - len(calls[0].prompt_ids)  # the first reply and the new user turn
+    assert calls[1].parent == 0 and asked == [(len(calls[0].prompt_ids), 40), (len(calls[1].prompt_ids), 40 - added)]
+
+
+def test_the_row_is_the_longest_chain_and_an_overrunning_continuation_is_left_out():
+    from hybrid_rl.agents.openai_agent import output_from_calls
+    from hybrid_rl.agents.openai_server import CallRecord, OpenAIEndpoint
+    from hybrid_rl.agents.server import TokenOutput
+
+    main = [CallRecord([1, 2], [3, EOS], [-1.0, -1.0], "completed", started=1),
+            CallRecord([1, 2, 3, EOS, 9], [4, EOS], [-2.0, -2.0], "completed", parent=0, started=2),
+            CallRecord([7], [8, EOS], [-3.0, -3.0], "completed", started=3)]  # a judge call, requested last
+    out = output_from_calls(main, 1.0)
+    assert out.prompt_ids == [1, 2] and out.response_ids == [3, EOS, 9, 4, EOS]
+    assert out.response_mask == [1, 1, 0, 1, 1] and out.response_logprobs == [-1.0, -1.0, 0.0, -2.0, -2.0]
+    assert out.metrics == {"calls": 3.0, "calls_off_row": 1.0} and out.reward_score == 1.0
+
+    tok = build_byte_tokenizer()
+
+    class Manager:
+        async def generate(self, request_id, *, prompt_ids, sampling_params):
+            return TokenOutput(token_ids=[5, EOS], log_probs=None, stop_reason="completed")
+
+    endpoint = OpenAIEndpoint(tok)
+    try:
+        key = endpoint.open(Manager(), {}, budget=8)
+        messages = [{"role": "user", "content": "hi"}]
+        first = asyncio.run(endpoint.chat(key, {"messages": messages}))
+        messages += [first["choices"][0]["message"], {"role": "user", "content": "a long new user turn " * 3}]
+        second = asyncio.run(endpoint.chat(key, {"messages": messages}))
+        calls = endpoint.close(key)
+    finally:
+        endpoint.shutdown()
+    assert second["choices"][0]["finish_reason"] == "length" and second["choices"][0]["message"]["content"] == ""
+    assert len(calls) == 1  # the overrunning continuation is not part of the row

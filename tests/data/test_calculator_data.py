@@ -22,3 +22,8 @@ def test_generate_calculator_rows(tmp_path):
     assert roles == ["system", "user", "assistant", "tool", "assistant", "user"]
     demo = row["prompt"][1]["content"]
     assert all(f"What is {x} * {y}?" != demo for split in problems.values() for x, y in split)
+
+
+def test_rows_name_the_agent_loop_asked_for(tmp_path):
+    _, test = generate_calculator(tmp_path / "calc", num_train=2, num_test=2, agent_name="calculator_openai")
+    assert {r["agent_name"] for r in pq.read_table(test).to_pylist()} == {"calculator_openai"}

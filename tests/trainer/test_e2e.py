@@ -55,7 +55,7 @@ def _overrides(tmp_path, model_dir, *extra):
 def _run_cli(tmp_path, model_dir, *extra, timeout=900, env=None):
     """Run the CLI on the tiny model (``env``: extra environment variables, e.g. HYBRID_RL_FAULT)."""
     cmd = [sys.executable, "-m", "hybrid_rl.trainer.main_ppo", *_overrides(tmp_path, model_dir, *extra)]
-    env = dict(os.environ, PYTHONPATH=REPO, **(env or {}))
+    env = {**os.environ, "PYTHONPATH": REPO, **(env or {})}  # env may extend PYTHONPATH
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -94,6 +94,12 @@ def test_recipe_composes(path):
     elif "gsm8k_verl_tool" in path:  # veRL's tool YAML unchanged, CPU-sized
         assert cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path.endswith("gsm8k_tool_config.yaml")
         assert cfg.trainer.device == "auto"
+    elif "calculator_openai" in path:  # the calculator task through the OpenAI-compatible endpoint
+        from hybrid_rl.agents.agent_loop import load_agent_loop_config
+
+        loops = load_agent_loop_config(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)
+        assert loops["calculator_openai"]["agent"] == "calculator_openai_agent.solve"
+        assert cfg.trainer.device == "auto" and not cfg.actor_rollout_ref.rollout.multi_turn.enable
     elif "guess_number_env" in path:  # the environment recipe: an EnvAgentLoop entry, CPU-sized
         from hybrid_rl.agents.agent_loop import load_agent_loop_config
 

@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 from hybrid_rl.trainer.config import PPOConfig
 
-__all__ = ["check_agent_config", "check_reward_coverage"]
+__all__ = ["check_agent_config", "check_agent_names", "check_reward_coverage"]
 
 
 def check_agent_config(cfg: PPOConfig, tokenizer: Any) -> None:
@@ -20,11 +20,14 @@ def check_agent_config(cfg: PPOConfig, tokenizer: Any) -> None:
     ``rollout.multi_turn.enable``: build the tools and interactions (their YAML, classes and schemas) and
     check that the tokenizer's chat template can render observation turns. Here in the driver, so a
     mistake is one line before any worker starts."""
-    multi_turn, agent = cfg.actor_rollout_ref.rollout.multi_turn, cfg.actor_rollout_ref.rollout.agent
+    rollout = cfg.actor_rollout_ref.rollout
+    multi_turn, agent = rollout.multi_turn, rollout.agent
     if agent.agent_loop_config_path:
-        from hybrid_rl.agents.agent_loop import load_agent_loop_config
+        from hybrid_rl.agents.agent_loop import DictConfigWrap, check_agent_loops, load_agent_loop_config
+        from hybrid_rl.workers.rollout.multi_turn import rollout_config_tree
 
-        load_agent_loop_config(agent.agent_loop_config_path)
+        loops = load_agent_loop_config(agent.agent_loop_config_path)
+        check_agent_loops(loops, DictConfigWrap(rollout_config_tree(rollout)), tokenizer)
     if agent.default_agent_loop:
         from hybrid_rl.workers.rollout.multi_turn import check_agent_name
 
@@ -38,6 +41,23 @@ def check_agent_config(cfg: PPOConfig, tokenizer: Any) -> None:
     interactions = load_interactions(multi_turn.interaction_config_path) if multi_turn.interaction_config_path else {}
     encoder = ObservationEncoder(tokenizer, getattr(tokenizer, "eos_token", None) or "")
     encoder.check_roles((["tool"] if tools else []) + (["user"] if interactions else []))
+
+
+def check_agent_names(cfg: PPOConfig, *datasets: Any) -> None:
+    """With agent loops on: every ``agent_name`` of the datasets names a built-in or registered loop
+    (one line naming the file and the known names), before any worker starts."""
+    from hybrid_rl.agents.config import agent_rollout_enabled
+
+    if not agent_rollout_enabled(cfg.actor_rollout_ref.rollout):
+        return
+    from hybrid_rl.workers.rollout.multi_turn import check_agent_name
+
+    for dataset, where in zip(datasets, _describe_files(cfg)):
+        for name in getattr(dataset, "agent_names", lambda: [])():
+            try:
+                check_agent_name(name, "agent_name")
+            except ValueError as error:
+                raise ValueError(f"{where}: {error}") from None
 
 
 def check_reward_coverage(cfg: PPOConfig, *datasets: Any) -> None:

@@ -192,7 +192,7 @@ class MultiTurnGenerator:
 
     def _agent_names(self, non_tensor_batch: dict[str, np.ndarray], num_rows: int) -> list[str]:
         column = non_tensor_batch.get("agent_name", [None] * num_rows)
-        names = [self.default_agent if name is None or name == "" else str(name) for name in column]
+        names = [str(name) if isinstance(name, str) and name else self.default_agent for name in column]
         for i, name in enumerate(names):
             check_agent_name(name, f"row {i}: agent_name")
         return names
