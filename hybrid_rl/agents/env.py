@@ -56,12 +56,9 @@ def register_env(name: str) -> Callable[[type], type]:
         if not _conforms(cls):
             raise ValueError(f"@register_env({name!r}) decorates {cls!r}, which has no reset() and step(). Fix: "
                              "subclass hybrid_rl.agents.BaseTextEnv.")
-        old = _ENVS.get(name)
-        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"environment {name!r} is already registered as {old.__module__}.{old.__qualname__}. "
-                             "Fix: pick another name.")
-        _ENVS[name] = cls
-        return cls
+        from hybrid_rl.agents.tool import add_unique
+
+        return add_unique(_ENVS, "environment", name, cls)
 
     return decorator
 

@@ -94,14 +94,20 @@ def registrar(registry: dict[str, type], base: type, kind: str, name: str, metho
             raise ValueError(f"@register_{kind}({name!r}) decorates {cls!r}, which is neither a {base.__name__} "
                              f"subclass nor a class with an async {method}(). Fix: subclass "
                              f"hybrid_rl.agents.{base.__name__}.")
-        old = registry.get(name)
-        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"{kind} {name!r} is already registered as {old.__module__}.{old.__qualname__}. "
-                             "Fix: pick another name.")
-        registry[name] = cls
-        return cls
+        return add_unique(registry, kind, name, cls)
 
     return decorator
+
+
+def add_unique(registry: dict[str, type], kind: str, name: str, cls: type) -> type:
+    """``registry[name] = cls``, unless another class (by module and qualified name) holds the name:
+    then a one-line ValueError (the same class redefined, e.g. a re-run notebook cell, replaces it)."""
+    old = registry.get(name)
+    if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ValueError(f"{kind} {name!r} is already registered as {old.__module__}.{old.__qualname__}. "
+                         "Fix: pick another name.")
+    registry[name] = cls
+    return cls
 
 
 def register_tool(name: str) -> Callable[[type], type]:
