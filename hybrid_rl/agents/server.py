@@ -134,7 +134,7 @@ class BatchingServer:
         if not agents:
             return []
         loop = self._loop = asyncio.new_event_loop()
-        threading.Thread(target=loop.run_forever, name="hybrid_rl-agents", daemon=True).start()
+        threading.Thread(target=_run_until_stopped, args=(loop,), name="hybrid_rl-agents", daemon=True).start()
         self._live = len(agents)
         futures = [asyncio.run_coroutine_threadsafe(self._bounded(agent, timeout_s), loop) for agent in agents]
         deadline = None if timeout_s <= 0 else time.monotonic() + timeout_s + _GRACE_S
@@ -231,6 +231,17 @@ class BatchingServer:
         for request in pending:
             if not request.future.done():
                 request.future.set_exception(RuntimeError(why))
+
+
+def _run_until_stopped(loop: asyncio.AbstractEventLoop) -> None:
+    """The agents' loop thread: run until stopped, then close the loop (its selector's file descriptors
+    would otherwise leak, one set per rollout call)."""
+    try:
+        loop.run_forever()
+    finally:
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+        loop.close()
 
 
 class LLMServerManager:
