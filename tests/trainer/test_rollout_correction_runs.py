@@ -73,7 +73,7 @@ def test_the_correction_runs_decoupled_and_multi_turn_with_lora(tmp_path, tiny_m
     """The decoupled mode (the buffer carries the engine's log-probs; the proximal pass is the old
     policy), and a multi-turn LoRA run in bypass mode (the chatty model takes several turns: the
     interaction's replies are observation tokens, masked out)."""
-    from tests.trainer.test_e2e_agent import _agent_args
+    from tests.trainer.test_e2e_agent import _agent_args, _agent_env
     from tests.trainer.test_e2e_async import _async_args
 
     common = [LOG_PROBS, "trainer.n_gpus_per_node=1", "trainer.total_training_steps=2", "trainer.save_freq=-1",
@@ -85,7 +85,8 @@ def test_the_correction_runs_decoupled_and_multi_turn_with_lora(tmp_path, tiny_m
     agent = tmp_path / "agent"
     agent.mkdir()
     _assert_ok(_run_cli(agent, chatty_model_dir, *common, *_agent_args(agent_files), "actor_rollout_ref.model.lora_rank=8",
-                        "actor_rollout_ref.actor.optim.lr=1e-2", "algorithm.rollout_correction.preset=bypass_pg_is"))
+                        "actor_rollout_ref.actor.optim.lr=1e-2", "algorithm.rollout_correction.preset=bypass_pg_is",
+                        env=_agent_env(agent_files)))
     row = _rows(agent / "run")[-1]
     assert "rollout_corr/rollout_is_mean" in row and row["rollout_corr/rollout_is_mean"] > 0
     assert row["agent/num_turns/mean"] > 1 and row["agent/observation_token_fraction"] > 0  # observations inside
