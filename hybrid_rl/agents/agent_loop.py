@@ -192,11 +192,10 @@ def load_agent_loop_config(path: str) -> dict[str, dict[str, Any]]:
 
 
 def _import_target(target: str, where: str) -> type:
-    import importlib
+    from hybrid_rl.agents.tool import import_object
 
-    module, _, attr = target.rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module), attr)
+        cls = import_object(target)
     except (ImportError, AttributeError, ValueError) as exc:
         raise ValueError(f"{where}: cannot import _target_ {target!r} ({type(exc).__name__}: {exc}). Fix: use the "
                          "dotted path of an importable AgentLoopBase subclass.") from None

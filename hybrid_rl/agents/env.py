@@ -76,14 +76,13 @@ def get_env_cls(name: str, where: str) -> type:
     """A registered environment name or a dotted import path, resolved to the class; ValueError otherwise."""
     if name in _ENVS:
         return _ENVS[name]
-    import importlib
+    from hybrid_rl.agents.tool import import_object
 
-    module, _, attr = name.rpartition(".")
     fix = (f"Fix: use a registered environment ({', '.join(registered_envs()) or 'none registered'}) or the "
            "dotted path of a class with reset() and step()")
     try:
-        cls = getattr(importlib.import_module(module), attr) if module else None
-    except (ImportError, AttributeError) as exc:
+        cls = import_object(name)
+    except (ImportError, AttributeError, ValueError) as exc:
         raise ValueError(f"{where}: cannot import environment {name!r} ({type(exc).__name__}: {exc}). {fix}.") from None
     if not _conforms(cls):
         raise ValueError(f"{where}: {name!r} is not an environment. {fix}.")

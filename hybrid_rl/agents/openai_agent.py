@@ -29,23 +29,22 @@ never calls the model gives its row an empty response scored 0 (``agent/ended_by
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Any, Callable, Optional
 
 from hybrid_rl.agents.agent_loop import AgentLoopBase, AgentLoopOutput
 from hybrid_rl.agents.openai_server import CallRecord, get_endpoint
+from hybrid_rl.agents.tool import import_object
 from hybrid_rl.reward.guard import finite_float
 
 __all__ = ["OpenAIAgentLoop", "output_from_calls"]
 
 
 def _import_agent(path: str) -> Callable:
-    module, _, attr = str(path).rpartition(".")
     fix = "Fix: set agent: to the dotted path of an async def agent(client, row), importable in the rollout workers"
     try:
-        fn = getattr(importlib.import_module(module), attr) if module else None
-    except (ImportError, AttributeError) as exc:
+        fn = import_object(path)
+    except (ImportError, AttributeError, ValueError) as exc:
         raise ValueError(f"OpenAIAgentLoop agent={path!r}: cannot import it ({type(exc).__name__}: {exc}). {fix}.") from None
     if not inspect.iscoroutinefunction(fn):
         raise ValueError(f"OpenAIAgentLoop agent={path!r} is not an async function. {fix}.")

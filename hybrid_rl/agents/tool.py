@@ -128,16 +128,20 @@ VERL_ALIASES: dict[str, str] = {
 ``verl`` package is not installed, so veRL's ``gsm8k_tool_config.yaml`` runs unchanged."""
 
 
-def _import(class_name: str) -> Any:
+def import_object(path: str) -> Any:
+    """The object a dotted path ``package.module.name`` names (veRL class paths of :data:`VERL_ALIASES`
+    fall back to hybrid_rl's ports without ``verl``); ImportError / AttributeError / ValueError otherwise."""
     import importlib
 
-    module_name, _, attr = class_name.rpartition(".")
+    module_name, _, attr = str(path).rpartition(".")
+    if not module_name:
+        raise ValueError(f"{path!r} is not a dotted path (package.module.name)")
     try:
         return getattr(importlib.import_module(module_name), attr)
     except ModuleNotFoundError as exc:
-        if exc.name not in ("verl", None) or class_name not in VERL_ALIASES:
+        if exc.name not in ("verl", None) or path not in VERL_ALIASES:
             raise
-        return _import(VERL_ALIASES[class_name])
+        return import_object(VERL_ALIASES[path])
 
 
 def import_class(class_name: str, base: type, method: str, where: str, kind: str, registered: list[str]) -> type:
@@ -148,7 +152,7 @@ def import_class(class_name: str, base: type, method: str, where: str, kind: str
     if not class_name.rpartition(".")[0]:
         raise ValueError(f"{where}: unknown {kind} class {class_name!r}. {fix}.")
     try:
-        cls = _import(class_name)
+        cls = import_object(class_name)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"{where}: cannot import {kind} class {class_name!r} ({type(exc).__name__}: {exc}). "
                          f"{fix}.") from None

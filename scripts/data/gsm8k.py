@@ -55,22 +55,24 @@ def extract_solution(answer: str) -> str | None:
     return match.group(1).replace(",", "") if match else None
 
 
-def tool_agent_row(row: dict) -> dict:
-    """The row for the multi-turn rollout with the ``calculator`` tool (see the module docstring)."""
+def _tool_row(row: dict, system_prompt: str, tool: str) -> dict:
+    """``row`` for the multi-turn tool loop: ``system_prompt`` first, ``agent_name: tool_agent`` and the
+    ground truth as ``tool``'s ``create_kwargs``."""
     truth = row["reward_model"]["ground_truth"]
     return {**row, "agent_name": "tool_agent",
-            "prompt": [{"role": "system", "content": TOOL_SYSTEM_PROMPT}, *row["prompt"]],
+            "prompt": [{"role": "system", "content": system_prompt}, *row["prompt"]],
             "extra_info": {**row["extra_info"], "need_tools_kwargs": True,
-                           "tools_kwargs": {"calculator": {"create_kwargs": {"ground_truth": truth}}}}}
+                           "tools_kwargs": {tool: {"create_kwargs": {"ground_truth": truth}}}}}
+
+
+def tool_agent_row(row: dict) -> dict:
+    """The row for the multi-turn rollout with the ``calculator`` tool (see the module docstring)."""
+    return _tool_row(row, TOOL_SYSTEM_PROMPT, "calculator")
 
 
 def verl_tool_row(row: dict) -> dict:
     """The row for veRL's ``calc_gsm8k_reward`` tool (see the module docstring)."""
-    truth = row["reward_model"]["ground_truth"]
-    return {**row, "agent_name": "tool_agent",
-            "prompt": [{"role": "system", "content": VERL_TOOL_SYSTEM_PROMPT}, *row["prompt"]],
-            "extra_info": {**row["extra_info"], "need_tools_kwargs": True,
-                           "tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": truth}}}}}
+    return _tool_row(row, VERL_TOOL_SYSTEM_PROMPT, "calc_gsm8k_reward")
 
 
 def make_row(question: str, answer: str, split: str, index: int, where: str) -> dict:

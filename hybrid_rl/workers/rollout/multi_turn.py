@@ -193,8 +193,10 @@ class MultiTurnGenerator:
     def _agent_names(self, non_tensor_batch: dict[str, np.ndarray], num_rows: int) -> list[str]:
         column = non_tensor_batch.get("agent_name", [None] * num_rows)
         names = [str(name) if isinstance(name, str) and name else self.default_agent for name in column]
+        known = set(agent_loop_names())
         for i, name in enumerate(names):
-            check_agent_name(name, f"row {i}: agent_name")
+            if name not in known:
+                check_agent_name(name, f"row {i}: agent_name")  # raises, naming the row
         return names
 
     def _run_builtin(self, prompts: DataProto, prompt_lists: list[list[int]], rows: list[int], names: list[str],
