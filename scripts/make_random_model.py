@@ -7,6 +7,8 @@ For measuring what a model size costs (memory, step time) without fetching weigh
     python benchmarks/bench_step.py --lora-rank 32 actor_rollout_ref.model.path=/tmp/llama-0.7b
 
 Presets (SmolLM2's 49152-token vocabulary, tied embeddings, heads of 64):
+- ``smollm2``: SmolLM2-135M's own shape (hidden 576, 30 layers, MLP 1536, 9 heads, 3 KV heads): 0.13B,
+  the GPU check's stand-in for the embedded model where its wheel is not installed.
 - ``llama-0.7b`` (the default): hidden 1536, 24 layers, MLP 4096, 24 heads, 8 KV heads: 0.68B parameters.
 - ``llama-1b``: TinyLlama-1.1B's shape (hidden 2048, 22 layers, MLP 5632, 32 heads, 4 KV heads): 1.07B.
 
@@ -22,6 +24,7 @@ from pathlib import Path
 logger = logging.getLogger("make_random_model")
 
 PRESETS = {
+    "smollm2": {"hidden": 576, "layers": 30, "mlp": 1536, "heads": 9, "kv_heads": 3},
     "llama-0.7b": {"hidden": 1536, "layers": 24, "mlp": 4096, "heads": 24, "kv_heads": 8},
     "llama-1b": {"hidden": 2048, "layers": 22, "mlp": 5632, "heads": 32, "kv_heads": 4},
 }
@@ -38,14 +41,16 @@ def llama_config(vocab_size: int, hidden: int, layers: int, mlp: int, heads: int
                        bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id, dtype=dtype)
 
 
-def build(out: Path, hidden: int, layers: int, mlp: int, heads: int, kv_heads: int, dtype: str, seed: int) -> int:
-    """Write the model and tokenizer into ``out``; returns the parameter count."""
+def build(out: Path, hidden: int, layers: int, mlp: int, heads: int, kv_heads: int, dtype: str, seed: int,
+          tokenizer_path: str = "HuggingFaceTB/SmolLM2-135M-Instruct") -> int:
+    """Write the model and tokenizer into ``out``; returns the parameter count. ``tokenizer_path``: a
+    local tokenizer folder, or the embedded model's id (the default)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path
 
-    tokenizer = load_tokenizer(resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct"))
+    tokenizer = load_tokenizer(tokenizer_path if Path(tokenizer_path).is_dir() else resolve_model_path(tokenizer_path))
     config = llama_config(len(tokenizer), hidden, layers, mlp, heads, kv_heads, dtype, tokenizer.bos_token_id,
                           tokenizer.eos_token_id, tokenizer.pad_token_id)
     torch.manual_seed(seed)
@@ -66,10 +71,12 @@ def main() -> None:
         parser.add_argument(f"--{name}", type=int, default=None)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenizer", default="HuggingFaceTB/SmolLM2-135M-Instruct",
+                        help="a local tokenizer folder (default: the embedded model's)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     shape = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in PRESETS[args.preset].items()}
-    count = build(Path(args.out), **shape, dtype=args.dtype, seed=args.seed)
+    count = build(Path(args.out), **shape, dtype=args.dtype, seed=args.seed, tokenizer_path=args.tokenizer)
     logger.info("wrote a random %.2fB-parameter Llama to %s", count / 1e9, args.out)
 
 

@@ -37,10 +37,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import ray
-
 from hybrid_rl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
-from hybrid_rl.single_controller.future import WorkerGroupFuture
+from hybrid_rl.single_controller.future import WorkerGroupFuture, object_ref_types
 
 __all__ = ["DISPATCH_MODE_FN_REGISTRY", "Dispatch", "Execute", "MAGIC_ATTR", "RegisterSpec", "get_register_spec",
            "register", "registered_methods"]
@@ -149,7 +147,9 @@ class _Shard:
     def materialize(self) -> tuple[Any, tuple[int, int] | None]:
         """``(value for this rank, (rows, padding rows) if the value is a DataProto chunk else None)``."""
         value = self.source
-        if isinstance(value, ray.ObjectRef):
+        if isinstance(value, object_ref_types()):
+            import ray
+
             value = ray.get(value)
         elif isinstance(value, WorkerGroupFuture):
             value = value.get()
@@ -253,7 +253,7 @@ def dispatch_dp_compute_proto(world_size: int, args: tuple, kwargs: dict) -> Per
     named = list(enumerate(args)) + list(kwargs.items())
     lengths = {name: len(v) for name, v in named if isinstance(v, DataProto)}
     for name, value in named:
-        if not isinstance(value, (DataProto, WorkerGroupFuture, ray.ObjectRef)):
+        if not isinstance(value, (DataProto, WorkerGroupFuture, *object_ref_types())):
             raise TypeError(f"DP_COMPUTE_PROTO argument {name!r} must be a DataProto (or a future of one), "
                             f"got {type(value).__name__}; pass other values in meta_info")
     if len(set(lengths.values())) > 1:

@@ -8,11 +8,9 @@ a ``timeout_s`` deadline raises :class:`WorkerGroupTimeoutError` naming the rank
 
 from __future__ import annotations
 
+import sys
 import time
-from typing import Any, Callable
-
-import ray
-from ray.exceptions import RayActorError, RayTaskError
+from typing import TYPE_CHECKING, Any, Callable
 
 from hybrid_rl.single_controller.errors import (
     WorkerDiedError,
@@ -24,7 +22,18 @@ from hybrid_rl.single_controller.errors import (
     tail_worker_log,
 )
 
-__all__ = ["WorkerGroupFuture", "wait_for_results"]
+__all__ = ["WorkerGroupFuture", "object_ref_types", "wait_for_results"]
+
+if TYPE_CHECKING:
+    import ray
+
+
+def object_ref_types() -> tuple[type, ...]:
+    """``(ray.ObjectRef,)`` once Ray is imported, else ``()``: a process that never imported Ray (a
+    one-process run, where Ray may not even be installed) holds no object refs, so it needs no Ray to
+    tell that a value is not one."""
+    ray = sys.modules.get("ray")
+    return (ray.ObjectRef,) if ray is not None and hasattr(ray, "ObjectRef") else ()
 
 
 class WorkerGroupFuture:
@@ -50,6 +59,8 @@ class WorkerGroupFuture:
 
     def done(self) -> bool:
         """True once every rank has finished (successfully or not); never blocks."""
+        import ray
+
         ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
         return len(ready) == len(self.refs)
 
@@ -68,6 +79,9 @@ class WorkerGroupFuture:
 def wait_for_results(refs: list[ray.ObjectRef], workers: list[WorkerInfo], method: str,
                      timeout_s: float | None = None) -> list[Any]:
     """Outputs of ``refs`` in order; raise as soon as one worker is found dead or the deadline passes."""
+    import ray
+    from ray.exceptions import RayTaskError
+
     index = {ref: i for i, ref in enumerate(refs)}
     results: list[Any] = [None] * len(refs)
     pending = list(refs)
@@ -96,6 +110,9 @@ def _raise_if_a_peer_died(pending: list[ray.ObjectRef], index: dict, workers: li
     peer that died: report the dead worker, the root cause the supervisor restarts from, instead."""
     if not pending:
         return
+    import ray
+    from ray.exceptions import RayActorError
+
     ready, _ = ray.wait(pending, num_returns=len(pending), timeout=PEER_DEATH_GRACE_S)
     for ref in ready:
         try:
@@ -107,6 +124,9 @@ def _raise_if_a_peer_died(pending: list[ray.ObjectRef], index: dict, workers: li
 
 
 def _get_one(ref: ray.ObjectRef, worker: WorkerInfo, method: str) -> Any:
+    import ray
+    from ray.exceptions import RayActorError, RayTaskError
+
     try:
         return ray.get(ref)
     except RayActorError as e:
@@ -122,7 +142,7 @@ def _get_one(ref: ray.ObjectRef, worker: WorkerInfo, method: str) -> Any:
         raise
 
 
-def _died_message(worker: WorkerInfo, method: str, error: RayActorError) -> str:
+def _died_message(worker: WorkerInfo, method: str, error: Exception) -> str:
     fill_from_ray_error(worker, error)
     if method == "__init__":
         advice = "The worker could not start: fix the error above (the group's other workers were stopped)."

@@ -26,7 +26,7 @@ from hybrid_rl.single_controller.decorator import RegisterSpec
 from hybrid_rl.single_controller.errors import WorkerInfo
 from hybrid_rl.single_controller.future import WorkerGroupFuture
 from hybrid_rl.single_controller.group import WorkerGroup
-from hybrid_rl.single_controller.ray.base import RayClassWithInitArgs
+from hybrid_rl.single_controller.worker_class import RayClassWithInitArgs
 
 __all__ = ["LocalFuture", "LocalWorkerGroup"]
 

@@ -12,6 +12,7 @@ import datetime
 import logging
 import os
 import socket
+import sys
 from typing import Any
 
 import torch
@@ -164,9 +165,10 @@ class Worker:
 
 
 def _in_ray_actor() -> bool:
+    ray = sys.modules.get("ray")  # an actor's process has imported Ray; a one-process run may lack it
+    if ray is None:
+        return False
     try:
-        import ray
-
         return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
     except Exception:  # noqa: BLE001 - no Ray runtime in this process
         return False

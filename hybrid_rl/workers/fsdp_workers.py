@@ -17,7 +17,6 @@ import logging
 import time
 from typing import Any, Optional
 
-import ray
 import torch
 
 from hybrid_rl.protocol import DataProto
@@ -227,6 +226,8 @@ class ActorRolloutRefWorker(Worker):
             for _ in self._rollout_weights():  # the collective gathers, nothing kept
                 pass
             return None
+        import ray  # a separate rollout pool is a Ray run
+
         weights = [(name, tensor.to("cpu", copy=True)) for name, tensor in self._rollout_weights()]
         return {"weights": ray.put(weights)}
 

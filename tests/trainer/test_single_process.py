@@ -26,16 +26,31 @@ def _no_ray_address(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
 
-def test_auto_picks_one_process_only_for_a_one_worker_cpu_run_without_ray_features(monkeypatch):
+def test_auto_picks_one_process_only_for_a_one_worker_run_without_ray_features(monkeypatch):
     assert resolve_single_process(_cfg(), device="cpu").trainer.single_process is True
-    assert resolve_single_process(_cfg(), device="cuda").trainer.single_process is False
+    assert resolve_single_process(_cfg(), device="cuda").trainer.single_process is True  # one GPU
+    assert resolve_single_process(_cfg("trainer.n_gpus_per_node=2"), device="cuda").trainer.single_process is False
     for override in ("trainer.n_gpus_per_node=2", "trainer.max_restarts=1", "trainer.worker_call_timeout_s=60",
                      "ray_init.address=10.0.0.1:6379"):
         assert resolve_single_process(_cfg(override), device="cpu").trainer.single_process is False, override
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     assert resolve_single_process(_cfg(), device="cpu").trainer.single_process is False
     assert single_process_blockers(_cfg(), device="cpu") == []  # asked for by name, RAY_ADDRESS does not refuse it
-    assert "a GPU worker" in single_process_blockers(_cfg(), device="cuda")[0]
+    assert single_process_blockers(_cfg(), device="cuda") == []  # one GPU worker fits one process
+    assert single_process_blockers(_cfg("trainer.n_gpus_per_node=8"), device="cuda") == [
+        "8 workers (trainer.nnodes * trainer.n_gpus_per_node)"]
+
+
+def test_one_gpu_passes_validation_and_eight_are_refused_in_one_line(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # validation reads only these of the GPUs
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    validate_config(_cfg("trainer.single_process=true", "trainer.device=cuda"))
+    with pytest.raises(ValueError) as info:
+        validate_config(_cfg("trainer.single_process=true", "trainer.device=cuda", "trainer.n_gpus_per_node=8"))
+    lines = [line for line in str(info.value).splitlines() if "single_process" in line]
+    assert len(lines) == 1 and "cannot host 8 workers" in lines[0] and "single_process=false" in lines[0]
 
 
 def test_a_set_value_is_kept_and_planned():
@@ -66,6 +81,12 @@ def test_process_env_is_the_cpu_workers_env():
         assert jemalloc["LD_PRELOAD"] == bundled_jemalloc() and jemalloc["MALLOC_CONF"] == JEMALLOC_CONF
     else:
         assert jemalloc["MALLOC_MMAP_MAX_"] == "0"
+
+
+def test_a_gpu_process_keeps_cudas_allocator():
+    env = process_env(_cfg("trainer.device=cuda", "trainer.cpu_allocator=glibc"), environ={})
+    assert "MALLOC_MMAP_MAX_" not in env and "GOMP_SPINCOUNT" not in env and "LD_PRELOAD" not in env
+    assert env["TOKENIZERS_PARALLELISM"] == "false" and env["VLLM_CONFIGURE_LOGGING"] == "0"
 
 
 def test_reexec_restarts_the_command_once_with_what_is_missing(monkeypatch):

@@ -14,7 +14,7 @@ import logging
 from typing import Any, Callable
 
 from hybrid_rl.single_controller.decorator import MAGIC_ATTR, RegisterSpec, registered_methods
-from hybrid_rl.single_controller.ray.base import RayClassWithInitArgs
+from hybrid_rl.single_controller.worker_class import RayClassWithInitArgs
 from hybrid_rl.single_controller.worker import Worker
 
 __all__ = ["create_colocated_worker_cls"]

@@ -1,18 +1,20 @@
-"""``trainer.single_process``: a one-worker CPU run with its worker in the driver's process, no Ray.
+"""``trainer.single_process``: a one-worker run (one CPU or one GPU) with its worker in the driver's
+process, no Ray.
 
-A laptop run has one CPU worker. In its own Ray actor it costs a Ray cluster (GCS, raylet,
+A laptop run has one CPU worker; a one-GPU run has one GPU worker. In its own Ray actor it costs a Ray cluster (GCS, raylet,
 dashboard, agents, monitors: ~0.6 GiB) and a second copy of torch, transformers and the tokenizer
 (~0.5 GiB) beside the driver; in the driver's process
 (:class:`~hybrid_rl.single_controller.local.LocalWorkerGroup`) it costs neither, and computes the same
 (a test compares the two bit for bit). ``null`` (auto) chooses it for command-line runs
-(``main_ppo``, the benchmarks) of one CPU worker that need nothing only Ray gives: no cluster
+(``main_ppo``, the benchmarks) of one worker (``nnodes * n_gpus_per_node == 1``, on CPU or on one
+GPU) that need nothing only Ray gives: no cluster
 address, no automatic restarts (``trainer.max_restarts``), no call deadline
 (``trainer.worker_call_timeout_s``), no separate rollout pool. A notebook's ``run_ppo`` keeps Ray
 unless told ``trainer.single_process=true``: its process outlives the run, and Ray's workers return
 their memory when the run ends.
 
-The worker's process settings (the memory allocator, OpenMP waiting, the libraries' logging) must
-be in the environment when the process starts: :func:`reexec_for_single_process` restarts the
+The worker's process settings (for a CPU worker the memory allocator and OpenMP waiting; the
+libraries' logging) must be in the environment when the process starts: :func:`reexec_for_single_process` restarts the
 command once with them, as Ray starts its actors with them.
 """
 
@@ -45,8 +47,6 @@ def single_process_blockers(cfg: Any, device: Optional[str] = None) -> list[str]
     host it); ``device``: the resolved ``trainer.device`` (not checked when None)."""
     t = cfg.trainer
     blockers = []
-    if device == "cuda":
-        blockers.append("a GPU worker (trainer.device resolves to cuda; one process is for CPU runs)")
     if t.nnodes * t.n_gpus_per_node != 1:
         blockers.append(f"{t.nnodes * t.n_gpus_per_node} workers (trainer.nnodes * trainer.n_gpus_per_node)")
     if getattr(getattr(cfg, "async_training", None), "enable", False):  # PPO's decoupled mode
@@ -72,17 +72,20 @@ def resolve_single_process(cfg: PPOConfig, device: Optional[str] = None) -> PPOC
         from hybrid_rl.utils.devices import resolve_device
 
         device = resolve_device(cfg.trainer.device)
-    chosen = chosen and device == "cpu"
+    chosen = chosen and device in ("cpu", "cuda")
     return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, single_process=chosen))
 
 
 def process_env(cfg: Any, environ: Optional[dict] = None) -> dict[str, str]:
-    """The environment variables the single process needs, as a CPU worker gets them under Ray: the
-    allocator and OpenMP settings (:func:`~hybrid_rl.utils.cpu_env.cpu_worker_env`, the user's own
-    ``MALLOC_*``/``LD_PRELOAD`` win), the libraries' logging, :data:`DEFAULT_PROCESS_ENV`."""
+    """The environment variables the single process needs, as its worker gets them under Ray: for a
+    CPU worker the allocator and OpenMP settings (:func:`~hybrid_rl.utils.cpu_env.cpu_worker_env`,
+    the user's own ``MALLOC_*``/``LD_PRELOAD`` win); the libraries' logging, :data:`DEFAULT_PROCESS_ENV`."""
+    from hybrid_rl.utils.devices import resolve_device
+
     environ = dict(os.environ if environ is None else environ)
     env = {k: v for k, v in DEFAULT_PROCESS_ENV.items() if k not in environ}
-    env.update(cpu_worker_env(environ, cfg.trainer.cpu_allocator))
+    if resolve_device(cfg.trainer.device) == "cpu":  # a GPU worker's allocator is CUDA's, as under Ray
+        env.update(cpu_worker_env(environ, cfg.trainer.cpu_allocator))
     env.update(library_env(cfg.trainer.log_level))
     return env
 
