@@ -144,8 +144,10 @@ class GpuMemoryMonitor(threading.Thread):
             self.peak, self.step_peak = max(self.peak, used), max(self.step_peak, used)
 
     def take_step_peak(self) -> int:
-        """The peak since the last call (the step that just ended), then starts the next step's."""
-        peak, self.step_peak = self.step_peak, self.used()
+        """The peak since the last call (the step that just ended; what is used now counts too, so a
+        peak between two polls is not lost), then starts the next step's."""
+        now = self.used()
+        peak, self.step_peak = max(self.step_peak, now), now
         return peak
 
     def stop(self) -> None:

@@ -7,17 +7,17 @@ the one ``run`` call):
     python benchmarks/gpu_check.py --device cpu --tiny --out /tmp/check   # the same code paths on CPU (CI)
 
 Sections, each a child process with its own deadline (a crash or a hang costs its section, not the
-check), in this order:
+check), in this order (the figures first; the tests, whose compile times are the least predictable, last):
 
-* ``pytest``: the ``gpu``-marked tests (every packed-attention kernel against the reference, forward
-  and backward; the sync-free step; the one-GPU run without Ray);
 * ``ours``: ``bench_gpu.py``'s GRPO step (64 prompts x 8, <= 256 response tokens, bf16, KL loss) on
   the SmolLM2-135M shape, through the real trainer in one process (no Ray);
 * ``trl``: ``bench_gpu_trl.py``, TRL's ``GRPOTrainer`` on the same work and the same model folder;
 * ``mfu``: ``bench_gpu.py`` on the ~1B Llama shape: ``update_actor`` and ``ref`` MFU against an
   8192-square bf16 matmul peak measured in the same run;
 * ``profile``: ``profile_update.py`` on the SmolLM2 shape: kernel launches, time in attention and
-  host gaps of one update and one reference pass.
+  host gaps of one update and one reference pass;
+* ``pytest``: the ``gpu``-marked tests (every packed-attention kernel against the reference, forward
+  and backward; the sync-free step; the one-GPU run without Ray), each under ``PER_TEST_S``.
 
 Models are random-initialised from their shapes (``scripts/make_random_model.py``: the shape sets the
 speed), with the tokenizer in ``--tokenizer`` (the payload's copy of SmolLM2's; the embedded model's
@@ -44,12 +44,15 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "scripts"))
 
-SECTIONS = ("pytest", "ours", "trl", "mfu", "profile")
+SECTIONS = ("ours", "trl", "mfu", "profile", "pytest")
 TARGETS = {"speedup_vs_trl": 3.0, "mfu_1b": 0.40, "host_rss_gib": 4.0}
 """The issue's acceptance on a GPU: our step >= 3x faster than TRL's median step, ``update_actor`` and
 ``ref`` >= 40% MFU on the 1B shape, host RSS <= 4 GiB."""
 SECTION_LIMIT_S = {"pytest": 150, "ours": 150, "trl": 120, "mfu": 150, "profile": 90}
 """Each section's own deadline on a GPU (seconds); the whole run is also bounded by ``--budget-s``."""
+PER_TEST_S = 60
+"""pytest-timeout's limit per GPU test: a kernel that hangs or compiles for minutes fails with its
+stack printed, and the other tests still run."""
 MIN_START_S = 20.0
 """A section starts only with at least this much of the budget left."""
 
@@ -149,7 +152,8 @@ def section_commands(args: argparse.Namespace, models: dict[str, str], work: Pat
     profile = (["--model", models["small"], "--rows", "16", "--n", "4", "--prompt-len", "16", "--response-len", "16"]
                if args.tiny else ["--model", models["small"]])
     return {
-        "pytest": [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *gpu_test_files()],
+        "pytest": [py, "-m", "pytest", "-m", "gpu", "-q", "-rfE", "-p", "no:cacheprovider", "--timeout",
+                   str(PER_TEST_S), *gpu_test_files()],
         "ours": [py, f"{bench}/bench_gpu.py", *dev, *model, *steps, "--json", str(work / "ours.json")],
         "trl": [py, f"{bench}/bench_gpu_trl.py", *dev, *model, *steps, "--json", str(work / "trl.json")],
         "mfu": [py, f"{bench}/bench_gpu.py", *dev, *large, "--json", str(work / "mfu.json")],

@@ -25,10 +25,16 @@ import torch
 #: vocabulary (49152), bf16 logits of 454 rows: 42-row blocks take 18 ms forward and 47 ms forward +
 #: backward; 341-row (64 MiB) blocks took 71 and 111 ms.
 _BLOCK_ELEMENTS = 1 << 21
+#: On a GPU the same loop is bound by kernel launches, not cache: 2**21-logit blocks made ~3,000
+#: blocks (x ~5 kernels, forward and again in backward) per update of 512 SmolLM2 rows of <= 256
+#: tokens on an H100 (issue #39). 2**26 logits (256 MiB in float32) cut that 32-fold and stay
+#: small beside the [tokens, V] logits the model has already produced.
+_CUDA_BLOCK_ELEMENTS = 1 << 26
 
 
-def _default_chunk_rows(vocab_size: int) -> int:
-    return max(1, _BLOCK_ELEMENTS // max(vocab_size, 1))
+def _default_chunk_rows(vocab_size: int, device_type: str = "cpu") -> int:
+    block = _CUDA_BLOCK_ELEMENTS if device_type == "cuda" else _BLOCK_ELEMENTS
+    return max(1, block // max(vocab_size, 1))
 
 
 def _row_blocks(x: torch.Tensor, chunk_rows: int) -> Iterator[tuple[int, torch.Tensor]]:
@@ -142,7 +148,7 @@ class _EntropyFromLogits(torch.autograd.Function):
 
 
 def _chunk_rows(logits: torch.Tensor, chunk_rows: int | None) -> int:
-    return chunk_rows or _default_chunk_rows(logits.shape[-1])
+    return chunk_rows or _default_chunk_rows(logits.shape[-1], logits.device.type)
 
 
 def _check_labels(logits: torch.Tensor, labels: torch.Tensor) -> None:
@@ -157,7 +163,7 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_rows:
     Args:
         logits: ``[..., V]`` (any float dtype; any strides).
         labels: ``[...]`` integer token ids in ``[0, V)``.
-        chunk_rows: rows processed per block (default: about 2**21 / V).
+        chunk_rows: rows processed per block (default: about 2**21 / V; 2**26 / V on a GPU).
         temperature: the logits are divided by it (inside the float32 blocks).
 
     Returns:
@@ -181,7 +187,7 @@ def entropy_from_logits(logits: torch.Tensor, chunk_rows: int | None = None, tem
 
     Args:
         logits: ``[..., V]``.
-        chunk_rows: rows processed per block (default: about 2**21 / V).
+        chunk_rows: rows processed per block (default: about 2**21 / V; 2**26 / V on a GPU).
         temperature: the logits are divided by it (inside the float32 blocks).
 
     Returns:

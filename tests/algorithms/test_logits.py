@@ -137,3 +137,28 @@ def test_no_vocab_sized_tensor_saved_for_backward():
 def test_label_shape_mismatch_rejected():
     with pytest.raises(ValueError, match="labels"):
         logprobs_from_logits(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
+
+
+def test_gpu_blocks_are_larger_than_cpu_blocks():
+    from hybrid_rl.algorithms.logits import _default_chunk_rows
+
+    assert _default_chunk_rows(49152) == 42  # 2**21 logits: cache-sized on a CPU
+    assert _default_chunk_rows(49152, "cuda") == 1365  # 2**26 logits: few kernel launches on a GPU
+    assert _default_chunk_rows(2**27, "cuda") == 1  # a block never has zero rows
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_default_blocks_equal_the_reference_with_gradient():
+    gen = torch.Generator().manual_seed(0)
+    # 20000 rows of 8192 logits: blocks of 8192, 8192 and 3616 rows
+    logits = (torch.randn(20000, 8192, generator=gen) * 3).cuda().requires_grad_(True)
+    labels = torch.randint(0, 8192, (20000,), generator=gen).cuda()
+    logp, entropy = logprobs_and_entropy_from_logits(logits, labels)
+    (logp.sum() + entropy.sum()).backward()
+    ref = logits.detach().clone().requires_grad_(True)
+    ref_logp, ref_entropy = _reference_logprobs(ref, labels), _reference_entropy(ref)
+    (ref_logp.sum() + ref_entropy.sum()).backward()
+    torch.testing.assert_close(logp, ref_logp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, ref_entropy, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(logits.grad, ref.grad, rtol=1e-4, atol=1e-5)
