@@ -81,6 +81,16 @@ def test_a_section_without_budget_left_is_skipped(tmp_path):
     assert runner.run("ours", [sys.executable, "-c", "print('hello')"])["rc"] == 0
 
 
+def test_a_section_past_its_deadline_is_interrupted_and_keeps_its_output(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "GRACE_S", 5.0)
+    runner = gpu_check.Runner(tmp_path, budget_s=60.0, limits={"pytest": 1.0}, min_start_s=0.5)
+    child = ("import time\nprint('started', flush=True)\ntry:\n    time.sleep(30)\n"
+             "except KeyboardInterrupt:\n    print('summary after SIGINT', flush=True)\n")
+    result = runner.run("pytest", [sys.executable, "-c", child])
+    assert result["rc"] is None and result["wall_s"] < 10
+    assert "started" in result["output"] and "summary after SIGINT" in result["output"]
+
+
 def test_payload_plus_tree_fits_one_transfer(tmp_path):
     line = gpu_payload.check_size()  # with the payload where it was built here; the tree alone otherwise
     assert "limit 60" in line

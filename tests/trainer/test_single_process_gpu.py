@@ -35,6 +35,7 @@ def _rows(out):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.timeout(420)  # two runs, each compiling the static-cache decode step (~40 s on an H100)
 def test_one_gpu_runs_in_the_drivers_process_and_resumes(tmp_path, tiny_model_dir):
     _run(tmp_path, tiny_model_dir, "trainer.total_training_steps=1")
     log = (tmp_path / "run" / "logs" / "driver.log").read_text()
