@@ -71,10 +71,16 @@ def validate_config(cfg: PPOConfig, *, training: bool = True) -> None:
     what only an update or a checkpoint uses: the mini/micro-batch sizes, token budgets and resume."""
     errors: list[str] = []
     checks = [_check_devices, _check_lengths, _check_algorithm, _check_dapo, _check_files, _check_trainer,
-              _check_reward, _check_async] + ([_check_batch_sizes, _check_resume] if training else [])
+              _check_reward, _check_async, _check_distillation] + ([_check_batch_sizes, _check_resume] if training else [])
     for check in checks:
         errors.extend(check(cfg))
     raise_problems(errors)
+
+
+def _check_distillation(cfg: PPOConfig) -> list[str]:
+    from hybrid_rl.trainer.config.distillation_checks import check_distillation as check
+
+    return check(cfg)
 
 
 def _check_trainer(cfg: PPOConfig) -> list[str]:

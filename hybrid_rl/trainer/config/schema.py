@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, TypeVar
 
 from hybrid_rl.algorithms.rollout_correction import RolloutCorrectionConfig
+from hybrid_rl.workers.distillation_config import DistillationConfig
 from hybrid_rl.buffer.base import BufferConfig
 from hybrid_rl.workers.config import ActorRolloutRefConfig, CriticConfig, CriticModelConfig, FSDPConfig
 
@@ -436,3 +437,5 @@ class PPOConfig:
     """The rollout pool of the decoupled mode."""
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     """The decoupled (asynchronous) mode."""
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
+    """On-policy distillation: teacher models score the student's samples (veRL 0.9's keys)."""

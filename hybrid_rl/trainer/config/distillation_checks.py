@@ -1,0 +1,50 @@
+"""Start-up checks of ``distillation.*``: the settings, each teacher's folder and its vocabulary.
+
+A teacher scores the student's token ids, so both must mean the same token by the same id: the
+teacher's tokenizer vocabulary must equal the student's (checked here, before any worker starts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hybrid_rl.trainer.config.run_checks import check_model_path
+
+__all__ = ["check_distillation", "vocabulary_problem"]
+
+
+def vocabulary_problem(key: str, teacher_path: str, student_path: str, trust_remote_code: bool = False) -> list[str]:
+    """One line when the tokenizers at the two model paths map tokens to ids differently."""
+    from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path
+
+    try:
+        teacher = load_tokenizer(resolve_model_path(teacher_path, key=key), trust_remote_code=trust_remote_code)
+        student = load_tokenizer(resolve_model_path(student_path), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        return [f"{key}={teacher_path!r}: its tokenizer could not be loaded ({type(e).__name__}: "
+                f"{str(e).splitlines()[0]}); point it at a model folder with tokenizer files."]
+    t_vocab, s_vocab = teacher.get_vocab(), student.get_vocab()
+    if t_vocab == s_vocab:
+        return []
+    differ = sorted(set(t_vocab.items()) ^ set(s_vocab.items()), key=lambda item: item[1])[:3]
+    return [f"{key}={teacher_path!r}: the teacher's vocabulary ({len(t_vocab)} tokens) is not the student's "
+            f"({len(s_vocab)} tokens; first differences {differ}). The teacher scores the student's token ids, "
+            "so both must share one tokenizer: pick a teacher of the student's model family."]
+
+
+def check_distillation(cfg: Any) -> list[str]:
+    """``distillation.*`` of a PPO config: settings, the modes it runs in, teacher folders, vocabularies."""
+    d = cfg.distillation
+    errors = d.problems()
+    if not d.enabled or errors:
+        return errors
+    if cfg.async_training.enable:
+        errors.append("distillation.enabled=true with async_training.enable=true: the decoupled mode has no "
+                      "teacher pass yet. Fix: run distillation in the synchronous mode.")
+    model = cfg.actor_rollout_ref.model
+    student = model.tokenizer_path or model.path
+    for name, teacher in d.active_teachers().items():
+        key = f"distillation.teacher_models.{name}.model_path"
+        problems = check_model_path(key, teacher.model_path, model.trust_remote_code)
+        errors.extend(problems or vocabulary_problem(key, teacher.model_path, student, bool(model.trust_remote_code)))
+    return errors
