@@ -73,6 +73,8 @@ CHOICE_SOURCES: dict[str, Callable[[], tuple[str, ...]]] = {
     "actor_rollout_ref.actor.loss_agg_mode": _choices_of("hybrid_rl.algorithms.loss_agg:LOSS_AGG_MODES"),
     "actor_rollout_ref.actor.kl_loss_type": _choices_of("hybrid_rl.algorithms.kl:KL_PENALTY_TYPES"),
     "algorithm.kl_penalty": _choices_of("hybrid_rl.algorithms.kl:KL_PENALTY_TYPES"),
+    "distillation.distillation_loss.loss_mode": _choices_of(
+        "hybrid_rl.algorithms.distillation:registered_distillation_losses"),
     "actor_rollout_ref.model.attn_implementation": _choices_of("hybrid_rl.workers.config:ATTN_IMPLEMENTATIONS"),
     "critic.model.attn_implementation": _choices_of("hybrid_rl.workers.config:ATTN_IMPLEMENTATIONS"),
     "actor_rollout_ref.rollout.name": _choices_of("hybrid_rl.workers.rollout.config:ROLLOUT_NAMES"),

@@ -16,7 +16,8 @@ from hybrid_rl.trainer.config.loader import get_config
 def _leaf_keys(node, prefix=""):
     keys = set()
     for key, value in node.items():
-        if isinstance(value, dict) and value and not key.endswith("override_config"):
+        # free-form dicts are one field each (YAML in the form): override_config, the teachers by name
+        if isinstance(value, dict) and value and not key.endswith(("override_config", "teacher_models")):
             keys |= _leaf_keys(value, f"{prefix}{key}.")
         else:
             keys.add(prefix + key)
