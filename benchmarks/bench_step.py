@@ -47,10 +47,11 @@ DEFAULT_OVERRIDES = [
     "trainer.plot=false", "trainer.resume_mode=disable",
 ]
 # (label, timing key, FLOP multiplier: 1 = forward only, 3 = forward + backward, 0 = not a model pass)
-PARTS = [("gen", "gen", 0), ("reward", "reward", 0), ("old_log_prob", "old_log_prob", 1),
+# the teacher pass (on-policy distillation) is timed only: its model's size is not the actor's
+PARTS = [("gen", "gen", 0), ("reward", "reward", 0), ("old_log_prob", "old_log_prob", 1), ("teacher", "teacher", 0),
          ("ref", "ref", 1), ("adv", "adv", 0), ("update_actor", "update_actor", 3)]
 # driver-side step -> worker-side timing keys of the same call (Ray dispatch = the difference)
-WORKER_KEYS = {"gen": ["generate_sequences_worker", "weight_sync"],
+WORKER_KEYS = {"gen": ["generate_sequences_worker", "weight_sync"], "teacher": ["compute_teacher_log_prob_worker"],
                "old_log_prob": ["compute_log_prob_worker"], "ref": ["compute_ref_log_prob_worker"],
                "update_actor": ["update_actor_worker"]}
 
@@ -243,6 +244,8 @@ def print_table(result: dict) -> None:
                       for d, p in result["peak_flops"].items())
     print(f"CPU {result['cpu_capability']}, compute dtype {result['compute_dtype']}; peak matmul: {peaks} "
           f"({result['threads_per_worker']} threads); load avg {' '.join(f'{x:.2f}' for x in result['load_avg'])}")
+    if any(s["teacher_s"] for s in result["steps"]):  # on-policy distillation: the teacher's pass
+        cols.insert(cols.index("ref_s") + 1, "teacher_s")
     print("step " + " ".join(f"{c[:-2]:>13}" for c in cols))
     for i, s in enumerate(result["steps"], 1):
         mark = "*" if i <= result["warmup"] else " "

@@ -22,6 +22,8 @@ from hybrid_rl.protocol import DataProto
 from hybrid_rl.utils.memory import grad_bytes
 from hybrid_rl.workers.batching import all_reduce_sum, restore_order, split_micro_batches
 from hybrid_rl.workers.config import ActorConfig
+from hybrid_rl.workers.distill_loss import add_distillation
+from hybrid_rl.workers.distillation_config import DistillationLossConfig
 from hybrid_rl.workers.forward import padding_fraction, response_log_probs
 from hybrid_rl.workers.fsdp_utils import dp_world, to_device
 from hybrid_rl.workers.packing import batch_prompt_groups, computed_tokens
@@ -57,6 +59,8 @@ class DataParallelPPOActor:
             (:mod:`hybrid_rl.workers.attention_backend`); None = this process's current choice.
         fused_head: log-probs straight from the LM head's input, no ``[N, V]`` logits held
             (``*.model.use_fused_kernels``, :mod:`hybrid_rl.workers.fused_head`).
+        distillation: ``distillation.distillation_loss`` when distillation is enabled: the update
+            reads ``teacher_log_prob`` and adds the distillation term (:mod:`hybrid_rl.workers.distill_loss`).
     """
 
     def __init__(self, config: ActorConfig, actor_module: nn.Module,
@@ -64,8 +68,10 @@ class DataParallelPPOActor:
                  ppo_mini_batch_size_per_gpu: Optional[int] = None,
                  ppo_micro_batch_size_per_gpu: Optional[int] = None,
                  use_remove_padding: bool = False, device: torch.device | str = "cpu",
-                 attn_implementation: Optional[str] = None, fused_head: bool = False):
+                 attn_implementation: Optional[str] = None, fused_head: bool = False,
+                 distillation: Optional[DistillationLossConfig] = None):
         self.config = config
+        self.distillation = distillation
         self.fused_head = fused_head  # the LM head returns log-probs (model.use_fused_kernels)
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
@@ -150,6 +156,8 @@ class DataParallelPPOActor:
         keys = _MODEL_INPUTS + ["response_mask", "advantages"] + ([] if detach_old else ["old_log_probs"])
         if self.config.use_kl_loss:
             keys.append("ref_log_prob")
+        if self.distillation is not None:
+            keys.append("teacher_log_prob")
         # behaviour log-probs (the decoupled loss, bypass mode) and the rollout correction's weights
         keys += [k for k in ("rollout_log_probs", "rollout_is_weights") if k in data.batch.keys()]
         correction = data.meta_info.get("rollout_correction")  # bypass mode: the loss corrects itself
@@ -190,8 +198,8 @@ class DataParallelPPOActor:
             key="actor.ppo_max_token_len_per_gpu", device=self.device,
             group_prompts=self.group_prompts)
         self.actor_optimizer.zero_grad(set_to_none=True)
-        # pg_loss, entropy, kl_loss contributions, summed where they are computed
-        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
+        # pg_loss, entropy, kl_loss, distillation contributions, summed where they are computed
+        totals = torch.zeros(4, dtype=torch.float64, device=self.device)
         stats: dict[str, list] = defaultdict(list)
         for micro in micro_batches:  # host tensors: no per-micro-batch synchronisation of the device
             batch = dict(micro.batch.items())
@@ -212,6 +220,8 @@ class DataParallelPPOActor:
         if cfg.use_kl_loss:
             metrics["actor/kl_loss"].append(float(totals[2]))
             metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
+        if self.distillation is not None:
+            metrics["actor/distillation/loss"].append(float(totals[3]))
         self.last_grad_bytes = grad_bytes(self.actor_module)  # held until the step clears them
         grad_norm, skipped = optimizer_step(self.actor_module, self.actor_optimizer, cfg.grad_clip, "actor")
         self.num_skipped_steps += int(skipped)
@@ -242,9 +252,14 @@ class DataParallelPPOActor:
             kl_term = agg_loss(kl, mask, cfg.loss_agg_mode, denoms["global_batch_num_tokens"],
                                denoms["global_batch_num_seqs"])
             loss = loss + cfg.kl_loss_coef * kl_term
-        parts = torch.stack([pg_loss.detach(), entropy_term.detach(), kl_term.detach()]).double()
+        distill_term, distill_stats = pg_loss.new_zeros(()), {}
+        if self.distillation is not None:
+            loss, distill_term, distill_stats = add_distillation(loss, log_prob, old_log_prob, batch, agg,
+                                                                 self.distillation)
+        parts = torch.stack([pg_loss.detach(), entropy_term.detach(), kl_term.detach(), distill_term]).double()
         stats = {"actor/pg_clipfrac": pg_clipfrac.detach(), "actor/ppo_kl": ppo_kl.detach(),
-                 "actor/pg_clipfrac_lower": pg_clipfrac_lower.detach(), **corr_stats}  # to the host once per mini-batch
+                 "actor/pg_clipfrac_lower": pg_clipfrac_lower.detach(), **corr_stats,
+                 **distill_stats}  # to the host once per mini-batch
         if "rollout_log_probs" in batch:  # how far the sampling engine's policy is from the proximal one
             weights = behaviour_weight_stats(old_log_prob, batch["rollout_log_probs"], mask,
                                              cfg.policy_loss.behav_imp_weight_cap)

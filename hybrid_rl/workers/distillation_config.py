@@ -92,9 +92,9 @@ class TeacherModelConfig:
     """Local HF folder of the teacher (or the embedded model's id). Its tokenizer must be the student's."""
     dtype: str = "auto"
     """Compute dtype of the teacher's forward (auto: the reference's choice for this device)."""
-    disk_offload: bool = False
-    """CPU: keep the teacher's weights in a file mapping, out of the resident set between passes
-    (as ``actor_rollout_ref.ref.disk_offload``)."""
+    disk_offload: Optional[bool] = None
+    """CPU: keep the teacher's weights in a file mapping, out of the resident set between passes;
+    null: as ``actor_rollout_ref.ref.disk_offload``'s null (automatic)."""
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     """Rows per teacher forward (null: the reference's setting)."""
     log_prob_max_token_len_per_gpu: Optional[int] = None

@@ -26,6 +26,8 @@ from hybrid_rl.utils.memory import current_rss, grad_bytes, module_bytes, optimi
 from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers import checkpoint as ckpt
 from hybrid_rl.workers.actor import DataParallelPPOActor
+from hybrid_rl.workers.distillation_config import DistillationConfig
+from hybrid_rl.workers.teacher import TeacherMixin
 from hybrid_rl.workers.builders import (build_causal_lm, build_lr_scheduler, build_optimizer, build_value_model,
                                         offload_frozen_to_disk)
 from hybrid_rl.workers.config import ActorRolloutRefConfig, CriticConfig, derive_batch_sizes
@@ -59,7 +61,7 @@ class _OptimizerOffload:
         self.offload()
 
 
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(TeacherMixin, Worker):
     """One device's actor (FSDP2 + AdamW), rollout engine and/or frozen reference policy.
 
     Args:
@@ -73,11 +75,13 @@ class ActorRolloutRefWorker(Worker):
             (from the trainer; sizes the CPU engine's KV cache when ``cpu_kvcache_space_gib`` is null).
         agent_plugins: the driver's registered tools and interactions
             (:func:`hybrid_rl.agents.plugins.plugin_snapshot`), registered here before the rollout is built.
+        distillation: the run's ``distillation`` section: when enabled, the actor's worker hosts the
+            teachers (``compute_teacher_log_prob``) and its loss adds the distillation loss.
     """
 
     def __init__(self, config: ActorRolloutRefConfig, role: str,
                  total_training_steps: Optional[int] = None, rollout_rows_per_call: Optional[int] = None,
-                 agent_plugins: Optional[dict] = None):
+                 agent_plugins: Optional[dict] = None, distillation: Optional[DistillationConfig] = None):
         super().__init__()
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker role={role!r} is invalid: must be one of {ROLES}.")
@@ -87,6 +91,8 @@ class ActorRolloutRefWorker(Worker):
         self.total_training_steps = total_training_steps
         self.rollout_rows_per_call = rollout_rows_per_call
         self.agent_plugins = agent_plugins
+        # on-policy distillation: the training worker hosts the teachers (workers/teacher.py)
+        self.distillation = distillation if distillation is not None and distillation.enabled else None
         self._is_actor = role.startswith("actor")
         self._is_rollout = "rollout" in role
         self._is_ref = role.endswith("ref")
@@ -126,6 +132,8 @@ class ActorRolloutRefWorker(Worker):
                                                    device=self.device,
                                                    attn_implementation=cfg.model.attn_implementation,
                                                    fused_head=cfg.model.use_fused_kernels)
+        if self._is_actor and self.distillation is not None:
+            self._init_teachers(use_rmpad)
         if self._is_rollout:
             from hybrid_rl.workers.rollout import build_rollout
 
@@ -165,7 +173,8 @@ class ActorRolloutRefWorker(Worker):
             ppo_mini_batch_size_per_gpu=self.batch_sizes.ppo_mini_batch_size_per_gpu,
             ppo_micro_batch_size_per_gpu=self.batch_sizes.ppo_micro_batch_size_per_gpu,
             use_remove_padding=use_rmpad, device=self.device, attn_implementation=cfg.model.attn_implementation,
-            fused_head=cfg.model.use_fused_kernels)
+            fused_head=cfg.model.use_fused_kernels,
+            distillation=self.distillation.distillation_loss if self.distillation is not None else None)
         self.optimizer_offload.offload()
 
     def _require(self, part: str, method: str) -> None:

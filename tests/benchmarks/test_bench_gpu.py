@@ -154,3 +154,11 @@ def test_cpu_smoke_run_prints_and_writes_every_figure(tmp_path, tiny_model_dir):
     for dtype, peak in result["peak_flops"].items():
         assert (med[f"update_actor_mfu_{dtype}"] > 0) if peak else math.isnan(med[f"update_actor_mfu_{dtype}"])
     assert result["peak_rss_gib"] > 0 and result["params"]["body"] > 0
+
+
+def test_the_teacher_pass_is_a_timed_part_of_the_step():
+    m = {"perf/total_num_tokens": 1000, "response_length/mean": 10.0, "timing_s/step": 4.0, "timing_s/gen": 1.0,
+         "timing_s/teacher": 0.75, "timing_s/update_actor": 2.0, "timing_s/compute_teacher_log_prob_worker": 0.5}
+    f = step_figures(m, (10**6, 10**5), rows=20, peaks={"float32": 1e10}, dtype="float32")
+    assert f["teacher_s"] == 0.75 and "teacher_gflops" not in f  # another model's size: timed only
+    assert f["overhead_s"] == pytest.approx(0.25) and f["dispatch_s"] == pytest.approx(0.25)

@@ -82,6 +82,12 @@ def _start_ray(cfg: Any, plan: RunPlan, log_dir: Optional[str]) -> None:
              quiet=effective_level(cfg.trainer.log_level) != "debug")
 
 
+def _distillation(cfg: Any) -> dict[str, Any]:
+    """The training worker's ``distillation`` argument: only when enabled (other modes have no such key)."""
+    distillation = getattr(cfg, "distillation", None)
+    return {"distillation": distillation} if distillation is not None and distillation.enabled else {}
+
+
 def _agent_plugins(actor_rollout_ref: ActorRolloutRefConfig) -> dict[str, Any]:
     """Tools and interactions registered in the driver (a notebook), for the rollout workers."""
     from hybrid_rl.agents.config import agent_rollout_enabled
@@ -156,6 +162,7 @@ def build_worker_groups(cfg: Any, plan: RunPlan, total_training_steps: int, acto
             total_training_steps=total_training_steps,
             rollout_rows_per_call=rollout_rows_per_call,
             **_agent_plugins(actor_config),
+            **_distillation(cfg),
         )
     }
     if plan.use_critic:

@@ -4,7 +4,8 @@ One training step is a list of named steps, each a method ``step(batch, metrics)
 into ``timing_s/<step>``::
 
     generate -> [compute_reward_baseline] -> [compute_rm_score] -> compute_reward -> [filter_groups]
-    -> [compute_old_log_prob | use_rollout_log_probs] -> [compute_ref_log_prob] -> [compute_values]
+    -> [compute_old_log_prob | use_rollout_log_probs] -> [compute_ref_log_prob] -> [compute_teacher_log_prob]
+    -> [compute_values]
     -> [compute_rollout_correction] -> compute_advantage -> [update_critic] -> update_actor
     -> [validate] -> [save_checkpoint] -> log
 
@@ -48,6 +49,7 @@ VERL_TIMING_ALIASES = {
     "compute_reward": "reward",
     "compute_old_log_prob": "old_log_prob",
     "compute_ref_log_prob": "ref",
+    "compute_teacher_log_prob": "teacher",
     "compute_values": "values",
     "compute_advantage": "adv",
     "validate": "testing",
@@ -178,6 +180,8 @@ class RayPPOTrainer(TrainerCore):
             steps.append("compute_old_log_prob")
         if self.plan.use_reference_policy:
             steps.append("compute_ref_log_prob")
+        if cfg.distillation.enabled:
+            steps.append("compute_teacher_log_prob")
         if self.plan.use_critic:
             steps.append("compute_values")
         if not correction.bypass_mode and recompute and cfg.actor_rollout_ref.rollout.calculate_log_probs:
@@ -299,6 +303,11 @@ class RayPPOTrainer(TrainerCore):
     def compute_ref_log_prob(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """``ref_log_prob`` under the frozen reference policy."""
         return _absorb(batch, self.actor_rollout_wg.compute_ref_log_prob(batch), metrics)
+
+    def compute_teacher_log_prob(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+        """``teacher_log_prob`` [B, R]: the sampled tokens under each row's teacher (on-policy
+        distillation; the actor's loss reads it)."""
+        return _absorb(batch, self.actor_rollout_wg.compute_teacher_log_prob(batch), metrics)
 
     def compute_values(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """Critic ``values`` per response token."""

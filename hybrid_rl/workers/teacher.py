@@ -1,0 +1,97 @@
+"""The teacher role of on-policy distillation, hosted beside the reference in the training worker.
+
+A teacher is a frozen causal LM scoring the student's samples: the same packed forward as the
+reference (:class:`~hybrid_rl.workers.actor.DataParallelPPOActor`'s ``compute_log_prob``) on the same
+ids, with the teacher's weights. It is built like the reference (frozen, stored in its compute dtype,
+on CPU out of the resident set between passes: ``disk_offload``), with the teacher's own dtype and
+micro-batching. Several teachers each score the rows whose ``distillation.teacher_key`` field equals
+their ``key``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from hybrid_rl.protocol import DataProto
+from hybrid_rl.single_controller import Dispatch, register
+from hybrid_rl.utils.memory import phase_peak
+from hybrid_rl.workers.distillation_config import DistillationConfig, TeacherModelConfig
+
+__all__ = ["TeacherMixin", "route_rows"]
+
+
+def route_rows(data: DataProto, teachers: dict[str, TeacherModelConfig], teacher_key: str) -> dict[str, np.ndarray]:
+    """Row indices each teacher scores: every row for a single teacher, else the rows whose
+    ``teacher_key`` field equals its ``key``; a row no teacher takes is a ValueError naming its value."""
+    rows = np.arange(len(data))
+    if len(teachers) == 1:
+        return {name: rows for name in teachers}
+    if teacher_key not in data.non_tensor_batch:
+        raise ValueError(f"distillation.teacher_key={teacher_key!r}: the rows have no such field (they have "
+                         f"{sorted(data.non_tensor_batch)}); set it to the field that names each row's teacher.")
+    values = np.asarray(data.non_tensor_batch[teacher_key]).astype(str)
+    routed = {name: rows[values == str(t.key)] for name, t in teachers.items()}
+    orphans = sorted({str(v) for v in values} - {str(t.key) for t in teachers.values()})
+    if orphans:
+        raise ValueError(f"distillation: rows with {teacher_key}={orphans} have no teacher (keys: "
+                         f"{[t.key for t in teachers.values()]}); add a teacher with that key.")
+    return routed
+
+
+class TeacherMixin:
+    """``compute_teacher_log_prob`` for :class:`~hybrid_rl.workers.fsdp_workers.ActorRolloutRefWorker`
+    (which provides ``config``, ``device`` and ``_log_prob_meta``)."""
+
+    distillation: Optional[DistillationConfig] = None
+
+    def _init_teachers(self, use_rmpad: bool) -> None:
+        """Build every teacher with a model path (frozen, as the reference is built)."""
+        from hybrid_rl.workers.actor import DataParallelPPOActor
+        from hybrid_rl.workers.builders import build_causal_lm, offload_frozen_to_disk
+        from hybrid_rl.workers.model_loader import resolve_model_path
+
+        cfg = self.config
+        self.teachers: dict[str, tuple[TeacherModelConfig, Any, Any]] = {}
+        for name, teacher in self.distillation.active_teachers().items():
+            path = resolve_model_path(teacher.model_path, key=f"distillation.teacher_models.{name}.model_path")
+            fsdp = cfg.ref.fsdp_config
+            if teacher.dtype != "auto":
+                fsdp = dataclasses.replace(fsdp, mixed_precision=dataclasses.replace(
+                    fsdp.mixed_precision, param_dtype=teacher.dtype))
+            model_cfg = dataclasses.replace(cfg.model, path=path, lora_rank=0, override_config={})
+            module = build_causal_lm(model_cfg, path, fsdp, self.device, trainable=False)
+            weights = offload_frozen_to_disk(module, teacher.disk_offload, self.device)
+            policy = DataParallelPPOActor(cfg.actor, module, use_remove_padding=use_rmpad, device=self.device,
+                                          attn_implementation=cfg.model.attn_implementation,
+                                          fused_head=cfg.model.use_fused_kernels)
+            self.teachers[name] = (teacher, policy, weights)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_teacher_log_prob(self, data: DataProto) -> DataProto:
+        """``teacher_log_prob`` [B, R]: each row's sampled tokens under its teacher."""
+        if not getattr(self, "teachers", None):
+            raise ValueError("compute_teacher_log_prob needs distillation.enabled=true with a teacher model_path.")
+        ref = self.config.ref
+        metrics: dict[str, Any] = {}
+        out = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
+        start = time.perf_counter()
+        configs = {name: entry[0] for name, entry in self.teachers.items()}
+        with phase_peak(metrics, "perf/peak_rss_gib/teacher"):
+            for name, idx in route_rows(data, configs, self.distillation.teacher_key).items():
+                if len(idx) == 0:
+                    continue
+                teacher, policy, weights = self.teachers[name]
+                micro = teacher.log_prob_micro_batch_size_per_gpu or ref.log_prob_micro_batch_size_per_gpu
+                max_len = teacher.log_prob_max_token_len_per_gpu or ref.log_prob_max_token_len_per_gpu
+                view = self._log_prob_meta(data.select_idxs(idx), micro, ref.log_prob_use_dynamic_bsz, max_len)
+                log_probs, _ = policy.compute_log_prob(view)
+                out[torch.as_tensor(idx)] = log_probs.float()
+                if weights is not None:
+                    weights.release()  # out of memory until the next pass (disk_offload)
+        metrics["timing_s/compute_teacher_log_prob_worker"] = time.perf_counter() - start
+        return DataProto.from_dict({"teacher_log_prob": out}, meta_info={"metrics": metrics})

@@ -1,0 +1,68 @@
+"""On-policy distillation through the CLI: the start-up checks (one line each, nothing started) and a
+tiny run with the teacher pass and its metrics (learning itself: tests/workers/test_teacher.py)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hybrid_rl.trainer import get_config
+from hybrid_rl.trainer.config.checks import validate_config
+from hybrid_rl.trainer.config.loader import to_ppo_config
+from hybrid_rl.utils.testing import build_tiny_model_dir
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory):
+    return build_tiny_model_dir(tmp_path_factory.mktemp("teacher"), seed=1)
+
+
+def _problems(student, *overrides):
+    cfg = to_ppo_config(get_config([f"actor_rollout_ref.model.path={student}", "distillation.enabled=true",
+                                    *overrides]))
+    with pytest.raises(ValueError) as info:
+        validate_config(cfg)
+    return [line for line in str(info.value).splitlines() if "distillation" in line]
+
+
+def test_bad_teachers_are_one_line_each(tiny_model_dir, teacher_dir, tmp_path):
+    key = "distillation.teacher_models.teacher_model.model_path"
+    (line,) = _problems(tiny_model_dir)
+    assert "needs a teacher" in line and key in line
+    (line,) = _problems(tiny_model_dir, f"{key}={tmp_path}/missing")
+    assert key in line and "is not a local HF model folder" in line
+    (tmp_path / "empty").mkdir()
+    (line,) = _problems(tiny_model_dir, f"{key}={tmp_path}/empty")
+    assert key in line and "config.json" in line
+    (line,) = _problems(tiny_model_dir, f"{key}=HuggingFaceTB/SmolLM2-135M-Instruct")  # another tokenizer
+    assert "vocabulary" in line and "is not the student's" in line
+    (line,) = _problems(tiny_model_dir, f"{key}={teacher_dir}", "distillation.distillation_loss.loss_mode=k1")
+    assert "use_policy_gradient=true" in line
+    (line,) = _problems(tiny_model_dir, f"{key}={teacher_dir}", "distillation.distillation_loss.loss_mode=nope")
+    assert "not a registered distillation loss" in line
+
+
+def test_a_tiny_run_scores_with_the_teacher_and_logs_its_metrics(tmp_path, tiny_model_dir, teacher_dir):
+    overrides = [
+        f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.arithmetic.cache_dir={tmp_path}/data",
+        "data.arithmetic.num_train=48", "data.arithmetic.num_test=4", "data.arithmetic.num_shots=0",
+        "data.max_prompt_length=160", "data.max_response_length=8", "data.train_batch_size=4",
+        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.optim.lr=1e-2", "trainer.total_training_steps=3", "trainer.val_before_train=false",
+        "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[jsonl]", "trainer.progress_bar=false",
+        "trainer.plot=false", f"trainer.default_local_dir={tmp_path}/run", "trainer.single_process=true",
+        "distillation.enabled=true", f"distillation.teacher_models.teacher_model.model_path={teacher_dir}",
+        "distillation.distillation_loss.use_task_rewards=false"]
+    result = subprocess.run([sys.executable, "-m", "hybrid_rl.trainer.main_ppo", *overrides], cwd=tmp_path,
+                            env={**{k: v for k, v in os.environ.items() if not k.startswith("MASTER_")}, "PYTHONPATH": REPO}, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["timing_s/teacher"] > 0 and r["actor/distillation/loss"] >= 0
+        assert r["actor/distillation/teacher_log_prob"] < 0
+    assert all(r["actor/distillation/teacher_kl"] > 0 for r in rows)  # two different random models

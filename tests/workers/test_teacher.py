@@ -1,0 +1,129 @@
+"""The teacher role (workers/teacher.py) and the actor's distillation term (workers/distill_loss.py):
+teacher log-probs equal a plain transformers forward of the teacher, rows go to their teacher, and
+the term enters the loss as configured."""
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from hybrid_rl.single_controller import RayClassWithInitArgs
+from hybrid_rl.single_controller.local import LocalWorkerGroup
+from hybrid_rl.utils.testing import build_tiny_model_dir
+from hybrid_rl.workers.config import ActorRolloutRefConfig
+from hybrid_rl.workers.distill_loss import add_distillation
+from hybrid_rl.workers.distillation_config import DistillationConfig, DistillationLossConfig, TeacherModelConfig
+from hybrid_rl.workers.fsdp_workers import ActorRolloutRefWorker
+from hybrid_rl.workers.teacher import route_rows
+from tests.workers.helpers import hf_response_log_probs, make_batch
+
+
+TEMPERATURE = ActorRolloutRefConfig().rollout.temperature
+"""Teachers score at the rollout's temperature, as the student's log-probs are taken."""
+
+
+@pytest.fixture(autouse=True)
+def _own_rendezvous(monkeypatch):
+    """The in-process worker sets MASTER_ADDR/PORT for its group; undo it so later runs pick their own."""
+    for key in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory):
+    return build_tiny_model_dir(tmp_path_factory.mktemp("teacher"), seed=1)
+
+
+def _group(student_dir, teachers, teacher_key="data_source"):
+    config = ActorRolloutRefConfig()
+    config.model.path = student_dir
+    config.actor.ppo_mini_batch_size = 4
+    config.rollout.n = 1
+    config.ref.log_prob_micro_batch_size_per_gpu = 3  # several micro-batches, rows in another order
+    distillation = DistillationConfig(enabled=True, teacher_key=teacher_key, teacher_models=teachers)
+    group = LocalWorkerGroup(RayClassWithInitArgs(ActorRolloutRefWorker, config=config, role="actor_ref",
+                                                  distillation=distillation))
+    group.init_model()
+    return group
+
+
+def test_teacher_log_probs_equal_a_plain_transformers_forward(tiny_model_dir, teacher_dir):
+    group = _group(tiny_model_dir, {"teacher_model": TeacherModelConfig(model_path=teacher_dir)})
+    try:
+        data = make_batch(num_rows=7, vocab=300)
+        got = group.compute_teacher_log_prob(data).batch["teacher_log_prob"]
+        teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32)
+        expected = hf_response_log_probs(teacher, data, TEMPERATURE) * data.batch["response_mask"]
+        torch.testing.assert_close(got * data.batch["response_mask"], expected, rtol=1e-5, atol=1e-5)
+        student = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        assert not torch.allclose(got, hf_response_log_probs(student, data, TEMPERATURE), atol=1e-3)  # not the student's
+    finally:
+        group.shutdown()
+
+
+def test_several_teachers_each_score_their_rows(tiny_model_dir, teacher_dir):
+    teachers = {"math": TeacherModelConfig(key="gsm8k", model_path=teacher_dir),
+                "self": TeacherModelConfig(key="arithmetic", model_path=tiny_model_dir)}
+    group = _group(tiny_model_dir, teachers)
+    try:
+        data = make_batch(num_rows=6, vocab=300)
+        data.non_tensor_batch["data_source"] = np.array(["gsm8k", "arithmetic"] * 3, dtype=object)
+        got = group.compute_teacher_log_prob(data).batch["teacher_log_prob"] * data.batch["response_mask"]
+        mask = data.batch["response_mask"]
+        for path, rows in ((teacher_dir, [0, 2, 4]), (tiny_model_dir, [1, 3, 5])):
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            expected = hf_response_log_probs(model, data, TEMPERATURE) * mask
+            torch.testing.assert_close(got[rows], expected[rows], rtol=1e-5, atol=1e-5)
+        data.non_tensor_batch["data_source"][0] = "unseen"
+        with pytest.raises(ValueError, match=r"data_source=\['unseen'\] have no teacher"):
+            group.compute_teacher_log_prob(data)
+    finally:
+        group.shutdown()
+
+
+def test_route_rows_takes_every_row_for_one_teacher_and_needs_the_field_for_several():
+    data = make_batch(num_rows=3)
+    one = {"t": TeacherModelConfig(model_path="x")}
+    assert route_rows(data, one, "data_source")["t"].tolist() == [0, 1, 2]
+    two = {"a": TeacherModelConfig(key="p", model_path="x"), "b": TeacherModelConfig(key="q", model_path="y")}
+    with pytest.raises(ValueError, match="distillation.teacher_key='data_source': the rows have no such field"):
+        route_rows(data, two, "data_source")
+
+
+def test_distillation_term_enters_the_loss_as_configured():
+    log_prob = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
+    batch = {"teacher_log_prob": torch.tensor([[-1.5, -1.0, -9.0]]), "response_mask": torch.tensor([[1, 1, 0]])}
+    agg = {"loss_agg_mode": "token-mean", "global_batch_num_tokens": None, "global_batch_num_seqs": None}
+    policy = torch.tensor(0.3)
+    # k3 per token: r = t - s = [-0.5, 1.0]: e^r - r - 1 = [e^-0.5 - 0.5, e - 2]; token mean over 2
+    k3 = (np.exp(-0.5) - 0.5 + np.e - 2) / 2
+    total, term, stats = add_distillation(policy, log_prob, log_prob.detach(), batch, agg,
+                                          DistillationLossConfig(distillation_loss_coef=0.5))
+    assert term.item() == pytest.approx(k3, rel=1e-6) and total.item() == pytest.approx(0.3 + 0.5 * k3, rel=1e-6)
+    alone, _, _ = add_distillation(policy, log_prob, log_prob.detach(), batch, agg,
+                                   DistillationLossConfig(use_task_rewards=False, distillation_loss_coef=0.5))
+    assert alone.item() == pytest.approx(k3, rel=1e-6)  # the policy loss and the coefficient drop out
+    assert stats["actor/distillation/teacher_log_prob"].item() == pytest.approx(-1.25)
+    assert stats["actor/distillation/loss_max"].item() == pytest.approx(np.e - 2, rel=1e-6)
+    assert stats["actor/distillation/abs_loss"].item() == pytest.approx(k3, rel=1e-6)  # the masked token is out
+
+
+def test_distillation_alone_moves_the_student_towards_the_teacher(tiny_model_dir, teacher_dir):
+    """Twelve updates on one fixed batch with the k3 loss only: the student's KL to the teacher falls."""
+    from hybrid_rl.workers.actor import DataParallelPPOActor
+    from hybrid_rl.workers.model_loader import load_causal_lm
+    from tests.workers.helpers import actor_config
+
+    torch.manual_seed(0)
+    student = load_causal_lm(tiny_model_dir, dtype="float32")
+    teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32)
+    data = make_batch(num_rows=8, vocab=300)
+    data.batch["teacher_log_prob"] = hf_response_log_probs(teacher, data, 1.0)
+    data.batch["advantages"] = torch.zeros_like(data.batch["teacher_log_prob"])
+    data.meta_info["temperature"] = 1.0
+    cfg = actor_config(optim=actor_config().optim)
+    optim = torch.optim.AdamW(student.parameters(), lr=1e-3, weight_decay=0.0)
+    actor = DataParallelPPOActor(cfg, student, optim, use_remove_padding=True,
+                                 distillation=DistillationLossConfig(use_task_rewards=False))
+    kls = [actor.update_policy(data)["actor/distillation/teacher_kl"][0] for _ in range(12)]
+    assert kls[-1] < 0.7 * kls[0], kls
