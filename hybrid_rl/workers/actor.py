@@ -22,11 +22,13 @@ from hybrid_rl.protocol import DataProto
 from hybrid_rl.utils.memory import grad_bytes
 from hybrid_rl.workers.batching import all_reduce_sum, restore_order, split_micro_batches
 from hybrid_rl.workers.config import ActorConfig
+from hybrid_rl.algorithms.distillation import distillation_loss_info
 from hybrid_rl.workers.distill_loss import add_distillation
 from hybrid_rl.workers.distillation_config import DistillationLossConfig
 from hybrid_rl.workers.forward import padding_fraction, response_log_probs
 from hybrid_rl.workers.fsdp_utils import dp_world, to_device
 from hybrid_rl.workers.packing import batch_prompt_groups, computed_tokens
+from hybrid_rl.workers.topk_forward import response_log_probs_with_topk, response_topk
 from hybrid_rl.workers.varlen_attention import use_varlen_attention
 from hybrid_rl.workers.update_utils import check_mini_batch_rows, extend_metrics, mini_batches, optimizer_step
 
@@ -124,6 +126,26 @@ class DataParallelPPOActor:
         entropy = restore_order(torch.cat(entropys).cpu(), order) if calculate_entropy else None
         return log_prob, entropy
 
+    @torch.no_grad()
+    def compute_topk(self, data: DataProto, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(top-K log-probs [B, R, K], their ids [B, R, K], log-probs of the responses [B, R])``
+        (``forward_kl_topk``'s teacher pass; micro-batched as :meth:`compute_log_prob`)."""
+        _require_meta(data, ["temperature", "micro_batch_size", "use_dynamic_bsz"], "compute_topk")
+        meta = data.meta_info
+        micro_batches, order = split_micro_batches(
+            data.select(batch_keys=_MODEL_INPUTS), micro_batch_size=meta["micro_batch_size"],
+            use_dynamic_bsz=meta["use_dynamic_bsz"], max_token_len=meta.get("max_token_len"),
+            key="log_prob_max_token_len_per_gpu", device=self.device, group_prompts=self.group_prompts)
+        self.actor_module.eval()
+        parts = []
+        for micro in micro_batches:
+            batch = dict(micro.batch.items())
+            groups = batch_prompt_groups(batch, self.group_prompts)
+            self._count_tokens(batch, groups)
+            parts.append(response_topk(self.actor_module, batch, meta["temperature"], k, self.use_remove_padding,
+                                       groups=groups, device=self.device))
+        return tuple(restore_order(torch.cat([p[i] for p in parts]).cpu(), order) for i in range(3))
+
     def _count_tokens(self, batch: dict[str, torch.Tensor], groups: Optional[list[list[int]]]) -> None:
         mask = batch["attention_mask"]
         computed = computed_tokens(mask, batch["responses"].shape[1], self.use_remove_padding, groups)
@@ -157,7 +179,8 @@ class DataParallelPPOActor:
         if self.config.use_kl_loss:
             keys.append("ref_log_prob")
         if self.distillation is not None:
-            keys.append("teacher_log_prob")
+            keys += ["teacher_log_prob"] + (["teacher_topk_ids", "teacher_topk_log_probs"]
+                                            if distillation_loss_info(self.distillation.loss_mode).use_topk else [])
         # behaviour log-probs (the decoupled loss, bypass mode) and the rollout correction's weights
         keys += [k for k in ("rollout_log_probs", "rollout_is_weights") if k in data.batch.keys()]
         correction = data.meta_info.get("rollout_correction")  # bypass mode: the loss corrects itself
@@ -233,10 +256,16 @@ class DataParallelPPOActor:
         """Loss of one micro-batch (its share of the mini-batch loss) and its metrics."""
         cfg = self.config
         # entropy is always reported; it only needs a gradient when it is part of the loss
-        log_prob, entropy = response_log_probs(self.actor_module, batch, temperature,
-                                               self.use_remove_padding, calculate_entropy=True,
-                                               entropy_grad=cfg.entropy_coeff != 0, groups=groups,
-                                               device=self.device, fused_head=self.fused_head)
+        student_topk = None
+        if "teacher_topk_ids" in batch:  # forward_kl_topk: the student's log-probs at the teacher's top-K
+            log_prob, entropy, student_topk = response_log_probs_with_topk(
+                self.actor_module, batch, temperature, batch["teacher_topk_ids"], self.use_remove_padding,
+                entropy_grad=cfg.entropy_coeff != 0, groups=groups, device=self.device)
+        else:
+            log_prob, entropy = response_log_probs(self.actor_module, batch, temperature,
+                                                   self.use_remove_padding, calculate_entropy=True,
+                                                   entropy_grad=cfg.entropy_coeff != 0, groups=groups,
+                                                   device=self.device, fused_head=self.fused_head)
         batch = {k: to_device(v, self.device) for k, v in batch.items() if k not in _MODEL_INPUTS}
         mask = batch["response_mask"]
         old_log_prob = log_prob.detach() if detach_old else batch["old_log_probs"]
@@ -255,7 +284,7 @@ class DataParallelPPOActor:
         distill_term, distill_stats = pg_loss.new_zeros(()), {}
         if self.distillation is not None:
             loss, distill_term, distill_stats = add_distillation(loss, log_prob, old_log_prob, batch, agg,
-                                                                 self.distillation)
+                                                                 self.distillation, student_topk)
         parts = torch.stack([pg_loss.detach(), entropy_term.detach(), kl_term.detach(), distill_term]).double()
         stats = {"actor/pg_clipfrac": pg_clipfrac.detach(), "actor/ppo_kl": ppo_kl.detach(),
                  "actor/pg_clipfrac_lower": pg_clipfrac_lower.detach(), **corr_stats,

@@ -17,6 +17,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from hybrid_rl.algorithms.distillation import distillation_loss_info
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.single_controller import Dispatch, register
 from hybrid_rl.utils.memory import phase_peak
@@ -73,12 +74,18 @@ class TeacherMixin:
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_teacher_log_prob(self, data: DataProto) -> DataProto:
-        """``teacher_log_prob`` [B, R]: each row's sampled tokens under its teacher."""
+        """``teacher_log_prob`` [B, R]: each row's sampled tokens under its teacher; for a top-K loss
+        also ``teacher_topk_log_probs`` and ``teacher_topk_ids`` [B, R, K]."""
         if not getattr(self, "teachers", None):
             raise ValueError("compute_teacher_log_prob needs distillation.enabled=true with a teacher model_path.")
-        ref = self.config.ref
+        ref, loss = self.config.ref, self.distillation.distillation_loss
+        k = loss.topk if distillation_loss_info(loss.loss_mode).use_topk else None
         metrics: dict[str, Any] = {}
-        out = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
+        shape = data.batch["responses"].shape
+        out = {"teacher_log_prob": torch.zeros(shape, dtype=torch.float32)}
+        if k:
+            out.update(teacher_topk_log_probs=torch.zeros(*shape, k, dtype=torch.float32),
+                       teacher_topk_ids=torch.zeros(*shape, k, dtype=torch.long))
         start = time.perf_counter()
         configs = {name: entry[0] for name, entry in self.teachers.items()}
         with phase_peak(metrics, "perf/peak_rss_gib/teacher"):
@@ -89,9 +96,14 @@ class TeacherMixin:
                 micro = teacher.log_prob_micro_batch_size_per_gpu or ref.log_prob_micro_batch_size_per_gpu
                 max_len = teacher.log_prob_max_token_len_per_gpu or ref.log_prob_max_token_len_per_gpu
                 view = self._log_prob_meta(data.select_idxs(idx), micro, ref.log_prob_use_dynamic_bsz, max_len)
-                log_probs, _ = policy.compute_log_prob(view)
-                out[torch.as_tensor(idx)] = log_probs.float()
+                rows = torch.as_tensor(idx)
+                if k:
+                    values, ids, log_probs = policy.compute_topk(view, k)
+                    out["teacher_topk_log_probs"][rows], out["teacher_topk_ids"][rows] = values, ids
+                else:
+                    log_probs, _ = policy.compute_log_prob(view)
+                out["teacher_log_prob"][rows] = log_probs.float()
                 if weights is not None:
                     weights.release()  # out of memory until the next pass (disk_offload)
         metrics["timing_s/compute_teacher_log_prob_worker"] = time.perf_counter() - start
-        return DataProto.from_dict({"teacher_log_prob": out}, meta_info={"metrics": metrics})
+        return DataProto.from_dict(out, meta_info={"metrics": metrics})

@@ -46,7 +46,12 @@ def test_bad_teachers_are_one_line_each(tiny_model_dir, teacher_dir, tmp_path):
     assert "not a registered distillation loss" in line
 
 
-def test_a_tiny_run_scores_with_the_teacher_and_logs_its_metrics(tmp_path, tiny_model_dir, teacher_dir):
+@pytest.mark.parametrize("loss", [
+    ["distillation.distillation_loss.use_task_rewards=false"],
+    ["distillation.distillation_loss.loss_mode=forward_kl_topk", "distillation.distillation_loss.topk=4"],
+    ["distillation.distillation_loss.loss_mode=k1", "distillation.distillation_loss.use_policy_gradient=true"],
+], ids=["k3_alone", "topk_with_task", "k1_as_reward"])
+def test_a_tiny_run_scores_with_the_teacher_and_logs_its_metrics(tmp_path, tiny_model_dir, teacher_dir, loss):
     overrides = [
         f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.arithmetic.cache_dir={tmp_path}/data",
         "data.arithmetic.num_train=48", "data.arithmetic.num_test=4", "data.arithmetic.num_shots=0",
@@ -55,14 +60,17 @@ def test_a_tiny_run_scores_with_the_teacher_and_logs_its_metrics(tmp_path, tiny_
         "actor_rollout_ref.actor.optim.lr=1e-2", "trainer.total_training_steps=3", "trainer.val_before_train=false",
         "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[jsonl]", "trainer.progress_bar=false",
         "trainer.plot=false", f"trainer.default_local_dir={tmp_path}/run", "trainer.single_process=true",
-        "distillation.enabled=true", f"distillation.teacher_models.teacher_model.model_path={teacher_dir}",
-        "distillation.distillation_loss.use_task_rewards=false"]
+        "distillation.enabled=true", f"distillation.teacher_models.teacher_model.model_path={teacher_dir}", *loss]
     result = subprocess.run([sys.executable, "-m", "hybrid_rl.trainer.main_ppo", *overrides], cwd=tmp_path,
                             env={**{k: v for k, v in os.environ.items() if not k.startswith("MASTER_")}, "PYTHONPATH": REPO}, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
-        assert r["timing_s/teacher"] > 0 and r["actor/distillation/loss"] >= 0
+        assert r["timing_s/teacher"] > 0 and r["actor/distillation/loss"] == r["actor/distillation/loss"]
         assert r["actor/distillation/teacher_log_prob"] < 0
     assert all(r["actor/distillation/teacher_kl"] > 0 for r in rows)  # two different random models
+    if "topk" in str(loss):
+        assert all(0 < r["actor/distillation/teacher_mass"] <= 1.0001 for r in rows)
+    if "use_policy_gradient=true" in str(loss):
+        assert all("actor/distillation/pg_clipfrac" in r for r in rows)

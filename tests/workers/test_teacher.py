@@ -34,13 +34,14 @@ def teacher_dir(tmp_path_factory):
     return build_tiny_model_dir(tmp_path_factory.mktemp("teacher"), seed=1)
 
 
-def _group(student_dir, teachers, teacher_key="data_source"):
+def _group(student_dir, teachers, teacher_key="data_source", loss=None):
     config = ActorRolloutRefConfig()
     config.model.path = student_dir
     config.actor.ppo_mini_batch_size = 4
     config.rollout.n = 1
     config.ref.log_prob_micro_batch_size_per_gpu = 3  # several micro-batches, rows in another order
-    distillation = DistillationConfig(enabled=True, teacher_key=teacher_key, teacher_models=teachers)
+    distillation = DistillationConfig(enabled=True, teacher_key=teacher_key, teacher_models=teachers,
+                                      distillation_loss=loss or DistillationLossConfig())
     group = LocalWorkerGroup(RayClassWithInitArgs(ActorRolloutRefWorker, config=config, role="actor_ref",
                                                   distillation=distillation))
     group.init_model()
@@ -127,3 +128,75 @@ def test_distillation_alone_moves_the_student_towards_the_teacher(tiny_model_dir
                                  distillation=DistillationLossConfig(use_task_rewards=False))
     kls = [actor.update_policy(data)["actor/distillation/teacher_kl"][0] for _ in range(12)]
     assert kls[-1] < 0.7 * kls[0], kls
+
+
+def _hf_log_softmax(model, data, temperature):
+    """[B, R, V] log-softmax at the positions predicting the responses (plain transformers)."""
+    b = data.batch
+    with torch.no_grad():
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                       position_ids=b["position_ids"]).logits
+    r = b["responses"].shape[1]
+    return torch.log_softmax(logits[:, -r - 1:-1].float() / temperature, dim=-1)
+
+
+def test_teacher_topk_equals_a_plain_transformers_forward(tiny_model_dir, teacher_dir):
+    group = _group(tiny_model_dir, {"teacher_model": TeacherModelConfig(model_path=teacher_dir)},
+                   loss=DistillationLossConfig(loss_mode="forward_kl_topk", topk=5))
+    try:
+        data = make_batch(num_rows=7, vocab=300)
+        out = group.compute_teacher_log_prob(data).batch
+        mask = data.batch["response_mask"].bool()
+        top = _hf_log_softmax(AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32), data,
+                              TEMPERATURE).topk(5, dim=-1)
+        torch.testing.assert_close(out["teacher_topk_log_probs"][mask], top.values[mask], rtol=1e-5, atol=1e-5)
+        assert torch.equal(out["teacher_topk_ids"][mask], top.indices[mask])
+        assert tuple(out["teacher_topk_ids"].shape) == (7, 5, 5)
+        teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32)
+        sampled = hf_response_log_probs(teacher, data, TEMPERATURE)  # comes with the top-K
+        torch.testing.assert_close(out["teacher_log_prob"][mask], sampled[mask], rtol=1e-5, atol=1e-5)
+    finally:
+        group.shutdown()
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_student_log_probs_at_the_teachers_ids_with_gradient(tiny_model_dir, packed):
+    from hybrid_rl.workers.topk_forward import response_log_probs_with_topk
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    data = make_batch(num_rows=5, vocab=300)
+    ids = torch.randint(0, 300, (5, 5, 4), generator=torch.Generator().manual_seed(3))
+    batch = dict(data.batch.items())
+    log_prob, entropy, topk = response_log_probs_with_topk(model, batch, 0.7, ids, packed, entropy_grad=False)
+    full = _hf_log_softmax(model, data, 0.7)
+    mask = data.batch["response_mask"].bool()
+    torch.testing.assert_close(topk[mask], full.gather(-1, ids)[mask], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(log_prob[mask], full.gather(-1, data.batch["responses"].unsqueeze(-1)).squeeze(-1)[mask],
+                               rtol=1e-5, atol=1e-5)
+    assert entropy.shape == log_prob.shape and topk.shape == (5, 5, 4)
+    topk[mask].sum().backward()
+    assert model.lm_head.weight.grad is not None or model.model.embed_tokens.weight.grad is not None
+
+
+def test_topk_distillation_moves_the_student_towards_the_teacher(tiny_model_dir, teacher_dir):
+    """Twelve forward_kl_topk-only updates on one fixed batch: the top-K forward KL falls."""
+    from hybrid_rl.workers.actor import DataParallelPPOActor
+    from hybrid_rl.workers.model_loader import load_causal_lm
+    from tests.workers.helpers import actor_config
+
+    torch.manual_seed(0)
+    student = load_causal_lm(tiny_model_dir, dtype="float32")
+    teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32)
+    data = make_batch(num_rows=8, vocab=300)
+    full = _hf_log_softmax(teacher, data, 1.0)
+    top = full.topk(8, dim=-1)
+    data.batch.update({"teacher_topk_log_probs": top.values, "teacher_topk_ids": top.indices,
+                       "teacher_log_prob": full.gather(-1, data.batch["responses"].unsqueeze(-1)).squeeze(-1),
+                       "advantages": torch.zeros(data.batch["responses"].shape)})
+    data.meta_info["temperature"] = 1.0
+    optim = torch.optim.AdamW(student.parameters(), lr=1e-3, weight_decay=0.0)
+    actor = DataParallelPPOActor(actor_config(), student, optim, use_remove_padding=True,
+                                 distillation=DistillationLossConfig(loss_mode="forward_kl_topk", topk=8,
+                                                                     use_task_rewards=False))
+    losses = [actor.update_policy(data)["actor/distillation/loss"][0] for _ in range(12)]
+    assert losses[-1] < 0.7 * losses[0], losses

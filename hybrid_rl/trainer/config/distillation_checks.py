@@ -38,13 +38,6 @@ def check_distillation(cfg: Any) -> list[str]:
     errors = d.problems()
     if not d.enabled or errors:
         return errors
-    from hybrid_rl.algorithms.distillation import distillation_loss_info
-
-    mode = d.distillation_loss.loss_mode
-    if distillation_loss_info(mode).use_topk:  # the math is registered; the teachers' top-K pass is the next slice
-        errors.append(f"distillation.distillation_loss.loss_mode={mode}: the teachers' top-K pass is not built yet "
-                      "(docs/distillation_plan.md); use an estimator of the sampled token (k3, k2, abs, or k1 "
-                      "with use_policy_gradient=true).")
     if cfg.async_training.enable:
         errors.append("distillation.enabled=true with async_training.enable=true: the decoupled mode has no "
                       "teacher pass yet. Fix: run distillation in the synchronous mode.")

@@ -1,0 +1,90 @@
+"""Top-K log-probs of the response positions, for ``forward_kl_topk`` distillation.
+
+The teacher's pass (:func:`response_topk`) keeps, per predicted response token, its K most likely
+tokens and their log-probs under ``softmax(logits / temperature)``, plus the sampled token's log-prob.
+The student's update (:func:`response_log_probs_with_topk`) takes its log-probs of the sampled tokens
+and, from the same logits, its log-probs at the teacher's K ids (with gradient). Both take the packed or
+padded inputs of :func:`~hybrid_rl.workers.forward.response_log_probs` and never use the fused head:
+they need the logits themselves. float32 work is done over blocks of rows.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from hybrid_rl.algorithms import entropy_from_logits, logprobs_and_entropy_from_logits, logprobs_from_logits
+from hybrid_rl.algorithms.distillation import topk_log_probs
+from hybrid_rl.workers.forward import _packed_inputs, _padded_inputs, packed_attention_mask
+from hybrid_rl.workers.fsdp_utils import to_device
+
+__all__ = ["response_log_probs_with_topk", "response_topk"]
+
+BLOCK_ELEMENTS = 1 << 24
+"""Logits per float32 block of the top-K pass (64 MiB)."""
+
+
+def _response_logits(module: nn.Module, batch: dict[str, torch.Tensor], use_remove_padding: bool,
+                     groups: Optional[list[list[int]]], device: torch.device):
+    """``(logits [N, V], labels [N], flat index [N] into [B * R])`` of the predicted response tokens."""
+    shape = batch["responses"].shape
+    if use_remove_padding:
+        packed, index, host_index = _packed_inputs(batch, groups, device)
+        labels = to_device(batch["responses"].reshape(-1)[host_index], device)
+        logits = module(use_cache=False, input_ids=packed.input_ids, position_ids=packed.position_ids,
+                        attention_mask=packed_attention_mask(module, device), logits_to_keep=packed.keep,
+                        **packed.attention_kwargs).logits[0]
+        return logits, labels, index
+    input_ids, attention_mask, position_ids = _padded_inputs(batch, device)
+    logits = module(use_cache=False, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                    logits_to_keep=shape[1] + 1).logits[:, :-1, :]
+    index = torch.arange(shape.numel(), device=device)
+    return logits.reshape(-1, logits.shape[-1]), to_device(batch["responses"], device).reshape(-1), index
+
+
+def _place(values: torch.Tensor, index: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """``[N, ...]`` values at flat positions ``index`` of ``shape`` ``[B, R]`` -> ``[B, R, ...]`` (zeros
+    elsewhere; differentiable in ``values``)."""
+    out = values.new_zeros((shape.numel(), *values.shape[1:]))
+    return out.index_copy(0, index, values).view(*shape, *values.shape[1:])
+
+
+@torch.no_grad()
+def response_topk(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float, k: int,
+                  use_remove_padding: bool, groups: Optional[list[list[int]]] = None,
+                  device: Optional[torch.device] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(top-K log-probs [B, R, K] float32, their ids [B, R, K], sampled-token log-probs [B, R])``."""
+    device = torch.device(device) if device is not None else batch["input_ids"].device
+    shape = batch["responses"].shape
+    logits, labels, index = _response_logits(module, batch, use_remove_padding, groups, device)
+    rows = max(1, BLOCK_ELEMENTS // logits.shape[-1])
+    values, ids = [], []
+    for start in range(0, logits.shape[0], rows):
+        z = logits[start:start + rows].float() / temperature
+        top = (z - torch.logsumexp(z, dim=-1, keepdim=True)).topk(k, dim=-1)
+        values.append(top.values)
+        ids.append(top.indices)
+    sampled = logprobs_from_logits(logits, labels, temperature=temperature)
+    return (_place(torch.cat(values), index, shape), _place(torch.cat(ids), index, shape),
+            _place(sampled, index, shape))
+
+
+def response_log_probs_with_topk(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float,
+                                 topk_ids: torch.Tensor, use_remove_padding: bool, entropy_grad: bool,
+                                 groups: Optional[list[list[int]]] = None, device: Optional[torch.device] = None,
+                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(log-probs [B, R], entropy [B, R], log-probs at topk_ids [B, R, K])`` of the student, one
+    forward, all with gradient (the entropy only when ``entropy_grad``). ``topk_ids``: ``[B, R, K]``."""
+    device = torch.device(device) if device is not None else batch["input_ids"].device
+    shape = batch["responses"].shape
+    logits, labels, index = _response_logits(module, batch, use_remove_padding, groups, device)
+    if entropy_grad:
+        log_probs = logprobs_from_logits(logits, labels, temperature=temperature)
+        entropy = entropy_from_logits(logits, temperature=temperature)
+    else:
+        log_probs, entropy = logprobs_and_entropy_from_logits(logits, labels, temperature=temperature)
+    ids = to_device(topk_ids, device).reshape(shape.numel(), -1).index_select(0, index)  # [N, K]
+    topk = topk_log_probs(logits, ids, temperature)
+    return _place(log_probs, index, shape), _place(entropy, index, shape), _place(topk, index, shape)
