@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from hybrid_rl.trainer import get_config
 from hybrid_rl.trainer.config.checks import validate_config
@@ -46,23 +47,28 @@ def test_bad_teachers_are_one_line_each(tiny_model_dir, teacher_dir, tmp_path):
     assert "not a registered distillation loss" in line
 
 
+def _cli(root, student, teacher, *extra, env=None):
+    overrides = [
+        f"actor_rollout_ref.model.path={student}", f"data.arithmetic.cache_dir={root}/data",
+        "data.arithmetic.num_train=48", "data.arithmetic.num_test=4", "data.arithmetic.num_shots=0",
+        "data.max_prompt_length=160", "data.max_response_length=8", "data.train_batch_size=4",
+        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.optim.lr=1e-2", "trainer.total_training_steps=3", "trainer.val_before_train=false",
+        "trainer.test_freq=-1", "trainer.logger=[jsonl]", "trainer.progress_bar=false",
+        "trainer.plot=false", f"trainer.default_local_dir={root}/run", "trainer.single_process=true",
+        "distillation.enabled=true", f"distillation.teacher_models.teacher_model.model_path={teacher}", *extra]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MASTER_")}
+    return subprocess.run([sys.executable, "-m", "hybrid_rl.trainer.main_ppo", *overrides], cwd=root,
+                          env={**base, "PYTHONPATH": REPO, **(env or {})}, capture_output=True, text=True, timeout=600)
+
+
 @pytest.mark.parametrize("loss", [
     ["distillation.distillation_loss.use_task_rewards=false"],
     ["distillation.distillation_loss.loss_mode=forward_kl_topk", "distillation.distillation_loss.topk=4"],
     ["distillation.distillation_loss.loss_mode=k1", "distillation.distillation_loss.use_policy_gradient=true"],
 ], ids=["k3_alone", "topk_with_task", "k1_as_reward"])
 def test_a_tiny_run_scores_with_the_teacher_and_logs_its_metrics(tmp_path, tiny_model_dir, teacher_dir, loss):
-    overrides = [
-        f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.arithmetic.cache_dir={tmp_path}/data",
-        "data.arithmetic.num_train=48", "data.arithmetic.num_test=4", "data.arithmetic.num_shots=0",
-        "data.max_prompt_length=160", "data.max_response_length=8", "data.train_batch_size=4",
-        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.optim.lr=1e-2", "trainer.total_training_steps=3", "trainer.val_before_train=false",
-        "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[jsonl]", "trainer.progress_bar=false",
-        "trainer.plot=false", f"trainer.default_local_dir={tmp_path}/run", "trainer.single_process=true",
-        "distillation.enabled=true", f"distillation.teacher_models.teacher_model.model_path={teacher_dir}", *loss]
-    result = subprocess.run([sys.executable, "-m", "hybrid_rl.trainer.main_ppo", *overrides], cwd=tmp_path,
-                            env={**{k: v for k, v in os.environ.items() if not k.startswith("MASTER_")}, "PYTHONPATH": REPO}, capture_output=True, text=True, timeout=600)
+    result = _cli(tmp_path, tiny_model_dir, teacher_dir, "trainer.save_freq=-1", *loss)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -74,3 +80,23 @@ def test_a_tiny_run_scores_with_the_teacher_and_logs_its_metrics(tmp_path, tiny_
         assert all(0 < r["actor/distillation/teacher_mass"] <= 1.0001 for r in rows)
     if "use_policy_gradient=true" in str(loss):
         assert all("actor/distillation/pg_clipfrac" in r for r in rows)
+
+
+def test_kill_9_mid_update_resumes_to_the_same_weights(tmp_path, tiny_model_dir, teacher_dir):
+    """SIGKILL in step 3's update (the one process dies), then the same command again: the final
+    weights equal an uninterrupted run's, bit for bit (CPU, float32, same seed)."""
+    from test_e2e import _weights
+
+    straight, faulted = tmp_path / "straight", tmp_path / "faulted"
+    for root in (straight, faulted):
+        root.mkdir()
+    loss = ("distillation.distillation_loss.loss_mode=forward_kl_topk", "distillation.distillation_loss.topk=4")
+    result = _cli(straight, tiny_model_dir, teacher_dir, "trainer.save_freq=1", *loss)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    env = {"HYBRID_RL_FAULT": "kill:update_actor:3", "HYBRID_RL_FAULT_STATE": str(faulted / "faults")}
+    assert _cli(faulted, tiny_model_dir, teacher_dir, "trainer.save_freq=1", *loss, env=env).returncode == -9
+    assert (faulted / "run" / "latest_checkpointed_iteration.txt").read_text() == "2"
+    result = _cli(faulted, tiny_model_dir, teacher_dir, "trainer.save_freq=1", *loss, env=env)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    a, b = _weights(straight / "run" / "global_step_3"), _weights(faulted / "run" / "global_step_3")
+    assert a.keys() == b.keys() and a and all(torch.equal(a[k], b[k]) for k in a)
