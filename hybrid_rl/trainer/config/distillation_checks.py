@@ -38,9 +38,6 @@ def check_distillation(cfg: Any) -> list[str]:
     errors = d.problems()
     if not d.enabled or errors:
         return errors
-    if cfg.async_training.enable:
-        errors.append("distillation.enabled=true with async_training.enable=true: the decoupled mode has no "
-                      "teacher pass yet. Fix: run distillation in the synchronous mode.")
     model = cfg.actor_rollout_ref.model
     student = model.tokenizer_path or model.path
     for name, teacher in d.active_teachers().items():
