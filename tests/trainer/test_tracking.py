@@ -121,3 +121,16 @@ def test_pillow_fallback_when_matplotlib_is_missing(tmp_path, monkeypatch):
     from PIL import Image
 
     assert Image.open(png).size == (800, 450)
+
+
+def test_plot_comparison_draws_one_series_of_several_runs(tmp_path):
+    from hybrid_rl.trainer.core.plotting import plot_comparison
+
+    key = "val-core/arithmetic/reward/mean@1"
+    for name, values in (("a", [0.4, 0.6]), ("b", [0.4, 0.5])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(
+            json.dumps({"step": step, key: value}) + "\n" for step, value in enumerate(values)))
+    runs = {"A": str(tmp_path / "a.jsonl"), "B": str(tmp_path / "b.jsonl"), "C": str(tmp_path / "missing.jsonl")}
+    png = plot_comparison(runs, str(tmp_path / "cmp.png"), "val arithmetic/reward/mean@1", lines={"teacher": 0.8})
+    assert png and (tmp_path / "cmp.png").stat().st_size > 1000
+    assert plot_comparison(runs, str(tmp_path / "none.png"), "val other/reward/mean@1") is None

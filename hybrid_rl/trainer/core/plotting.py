@@ -130,3 +130,22 @@ def _plot_pillow(curves, png_path: str, title: str, size=(800, 450), margin=60) 
             draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill=color)
         draw.text((width - margin - 260, margin + 8 + 14 * i), name, fill=color)
     img.save(png_path)
+
+
+def plot_comparison(runs: dict[str, str], png_path: str, series: str, title: str = "",
+                    lines: dict[str, float] | None = None) -> str | None:
+    """One series (a :func:`read_curves` name, e.g. ``"val arithmetic/reward/mean@1"``) of several
+    runs on one plot: ``runs`` maps a label to its ``metrics.jsonl``; ``lines`` adds constant levels
+    (a teacher's accuracy, say) across the steps. Returns the path, or None with nothing to plot."""
+    curves = {label: read_curves(path).get(series, []) for label, path in runs.items() if os.path.exists(path)}
+    curves = {label: points for label, points in curves.items() if points}
+    if not curves:
+        return None
+    steps = [s for points in curves.values() for s, _ in points]
+    for label, level in (lines or {}).items():
+        curves[label] = [(min(steps), level), (max(steps), level)]
+    try:
+        _plot_matplotlib(curves, png_path, title)
+    except ImportError:
+        _plot_pillow(curves, png_path, title)
+    return png_path
