@@ -1,4 +1,4 @@
-"""The three student runs of run.sh side by side: held-out accuracy per step and per training second,
+"""The student runs of run.sh (and any others under OUT) side by side: held-out accuracy per step and per training second,
 the steps each needs to reach 90% of the teacher's accuracy, and one PNG of the curves.
 
     python recipes/distill_arithmetic/compare.py [OUT]     # OUT: run.sh's OUT (default checkpoints/distill_arithmetic)
@@ -31,15 +31,20 @@ def main(out: Path) -> None:
     target = teacher[max(teacher)]
     print(f"teacher (default GRPO run, step {max(teacher)}): {target:.1%} held-out; 90% of it = {0.9 * target:.1%}")
     runs = {label: out / mode / "metrics.jsonl" for mode, label in MODES.items()}
-    print(f"{'run':<28} " + " ".join(f"{s:>6}" for s in range(9)) + "  first step >= 90% of teacher (s)")
+    for extra in sorted(out.glob("*/metrics.jsonl")):  # further students run with another default_local_dir
+        name = extra.parent.name
+        if name != "teacher" and name not in MODES:
+            mode, _, variant = name.partition("_lr")
+            runs[f"{MODES.get(mode, mode)}, lr {variant}" if variant else name] = extra
+    print(f"{'run':<34} " + " ".join(f"{s:>6}" for s in range(9)) + "  first step >= 90% of teacher (s)")
     for label, path in runs.items():
         if not path.exists():
-            print(f"{label:<28} not run")
+            print(f"{label:<34} not run")
             continue
         acc, clock = dict(read_curves(str(path))[SERIES]), seconds_per_step(path)
         reached = next((s for s in sorted(acc) if acc[s] >= 0.9 * target), None)
         when = "not reached" if reached is None else f"step {reached} ({clock.get(reached, 0.0):.0f} s)"
-        print(f"{label:<28} " + " ".join(f"{acc[s]:6.1%}" if s in acc else f"{'':>6}" for s in range(9)) + f"  {when}")
+        print(f"{label:<34} " + " ".join(f"{acc[s]:6.1%}" if s in acc else f"{'':>6}" for s in range(9)) + f"  {when}")
     png = plot_comparison({k: str(v) for k, v in runs.items()}, str(out / "distill_curves.png"), SERIES,
                           "held-out greedy accuracy (200 problems)", {f"teacher ({target:.1%})": target})
     print(f"curves: {png}")
