@@ -17,12 +17,12 @@ import torch
 from torch import nn
 
 from hybrid_rl.algorithms import agg_loss, behaviour_weight_stats, get_policy_loss_fn, global_batch_denominators, kl_penalty
+from hybrid_rl.algorithms.distillation import distillation_loss_info
 from hybrid_rl.algorithms.rollout_correction import RolloutCorrectionConfig, bypass_policy_loss
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.utils.memory import grad_bytes
 from hybrid_rl.workers.batching import all_reduce_sum, restore_order, split_micro_batches
 from hybrid_rl.workers.config import ActorConfig
-from hybrid_rl.algorithms.distillation import distillation_loss_info
 from hybrid_rl.workers.distill_loss import add_distillation
 from hybrid_rl.workers.distillation_config import DistillationLossConfig
 from hybrid_rl.workers.forward import padding_fraction, response_log_probs

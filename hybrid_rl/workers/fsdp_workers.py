@@ -26,15 +26,15 @@ from hybrid_rl.utils.memory import current_rss, grad_bytes, module_bytes, optimi
 from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers import checkpoint as ckpt
 from hybrid_rl.workers.actor import DataParallelPPOActor
-from hybrid_rl.workers.distillation_config import DistillationConfig
-from hybrid_rl.workers.teacher import TeacherMixin
 from hybrid_rl.workers.builders import (build_causal_lm, build_lr_scheduler, build_optimizer, build_value_model,
                                         offload_frozen_to_disk)
 from hybrid_rl.workers.config import ActorRolloutRefConfig, CriticConfig, derive_batch_sizes
 from hybrid_rl.workers.critic import DataParallelPPOCritic
+from hybrid_rl.workers.distillation_config import DistillationConfig
 from hybrid_rl.workers.fsdp_utils import iter_full_state, move_optimizer_state
 from hybrid_rl.workers.lora import is_lora_model, lora_enabled, merged_lora_weights, reference_context
 from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path, torch_dtype
+from hybrid_rl.workers.teacher import TeacherMixin
 
 logger = logging.getLogger(__name__)
 
