@@ -103,7 +103,25 @@ class DataParallelPPOActor:
         ``data.meta_info`` must hold ``temperature``, ``micro_batch_size``, ``use_dynamic_bsz``
         and (dynamic) ``max_token_len``. Logits are divided by the temperature, as in sampling.
         """
-        _require_meta(data, ["temperature", "micro_batch_size", "use_dynamic_bsz"], "compute_log_prob")
+        log_prob, entropy = self._forward_micro_batches(
+            data, "compute_log_prob", lambda batch, groups, temperature: response_log_probs(
+                self.actor_module, batch, temperature, self.use_remove_padding, calculate_entropy, groups=groups,
+                device=self.device, fused_head=self.fused_head))
+        return log_prob, entropy if calculate_entropy else None
+
+    @torch.no_grad()
+    def compute_topk(self, data: DataProto, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(top-K log-probs [B, R, K], their ids [B, R, K], log-probs of the responses [B, R])``
+        (``forward_kl_topk``'s teacher pass; micro-batched as :meth:`compute_log_prob`)."""
+        return self._forward_micro_batches(
+            data, "compute_topk", lambda batch, groups, temperature: response_topk(
+                self.actor_module, batch, temperature, k, self.use_remove_padding, groups=groups, device=self.device))
+
+    def _forward_micro_batches(self, data: DataProto, caller: str, forward) -> tuple[Optional[torch.Tensor], ...]:
+        """``forward(batch, groups, temperature) -> tuple of [b, ...] tensors`` over the micro-batches of
+        ``data`` (split by its meta_info), each output concatenated in ``data``'s row order (None where
+        a micro-batch gave None)."""
+        _require_meta(data, ["temperature", "micro_batch_size", "use_dynamic_bsz"], caller)
         meta = data.meta_info
         micro_batches, order = split_micro_batches(
             data.select(batch_keys=_MODEL_INPUTS), micro_batch_size=meta["micro_batch_size"],
@@ -111,40 +129,15 @@ class DataParallelPPOActor:
             key="log_prob_max_token_len_per_gpu", device=self.device,
             group_prompts=self.group_prompts)
         self.actor_module.eval()
-        log_probs, entropys = [], []
+        outputs = []
         for micro in micro_batches:  # host tensors: layouts are built here, inputs copied asynchronously
             batch = dict(micro.batch.items())
             groups = batch_prompt_groups(batch, self.group_prompts)
             self._count_tokens(batch, groups)
-            lp, ent = response_log_probs(self.actor_module, batch, meta["temperature"], self.use_remove_padding,
-                                         calculate_entropy, groups=groups, device=self.device,
-                                         fused_head=self.fused_head)
-            log_probs.append(lp)
-            entropys.append(ent)
-        # one copy back to the host per call, not one per micro-batch
-        log_prob = restore_order(torch.cat(log_probs).cpu(), order)
-        entropy = restore_order(torch.cat(entropys).cpu(), order) if calculate_entropy else None
-        return log_prob, entropy
-
-    @torch.no_grad()
-    def compute_topk(self, data: DataProto, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(top-K log-probs [B, R, K], their ids [B, R, K], log-probs of the responses [B, R])``
-        (``forward_kl_topk``'s teacher pass; micro-batched as :meth:`compute_log_prob`)."""
-        _require_meta(data, ["temperature", "micro_batch_size", "use_dynamic_bsz"], "compute_topk")
-        meta = data.meta_info
-        micro_batches, order = split_micro_batches(
-            data.select(batch_keys=_MODEL_INPUTS), micro_batch_size=meta["micro_batch_size"],
-            use_dynamic_bsz=meta["use_dynamic_bsz"], max_token_len=meta.get("max_token_len"),
-            key="log_prob_max_token_len_per_gpu", device=self.device, group_prompts=self.group_prompts)
-        self.actor_module.eval()
-        parts = []
-        for micro in micro_batches:
-            batch = dict(micro.batch.items())
-            groups = batch_prompt_groups(batch, self.group_prompts)
-            self._count_tokens(batch, groups)
-            parts.append(response_topk(self.actor_module, batch, meta["temperature"], k, self.use_remove_padding,
-                                       groups=groups, device=self.device))
-        return tuple(restore_order(torch.cat([p[i] for p in parts]).cpu(), order) for i in range(3))
+            outputs.append(forward(batch, groups, meta["temperature"]))
+        # one copy back to the host per output and call, not one per micro-batch
+        return tuple(None if parts[0] is None else restore_order(torch.cat(parts).cpu(), order)
+                     for parts in zip(*outputs))
 
     def _count_tokens(self, batch: dict[str, torch.Tensor], groups: Optional[list[list[int]]]) -> None:
         mask = batch["attention_mask"]
