@@ -16,7 +16,7 @@ rows only once; it needs the varlen attention.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -88,6 +88,26 @@ def _unpack(values: torch.Tensor, index: torch.Tensor, shape: torch.Size) -> tor
     return values.new_zeros(shape.numel()).scatter(0, index, values).view(shape)
 
 
+def response_inputs(module: nn.Module, batch: dict[str, torch.Tensor], use_remove_padding: bool,
+                    groups: Optional[list[list[int]]], device: torch.device
+                    ) -> tuple[dict[str, Any], torch.Tensor, Optional[torch.Tensor]]:
+    """``(model kwargs, labels [N], index [N] | None)`` of a forward whose logits predict the response
+    tokens: packed (``index``: their flat ``[B * R]`` positions; the logits are ``[1, N, V]``) or
+    left-trimmed padded rows (``index`` None; the logits are ``[B, R + 1, V]``, the last column unused)."""
+    shape = batch["responses"].shape
+    if use_remove_padding:
+        packed, index, host_index = _packed_inputs(batch, groups, device)
+        labels = to_device(batch["responses"].reshape(-1)[host_index], device)
+        inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                      attention_mask=packed_attention_mask(module, device), logits_to_keep=packed.keep,
+                      **packed.attention_kwargs)
+        return inputs, labels, index
+    input_ids, attention_mask, position_ids = _padded_inputs(batch, device)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                  logits_to_keep=shape[1] + 1)
+    return inputs, to_device(batch["responses"], device).reshape(-1), None
+
+
 def response_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float,
                        use_remove_padding: bool, calculate_entropy: bool, entropy_grad: bool = True,
                        groups: Optional[list[list[int]]] = None, device: Optional[torch.device] = None,
@@ -106,18 +126,11 @@ def response_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temper
     """
     device = torch.device(device) if device is not None else batch["input_ids"].device
     shape = batch["responses"].shape
+    inputs, labels, index = response_inputs(module, batch, use_remove_padding, groups, device)
     if use_remove_padding:
-        packed, index, host_index = _packed_inputs(batch, groups, device)
-        labels = to_device(batch["responses"].reshape(-1)[host_index], device)  # [N]
-        inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                      attention_mask=packed_attention_mask(module, device), logits_to_keep=packed.keep,
-                      **packed.attention_kwargs)
         place = lambda values: _unpack(values, index, shape)  # noqa: E731
     else:
-        input_ids, attention_mask, position_ids = _padded_inputs(batch, device)
-        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                      logits_to_keep=shape[1] + 1)
-        labels, place = to_device(batch["responses"], device), lambda values: values
+        labels, place = labels.view(shape), lambda values: values
     head = fusable_head(module) if fused_head else None
     mode = entropy_mode(calculate_entropy, entropy_grad)
     if head is not None:

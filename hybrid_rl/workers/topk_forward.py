@@ -17,7 +17,7 @@ from torch import nn
 
 from hybrid_rl.algorithms import entropy_from_logits, logprobs_and_entropy_from_logits, logprobs_from_logits
 from hybrid_rl.algorithms.distillation import topk_log_probs
-from hybrid_rl.workers.forward import _packed_inputs, _padded_inputs, packed_attention_mask
+from hybrid_rl.workers.forward import response_inputs
 from hybrid_rl.workers.fsdp_utils import to_device
 
 __all__ = ["response_log_probs_with_topk", "response_topk"]
@@ -29,19 +29,12 @@ BLOCK_ELEMENTS = 1 << 24
 def _response_logits(module: nn.Module, batch: dict[str, torch.Tensor], use_remove_padding: bool,
                      groups: Optional[list[list[int]]], device: torch.device):
     """``(logits [N, V], labels [N], flat index [N] into [B * R])`` of the predicted response tokens."""
-    shape = batch["responses"].shape
+    inputs, labels, index = response_inputs(module, batch, use_remove_padding, groups, device)
+    logits = module(use_cache=False, **inputs).logits
     if use_remove_padding:
-        packed, index, host_index = _packed_inputs(batch, groups, device)
-        labels = to_device(batch["responses"].reshape(-1)[host_index], device)
-        logits = module(use_cache=False, input_ids=packed.input_ids, position_ids=packed.position_ids,
-                        attention_mask=packed_attention_mask(module, device), logits_to_keep=packed.keep,
-                        **packed.attention_kwargs).logits[0]
-        return logits, labels, index
-    input_ids, attention_mask, position_ids = _padded_inputs(batch, device)
-    logits = module(use_cache=False, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                    logits_to_keep=shape[1] + 1).logits[:, :-1, :]
-    index = torch.arange(shape.numel(), device=device)
-    return logits.reshape(-1, logits.shape[-1]), to_device(batch["responses"], device).reshape(-1), index
+        return logits[0], labels, index
+    logits = logits[:, :-1, :]
+    return logits.reshape(-1, logits.shape[-1]), labels, torch.arange(labels.numel(), device=device)
 
 
 def _place(values: torch.Tensor, index: torch.Tensor, shape: torch.Size) -> torch.Tensor:
