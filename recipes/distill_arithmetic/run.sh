@@ -6,6 +6,7 @@
 #      problems before training and after every step. MODE picks how it learns:
 #        MODE=distill       the teacher's per-token k3 loss alone, no task reward   [default]
 #        MODE=distill_task  GRPO on the task reward + the distillation loss (coefficient 1)
+#        MODE=distill_topk  the teacher's top-32 forward KL alone (its whole distribution's head)
 #        MODE=grpo          GRPO alone (the comparison)
 # Every student run has the teacher run's seed, prompts and settings (all defaults). A stage that
 # finished is not rerun; a killed one resumes. Extra key=value arguments go to the student.
@@ -40,6 +41,15 @@ distill_task)
         distillation.distillation_loss.distillation_loss_coef=1.0 \
         trainer.total_training_steps=8 trainer.test_freq=1 trainer.save_freq=8 \
         trainer.experiment_name=distill_arithmetic-distill_task trainer.default_local_dir="$OUT/distill_task" "$@" ;;
+distill_topk)
+    python -m hybrid_rl.trainer.main_ppo \
+        distillation.enabled=true \
+        distillation.teacher_models.teacher_model.model_path="$OUT/teacher_hf" \
+        distillation.distillation_loss.loss_mode=forward_kl_topk \
+        distillation.distillation_loss.topk=32 \
+        distillation.distillation_loss.use_task_rewards=false \
+        trainer.total_training_steps=8 trainer.test_freq=1 trainer.save_freq=8 \
+        trainer.experiment_name=distill_arithmetic-distill_topk trainer.default_local_dir="$OUT/distill_topk" "$@" ;;
 grpo)
     python -m hybrid_rl.trainer.main_ppo \
         algorithm.adv_estimator=grpo \
@@ -48,5 +58,5 @@ grpo)
         trainer.total_training_steps=8 trainer.test_freq=1 trainer.save_freq=8 \
         trainer.experiment_name=distill_arithmetic-grpo trainer.default_local_dir="$OUT/grpo" "$@" ;;
 *)
-    echo "MODE=$MODE: use distill, distill_task or grpo" >&2; exit 2 ;;
+    echo "MODE=$MODE: use distill, distill_task, distill_topk or grpo" >&2; exit 2 ;;
 esac

@@ -39,6 +39,13 @@ def test_bad_teachers_are_one_line_each(tiny_model_dir, teacher_dir, tmp_path):
     (tmp_path / "empty").mkdir()
     (line,) = _problems(tiny_model_dir, f"{key}={tmp_path}/empty")
     assert key in line and "config.json" in line
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in os.listdir(teacher_dir):
+        data = open(os.path.join(teacher_dir, name), "rb").read()
+        (broken / name).write_bytes(data[:-64] if name == "model.safetensors" else data)  # a cut download
+    (line,) = _problems(tiny_model_dir, f"{key}={broken}")
+    assert key in line and "model.safetensors cannot be read" in line
     (line,) = _problems(tiny_model_dir, f"{key}=HuggingFaceTB/SmolLM2-135M-Instruct")  # another tokenizer
     assert "vocabulary" in line and "is not the student's" in line
     (line,) = _problems(tiny_model_dir, f"{key}={teacher_dir}", "distillation.distillation_loss.loss_mode=k1")

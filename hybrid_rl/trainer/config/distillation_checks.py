@@ -1,4 +1,4 @@
-"""Start-up checks of ``distillation.*``: the settings, each teacher's folder and its vocabulary.
+"""Start-up checks of ``distillation.*``: the settings, each teacher's folder, weights and vocabulary.
 
 A teacher scores the student's token ids, so both must mean the same token by the same id: the
 teacher's tokenizer vocabulary must equal the student's (checked here, before any worker starts).
@@ -10,7 +10,7 @@ from typing import Any
 
 from hybrid_rl.trainer.config.run_checks import check_model_path
 
-__all__ = ["check_distillation", "vocabulary_problem"]
+__all__ = ["check_distillation", "vocabulary_problem", "weights_problems"]
 
 
 def vocabulary_problem(key: str, teacher_path: str, student_path: str, trust_remote_code: bool = False) -> list[str]:
@@ -32,6 +32,17 @@ def vocabulary_problem(key: str, teacher_path: str, student_path: str, trust_rem
             "so both must share one tokenizer: pick a teacher of the student's model family."]
 
 
+def weights_problems(key: str, path: str, trust_remote_code: bool) -> list[str]:
+    """The teacher folder's weights, read from their headers (none to read for the embedded model)."""
+    from hybrid_rl.workers.model_loader import EMBEDDED_MODEL_ID, resolve_model_path
+    from hybrid_rl.workers.weights_check import weights_problem
+
+    if path == EMBEDDED_MODEL_ID:
+        return []
+    problem = weights_problem(resolve_model_path(path, key=key), key, trust_remote_code)
+    return [problem] if problem else []
+
+
 def check_distillation(cfg: Any) -> list[str]:
     """``distillation.*`` of a PPO config: settings, the modes it runs in, teacher folders, vocabularies."""
     d = cfg.distillation
@@ -43,5 +54,6 @@ def check_distillation(cfg: Any) -> list[str]:
     for name, teacher in d.active_teachers().items():
         key = f"distillation.teacher_models.{name}.model_path"
         problems = check_model_path(key, teacher.model_path, model.trust_remote_code)
-        errors.extend(problems or vocabulary_problem(key, teacher.model_path, student, bool(model.trust_remote_code)))
+        errors.extend(problems or weights_problems(key, teacher.model_path, bool(model.trust_remote_code))
+                      or vocabulary_problem(key, teacher.model_path, student, bool(model.trust_remote_code)))
     return errors
