@@ -13,6 +13,7 @@ from hybrid_rl.trainer import get_config
 from hybrid_rl.trainer.config.checks import validate_config
 from hybrid_rl.trainer.config.loader import to_ppo_config
 from hybrid_rl.utils.testing import build_tiny_model_dir
+from tests.trainer.test_e2e_agent import agent_files, chatty_model_dir  # noqa: F401  (fixtures)
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -70,13 +71,12 @@ def _cli(root, student, teacher, *extra, env=None):
 
 
 @pytest.mark.parametrize("loss", [
-    ["distillation.distillation_loss.use_task_rewards=false"],
     ["distillation.distillation_loss.loss_mode=k1", "distillation.distillation_loss.use_policy_gradient=true"],
     ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
      "actor_rollout_ref.actor.use_kl_loss=true"],  # a LoRA student; its reference is the adapters-off base
     ["trainer.single_process=false", "async_training.enable=true", "rollout.n_gpus_per_node=1",
      "ray_init.num_cpus=2"],  # the decoupled mode: the teacher in the training pool, rows from the buffer
-], ids=["k3_alone", "k1_as_reward", "lora_student", "decoupled"])
+], ids=["k1_as_reward", "lora_student", "decoupled"])
 def test_a_tiny_run_scores_with_the_teacher_and_logs_its_metrics(tmp_path, tiny_model_dir, teacher_dir, loss):
     result = _cli(tmp_path, tiny_model_dir, teacher_dir, "trainer.save_freq=-1", *loss)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
@@ -88,6 +88,23 @@ def test_a_tiny_run_scores_with_the_teacher_and_logs_its_metrics(tmp_path, tiny_
     assert all(r["actor/distillation/teacher_kl"] > 0 for r in rows)  # two different random models
     if "use_policy_gradient=true" in str(loss):
         assert all("actor/distillation/pg_clipfrac" in r for r in rows)
+
+
+def test_a_multi_turn_student_distills_on_its_own_tokens(tmp_path, chatty_model_dir, teacher_dir, agent_files):
+    """k3 alone (no task reward) on multi-turn agent rows: tool and interaction replies sit inside the
+    response as observation tokens, which the teacher scores as context and the loss masks out."""
+    from test_e2e_agent import _agent_args, _agent_env
+
+    result = _cli(tmp_path, chatty_model_dir, teacher_dir, "trainer.save_freq=-1", "trainer.total_training_steps=2",
+                  "distillation.distillation_loss.use_task_rewards=false", *_agent_args(agent_files),
+                  env=_agent_env(agent_files))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["agent/num_turns/mean"] > 1 and r["agent/observation_token_fraction"] > 0
+        assert r["timing_s/teacher"] > 0 and r["actor/distillation/teacher_kl"] > 0
+        assert r["actor/distillation/loss"] > 0
 
 
 def test_kill_9_mid_update_resumes_to_the_same_weights(tmp_path, tiny_model_dir, teacher_dir):
