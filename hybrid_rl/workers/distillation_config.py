@@ -1,10 +1,11 @@
 """``distillation.*``: on-policy distillation's config, with veRL 0.9's keys and defaults.
 
 veRL's ``distillation.yaml`` (v0.9.0) and ``verl/workers/config/distillation.py`` are the reference.
-Differences: the teacher here is a worker role beside the reference (colocated, its log-probs
-computed by the same packed forward as the reference's), not a vLLM server pool, so
-``teacher_models.<name>.inference``, ``num_replicas``, ``n_gpus_per_node`` and ``nnodes`` are not
-keys; a teacher has the reference's own settings instead (``dtype``, ``disk_offload``, micro-batching).
+Differences: the teacher here is a worker role (its log-probs computed by the same packed forward as
+the reference's), not a vLLM server pool, so ``teacher_models.<name>.inference`` and ``num_replicas``
+are not keys; a teacher has the reference's own settings instead (``dtype``, ``disk_offload``,
+micro-batching). It is colocated with the training workers by default (``nnodes: 0``); ``nnodes`` x
+``n_gpus_per_node`` > 0 gives the teachers their own pool, as veRL's always does.
 """
 
 from __future__ import annotations
@@ -132,6 +133,18 @@ class DistillationConfig:
     Add one from the command line with ``+distillation.teacher_models.<name>={model_path:...,key:...}``."""
     distillation_loss: DistillationLossConfig = field(default_factory=DistillationLossConfig)
     """The loss and how it trains the student."""
+    nnodes: int = 0
+    """Nodes of the teachers' own worker pool; 0 (the default): the teachers live in the training
+    workers, beside the reference (colocated). With a pool, every pool worker hosts every teacher and
+    scores its share of the rows (Ray only)."""
+    n_gpus_per_node: int = 1
+    """Devices (CPU: worker processes) per node of the teachers' pool (read only when ``nnodes`` > 0;
+    veRL's YAML default is 8 GPUs, 1 here so that ``nnodes=1`` alone asks for one worker)."""
+
+    @property
+    def pool_size(self) -> int:
+        """Workers of the teachers' own pool; 0 when the teachers are colocated (or disabled)."""
+        return self.nnodes * self.n_gpus_per_node if self.enabled else 0
 
     def __post_init__(self) -> None:
         self.teacher_models = {name: _teacher(name, t) for name, t in dict(self.teacher_models).items()}
@@ -145,6 +158,9 @@ class DistillationConfig:
         if not self.enabled:
             return []
         errors = self.distillation_loss.problems()
+        if self.nnodes < 0 or self.n_gpus_per_node < 1:
+            errors.append(f"distillation.nnodes={self.nnodes}, n_gpus_per_node={self.n_gpus_per_node}: the teachers' "
+                          "pool needs nnodes >= 0 (0: colocated with the training workers) and n_gpus_per_node >= 1.")
         teachers = self.active_teachers()
         if not teachers:
             errors.append("distillation.enabled=true needs a teacher: set "

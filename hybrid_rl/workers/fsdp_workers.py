@@ -38,7 +38,7 @@ from hybrid_rl.workers.teacher import TeacherMixin
 
 logger = logging.getLogger(__name__)
 
-ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref")
+ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref", "teacher")
 
 
 class _OptimizerOffload:
@@ -67,16 +67,18 @@ class ActorRolloutRefWorker(TeacherMixin, Worker):
     Args:
         config: the ``actor_rollout_ref`` section.
         role: which parts this process hosts: actor, rollout, ref, actor_ref, actor_rollout,
-            actor_rollout_ref. The decoupled mode runs ``actor(_ref)`` and ``rollout`` in separate
+            actor_rollout_ref, teacher. The decoupled mode runs ``actor(_ref)`` and ``rollout`` in separate
             groups: ``export_rollout_weights`` on the first feeds ``load_rollout_weights`` on the second.
+            ``teacher``: only the distillation teachers (their own pool, ``distillation.nnodes`` > 0).
         total_training_steps: steps of the run, for the LR schedule and for whether a CPU rollout
             engine is compiled (from the trainer).
         rollout_rows_per_call: the most rows one ``generate_sequences`` call brings this worker
             (from the trainer; sizes the CPU engine's KV cache when ``cpu_kvcache_space_gib`` is null).
         agent_plugins: the driver's registered tools and interactions
             (:func:`hybrid_rl.agents.plugins.plugin_snapshot`), registered here before the rollout is built.
-        distillation: the run's ``distillation`` section: when enabled, the actor's worker hosts the
-            teachers (``compute_teacher_log_prob``) and its loss adds the distillation loss.
+        distillation: the run's ``distillation`` section: when enabled, the actor's loss adds the
+            distillation loss, and the teachers (``compute_teacher_log_prob``) live in the actor's worker
+            (colocated) or in the ``teacher`` role's workers (their own pool).
     """
 
     def __init__(self, config: ActorRolloutRefConfig, role: str,
@@ -96,6 +98,8 @@ class ActorRolloutRefWorker(TeacherMixin, Worker):
         self._is_actor = role.startswith("actor")
         self._is_rollout = "rollout" in role
         self._is_ref = role.endswith("ref")
+        self._hosts_teachers = self.distillation is not None and (
+            role == "teacher" if self.distillation.pool_size else self._is_actor)
         self._weights_version = 0  # bumped whenever the actor's weights change
         self._synced_version: Optional[int] = None  # version the rollout holds; None = never synced
         self._ref_weights_file = None  # the reference's weights in a file mapping (ref.disk_offload)
@@ -132,7 +136,7 @@ class ActorRolloutRefWorker(TeacherMixin, Worker):
                                                    device=self.device,
                                                    attn_implementation=cfg.model.attn_implementation,
                                                    fused_head=cfg.model.use_fused_kernels)
-        if self._is_actor and self.distillation is not None:
+        if self._hosts_teachers:
             self._init_teachers(use_rmpad)
         if self._is_rollout:
             from hybrid_rl.workers.rollout import build_rollout

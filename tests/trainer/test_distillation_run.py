@@ -107,6 +107,29 @@ def test_a_multi_turn_student_distills_on_its_own_tokens(tmp_path, chatty_model_
         assert r["actor/distillation/loss"] > 0
 
 
+def test_the_teachers_own_pool_scores_as_the_colocated_teacher(tmp_path, tiny_model_dir, teacher_dir):
+    """distillation.nnodes=1: the teacher in its own Ray worker, the student in another; step 1's
+    rollout is the same as with the teacher in the student's process, and so are the teacher's scores."""
+    runs = {"colocated": ["trainer.single_process=true"],
+            "pool": ["trainer.single_process=false", "distillation.nnodes=1", "ray_init.num_cpus=2"]}
+    first = {}
+    for name, extra in runs.items():
+        (tmp_path / name).mkdir()
+        result = _cli(tmp_path / name, tiny_model_dir, teacher_dir, "trainer.save_freq=-1",
+                      "trainer.total_training_steps=1", *extra)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+        first[name] = json.loads((tmp_path / name / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert os.listdir(tmp_path / "pool" / "run" / "logs" / "teacher")  # the pool worker's own log
+    for key in ("actor/distillation/teacher_log_prob", "actor/distillation/teacher_kl", "response_length/mean"):
+        assert first["pool"][key] == pytest.approx(first["colocated"][key], rel=1e-4, abs=1e-6), key
+
+
+def test_a_teacher_pool_needs_ray(tiny_model_dir, teacher_dir):
+    (line,) = [line for line in _problems(tiny_model_dir, f"distillation.teacher_models.teacher_model.model_path="
+                                          f"{teacher_dir}", "distillation.nnodes=1", "trainer.single_process=true")]
+    assert "the teachers' own pool (distillation.nnodes=1)" in line
+
+
 def test_kill_9_mid_update_resumes_to_the_same_weights(tmp_path, tiny_model_dir, teacher_dir):
     """forward_kl_topk with the task reward; SIGKILL in step 3's update (the one process dies), then
     the same command again: the final weights equal an uninterrupted run's, bit for bit (CPU,

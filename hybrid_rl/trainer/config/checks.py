@@ -48,7 +48,9 @@ def make_run_plan(cfg: PPOConfig) -> RunPlan:
     """Derived values (call after :func:`validate_config`)."""
     actor = cfg.actor_rollout_ref.actor
     decoupled = cfg.async_training.enable
-    per_node = cfg.trainer.n_gpus_per_node + (cfg.rollout.n_gpus_per_node if decoupled else 0)
+    teachers = cfg.distillation.pool_size
+    per_node = (cfg.trainer.n_gpus_per_node + (cfg.rollout.n_gpus_per_node if decoupled else 0)
+                + (cfg.distillation.n_gpus_per_node if teachers else 0))
     device, world, threads = worker_layout(cfg, per_node)
     needs = estimator_needs(cfg)
     return RunPlan(
@@ -58,6 +60,7 @@ def make_run_plan(cfg: PPOConfig) -> RunPlan:
         use_reference_policy=cfg.algorithm.use_kl_in_reward or actor.use_kl_loss,
         threads_per_worker=threads,
         rollout_world_size=cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node if decoupled else 0,
+        teacher_world_size=teachers,
         use_reward_model=cfg.reward_model.enable and not is_remote(cfg.reward_model.model.path),
         single_process=cfg.trainer.single_process is True,
         use_greedy_baseline=needs.needs_greedy_baseline,

@@ -36,6 +36,9 @@ class RunPlan:
     """CPU threads each worker process uses (cores split evenly among workers)."""
     rollout_world_size: int = 0
     """Decoupled mode: rollout workers in their own pool (rollout.nnodes * n_gpus_per_node); 0 = colocated."""
+    teacher_world_size: int = 0
+    """Distillation: teacher workers in their own pool (distillation.nnodes * n_gpus_per_node); 0 = the
+    teachers live in the training workers."""
     use_reward_model: bool = False
     """A colocated reward-model worker scores responses (reward_model.enable with a local model)."""
     single_process: bool = False

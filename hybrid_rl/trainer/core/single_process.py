@@ -51,6 +51,9 @@ def single_process_blockers(cfg: Any, device: Optional[str] = None) -> list[str]
         blockers.append(f"{t.nnodes * t.n_gpus_per_node} workers (trainer.nnodes * trainer.n_gpus_per_node)")
     if getattr(getattr(cfg, "async_training", None), "enable", False):  # PPO's decoupled mode
         blockers.append("a separate rollout pool (async_training.enable)")
+    distillation = getattr(cfg, "distillation", None)
+    if distillation is not None and distillation.pool_size:
+        blockers.append(f"the teachers' own pool (distillation.nnodes={distillation.nnodes})")
     if cfg.ray_init.address:
         blockers.append(f"a Ray cluster (ray_init.address={cfg.ray_init.address})")
     if t.max_restarts > 0:

@@ -1,6 +1,6 @@
 """The worker groups a run drives, built from its config: Ray start-up, the colocated actor/rollout/ref
 (+ critic) group or the one worker in the driver's process, the decoupled mode's rollout pool, the
-reward-model group, and how many rows the rollout engine holds at once.
+distillation teachers' own pool, the reward-model group, and how many rows the rollout engine holds at once.
 
 The builders read a mode's ``trainer`` and ``ray_init`` sections; what a worker is built from is its
 typed config (``actor_rollout_ref``, ``critic``, ...), which a supervised mode passes in, built from
@@ -40,14 +40,19 @@ class WorkerGroups:
     """Decoupled mode: the rollout group's devices."""
     reward_model: Optional[Any] = None
     """View with the reward-model methods (reward-model training; None otherwise)."""
+    teacher: Optional[Any] = None
+    """Distillation with the teachers in their own pool (``distillation.nnodes`` > 0); None when colocated."""
+    teacher_pool: Optional[Any] = None
+    """The teachers' devices."""
 
     def shutdown(self) -> None:
         (self.actor_rollout or self.reward_model).shutdown()  # the views share the group's processes
         if self.resource_pool is not None:  # None when the worker lives in the driver's process
             self.resource_pool.remove()
-        if self.rollout is not None:
-            self.rollout.shutdown()
-            self.rollout_pool.remove()
+        for group, pool in ((self.rollout, self.rollout_pool), (self.teacher, self.teacher_pool)):
+            if group is not None:
+                group.shutdown()
+                pool.remove()
 
 
 VAL_ROWS_IN_FLIGHT = 64
@@ -117,6 +122,24 @@ def build_rollout_group(cfg: PPOConfig, plan: RunPlan, process_on_nodes: list[in
                                   **_agent_plugins(cfg.actor_rollout_ref))
     if log_dir:  # apart from the training ranks' worker_<rank>.log files
         worker.update_options({"runtime_env": {"env_vars": {LOG_DIR_ENV: os.path.join(log_dir, "rollout")}}})
+    return _init_group(pool, worker, call_timeout_s), pool
+
+
+def build_teacher_group(cfg: PPOConfig, plan: RunPlan, *, worker_cls: Optional[type] = None,
+                        call_timeout_s: Optional[float] = None, log_dir: Optional[str] = None) -> tuple[Any, Any]:
+    """``(group, pool)``: the distillation teachers in their own pool (role ``teacher``: no actor,
+    rollout or reference), ``distillation.nnodes x n_gpus_per_node`` workers, each hosting every
+    teacher and scoring its share of the rows. Logs go to ``log_dir/teacher/``."""
+    from hybrid_rl.single_controller import RayClassWithInitArgs, RayResourcePool
+    from hybrid_rl.workers import ActorRolloutRefWorker
+
+    d = cfg.distillation
+    pool = RayResourcePool([d.n_gpus_per_node] * d.nnodes, use_gpu=plan.device == "cuda", name_prefix="teacher_",
+                           num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker)
+    worker = RayClassWithInitArgs(worker_cls or ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="teacher",
+                                  distillation=d)
+    if log_dir:
+        worker.update_options({"runtime_env": {"env_vars": {LOG_DIR_ENV: os.path.join(log_dir, "teacher")}}})
     return _init_group(pool, worker, call_timeout_s), pool
 
 
@@ -191,6 +214,9 @@ def build_worker_groups(cfg: Any, plan: RunPlan, total_training_steps: int, acto
             cfg, plan, [cfg.rollout.n_gpus_per_node] * cfg.rollout.nnodes, worker_cls=actor_cls,
             rows_per_call=rollout_rows_per_call, call_timeout_s=call_timeout_s, log_dir=log_dir,
             total_training_steps=total_training_steps)
+    if plan.teacher_world_size:
+        groups.teacher, groups.teacher_pool = build_teacher_group(cfg, plan, worker_cls=actor_cls,
+                                                                  call_timeout_s=call_timeout_s, log_dir=log_dir)
     return groups
 
 

@@ -307,7 +307,8 @@ class RayPPOTrainer(TrainerCore):
     def compute_teacher_log_prob(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """``teacher_log_prob`` [B, R]: the sampled tokens under each row's teacher (on-policy
         distillation; the actor's loss reads it)."""
-        return _absorb(batch, self.actor_rollout_wg.compute_teacher_log_prob(batch), metrics)
+        teachers = self.workers.teacher if self.workers.teacher is not None else self.actor_rollout_wg
+        return _absorb(batch, teachers.compute_teacher_log_prob(batch), metrics)
 
     def compute_values(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """Critic ``values`` per response token."""
