@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybrid_rl.data.bad_rows import BadRows
+from hybrid_rl.data.files import expand_data_files
 from hybrid_rl.data.rows import check_required_columns, read_rows, validate_row
 
 logger = logging.getLogger(__name__)
@@ -65,7 +67,8 @@ class RLHFDataset(torch.utils.data.Dataset):
     """Prompt dataset over one or more parquet/JSONL files in veRL's row schema.
 
     Args:
-        data_files: a path or list of paths (``.parquet`` or ``.jsonl``), concatenated in order.
+        data_files: a path or list of paths (files, folders or globs of ``.parquet``, ``.jsonl``, ``.json``,
+            ``.jsonl.gz``, ``.json.gz``: :mod:`hybrid_rl.data.files`), concatenated in order.
         tokenizer: a HF tokenizer; its chat template renders the prompt messages.
         prompt_key: row field holding the chat messages.
         max_prompt_length: maximum prompt length in tokens (after the chat template).
@@ -80,6 +83,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         seed: seed of the ``max_samples`` subset.
         tools: OpenAI function schemas passed to the chat template as ``tools=`` (multi-turn rollouts
             with tools); templates without tool support ignore them. None = not passed.
+        bad_rows / max_bad_fraction: a malformed row stops the load (``error``) or is left out and
+            reported (``skip``, up to that fraction of the rows; :mod:`hybrid_rl.data.bad_rows`).
     """
 
     def __init__(
@@ -96,6 +101,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         max_samples: int | None = None,
         seed: int = 1,
         tools: list[dict] | None = None,
+        bad_rows: str = "error",
+        max_bad_fraction: float = 0.01,
     ):
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"truncation={truncation!r} is not valid; choose one of {', '.join(TRUNCATION_MODES)}")
@@ -121,7 +128,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         self.pad_token_id = resolve_pad_token_id(tokenizer)
         self.data_files = _as_file_list(data_files)
 
-        rows, origins = self._load_rows(self.data_files)
+        rows, origins = self._load_rows(self.data_files, BadRows(bad_rows, max_bad_fraction, what="prompt rows"))
         if max_samples is not None and max_samples < len(rows):
             keep = np.sort(np.random.default_rng(seed).choice(len(rows), size=max_samples, replace=False))
             rows, origins = [rows[i] for i in keep], [origins[i] for i in keep]
@@ -135,17 +142,23 @@ class RLHFDataset(torch.utils.data.Dataset):
 
     # ---------------------------------------------------------------- loading
 
-    def _load_rows(self, files: list[str]) -> tuple[list[dict], list[tuple[str, int]]]:
+    def _load_rows(self, files: list[str], policy: BadRows) -> tuple[list[dict], list[tuple[str, int]]]:
         rows, origins = [], []
         for path in files:
             raw_rows = read_rows(path)
             check_required_columns(raw_rows, path=path, prompt_key=self.prompt_key)
             for row_idx, raw in enumerate(raw_rows):
-                row = validate_row(raw, path=path, row_idx=row_idx, prompt_key=self.prompt_key)
+                row = policy.parse(path, row_idx, validate_row, raw, path=path, row_idx=row_idx,
+                                   prompt_key=self.prompt_key)
+                if row is None:
+                    continue
                 # Default index = global position; veRL rows usually carry extra_info.index.
                 row["index"] = row["extra_info"].get("index", len(rows))
                 rows.append(row)
                 origins.append((path, row_idx))
+        policy.finish()
+        if not rows:
+            raise ValueError(f"no usable rows in {files}; fix the rows or the column names (data.prompt_key)")
         return rows, origins
 
     def render_prompt(self, messages: list[dict[str, str]]) -> str:
@@ -237,8 +250,8 @@ class RLHFDataset(torch.utils.data.Dataset):
 def _as_file_list(data_files) -> list[str]:
     files = [data_files] if isinstance(data_files, (str, os.PathLike)) else list(data_files)
     if not files:
-        raise ValueError("data_files is empty; pass at least one .parquet or .jsonl file")
-    return [os.fspath(f) for f in files]
+        raise ValueError("data_files is empty; pass at least one data file, folder or glob")
+    return expand_data_files(files)
 
 
 def _object_array(values: list[Any]) -> np.ndarray:

@@ -13,12 +13,12 @@ over data-parallel ranks or micro-batches never separates a pair) and ``margin [
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional, Sequence
 
 import torch
 
-from hybrid_rl.data.preference import load_preference_pairs
+from hybrid_rl.data.bad_rows import BadRows, RowError
+from hybrid_rl.data.preference import PreferencePair, iter_preference_pairs
 
 __all__ = ["PreferenceDataset", "TRUNCATIONS", "rm_sequence_ids", "sequence_tensors"]
 
@@ -71,6 +71,16 @@ def pair_tensors(chosen: Sequence[Sequence[int]], rejected: Sequence[Sequence[in
     return out
 
 
+def _pair_ids(tokenizer: Any, pair: PreferencePair, max_length: int, truncation: str) -> tuple[list[int], list[int]]:
+    """The chosen and rejected token ids of one pair; a RowError when truncation made them equal."""
+    chosen, rejected = (rm_sequence_ids(tokenizer, pair.prompt, text, max_length, truncation)
+                        for text in (pair.chosen, pair.rejected))
+    if chosen == rejected:
+        raise RowError(f"chosen and rejected are the same {max_length} tokens after truncation. Fix: raise "
+                       "data.max_length.", "identical after truncation")
+    return chosen, rejected
+
+
 class PreferenceDataset:
     """Tokenised preference pairs for the resumable loader (see the module docstring).
 
@@ -84,20 +94,19 @@ class PreferenceDataset:
 
     def __init__(self, files: Any, tokenizer: Any, prompt_key: str = "prompt", chosen_key: str = "chosen",
                  rejected_key: str = "rejected", margin_key: str = "margin", max_length: int = 1024,
-                 truncation: str = "error"):
-        self.pairs = load_preference_pairs(files, prompt_key, chosen_key, rejected_key, margin_key)
+                 truncation: str = "error", bad_rows: str = "error", max_bad_fraction: float = 0.01):
+        policy = BadRows(bad_rows, max_bad_fraction, what="preference pairs")
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pairs: list[PreferencePair] = []
         self.rows: list[tuple[list[int], list[int]]] = []
-        names = [os.fspath(f) for f in ([files] if isinstance(files, (str, os.PathLike)) else files)]
-        for index, pair in enumerate(self.pairs):
-            try:
-                self.rows.append(tuple(rm_sequence_ids(tokenizer, pair.prompt, text, max_length, truncation)
-                                       for text in (pair.chosen, pair.rejected)))
-            except ValueError as error:
-                raise ValueError(f"preference pair {index} of {names}: {error}") from None
-            if self.rows[-1][0] == self.rows[-1][1]:
-                raise ValueError(f"preference pair {index} of {names}: chosen and rejected are the same "
-                                 f"{max_length} tokens after truncation. Fix: raise data.max_length.")
+        for path, index, pair in iter_preference_pairs(files, prompt_key, chosen_key, rejected_key, margin_key, policy):
+            row = policy.parse(path, index, _pair_ids, tokenizer, pair, max_length, truncation, again=True)
+            if row is not None:
+                self.pairs.append(pair)
+                self.rows.append(row)
+        policy.finish()
+        if not self.rows:
+            raise ValueError(f"no preference pairs in {files}. Fix: pass non-empty files.")
 
     def __len__(self) -> int:
         return len(self.rows)

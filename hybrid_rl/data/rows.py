@@ -1,4 +1,4 @@
-"""Reading and validating veRL-schema rows from parquet or JSONL files.
+"""Validating veRL-schema rows (read by :mod:`hybrid_rl.data.files`).
 
 One row (one prompt) in veRL's schema::
 
@@ -14,39 +14,17 @@ file, the row index and the offending field in the message (never deep inside a 
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
+import re
 from typing import Any
 
-SUPPORTED_SUFFIXES = (".parquet", ".jsonl")
+from hybrid_rl.data.bad_rows import RowError
+from hybrid_rl.data.files import SUPPORTED_SUFFIXES, read_rows
+
+__all__ = ["REQUIRED_COLUMNS", "SUPPORTED_SUFFIXES", "check_required_columns", "read_rows", "validate_row"]
+
 REQUIRED_COLUMNS = ("data_source", "reward_model")
 """Columns every row needs besides the prompt column (``data.prompt_key``)."""
 _ROW_FIX = "fix or remove the row (the row schema is in hybrid_rl/data/rows.py)"
-
-
-def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All rows of one parquet or JSONL file as plain Python dicts (nested lists/dicts, no numpy).
-
-    Raises ``ValueError`` naming the file when it is missing, empty, unreadable or of an
-    unsupported type.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(
-            f"data file {str(path)!r} does not exist (or is not a file); check data.train_files / data.val_files"
-        )
-    if path.suffix not in SUPPORTED_SUFFIXES:
-        raise ValueError(
-            f"data file {str(path)!r} has unsupported suffix {path.suffix!r}; "
-            f"supported: {', '.join(SUPPORTED_SUFFIXES)}"
-        )
-    rows = _read_parquet(path) if path.suffix == ".parquet" else _read_jsonl(path)
-    if not rows:
-        raise ValueError(
-            f"data file {str(path)!r} contains no rows; fill it or remove it from data.train_files / data.val_files"
-        )
-    return rows
 
 
 def check_required_columns(rows: list[dict[str, Any]], *, path: str, prompt_key: str = "prompt") -> None:
@@ -62,40 +40,6 @@ def check_required_columns(rows: list[dict[str, Any]], *, path: str, prompt_key:
             )
 
 
-def _read_parquet(path: Path) -> list[dict[str, Any]]:
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(path)
-    except Exception as err:  # pyarrow raises several types (ArrowInvalid, OSError, ...)
-        raise ValueError(f"data file {str(path)!r} is not a readable parquet file: {err}. Fix: re-write it with "
-                         "pandas.DataFrame.to_parquet / pyarrow, or give the rows as a .jsonl file") from err
-    # to_pylist gives plain lists/dicts; pandas would turn list columns into numpy arrays.
-    return table.to_pylist()
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"data file {str(path)!r} line {line_no}: invalid JSON ({err})") from err
-                if not isinstance(row, dict):
-                    raise ValueError(
-                        f"data file {str(path)!r} line {line_no}: expected a JSON object per line, "
-                        f"got {type(row).__name__}"
-                    )
-                rows.append(row)
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"data file {str(path)!r} could not be read: {err}") from err
-    return rows
-
-
 def validate_row(row: dict[str, Any], *, path: str, row_idx: int, prompt_key: str = "prompt") -> dict[str, Any]:
     """Check one row against the schema and return it normalised (``ability``/``extra_info`` filled in).
 
@@ -104,7 +48,7 @@ def validate_row(row: dict[str, Any], *, path: str, row_idx: int, prompt_key: st
     where = f"data file {path!r} row {row_idx}"
 
     def bad(field: str, problem: str) -> ValueError:
-        return ValueError(f"{where}: field {field!r} {problem}; {_ROW_FIX}")
+        return RowError(f"{where}: field {field!r} {problem}; {_ROW_FIX}", f"{field} {re.split(r', got| [(]', problem)[0]}")
 
     data_source = row.get("data_source")
     if data_source is None:

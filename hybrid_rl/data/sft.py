@@ -18,7 +18,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from hybrid_rl.data.rows import read_rows
+from hybrid_rl.data.bad_rows import BadRows, RowError
+from hybrid_rl.data.files import expand_data_files, iter_rows
 
 __all__ = ["TRUNCATIONS", "SFTDataset", "SFTExample", "example_from_row", "load_sft_examples", "sft_batch",
            "tokenize_example"]
@@ -45,42 +46,71 @@ def _as_messages(value: Any, key: str) -> list[dict]:
     if isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) and {"role", "content"} <= set(m)
                                                           for m in value):
         return [{"role": str(m["role"]), "content": str(m["content"])} for m in value]
-    raise ValueError(f"{key!r} must be a string or a non-empty list of {{role, content}} messages")
+    raise RowError(f"{key!r} must be a string or a non-empty list of {{role, content}} messages",
+                   f"{key!r} not text or messages")
+
+
+def _lookup(row: dict, key: str, dict_keys: Optional[Sequence[str]], flag: str) -> Any:
+    """``row[key]``, then down ``dict_keys`` (veRL's ``data.prompt_dict_keys`` / ``response_dict_keys``:
+    ``extra_info`` -> ``question``); None when the column is absent."""
+    value, path = row.get(key), key
+    for name in dict_keys or ():
+        if value is None:
+            return None
+        if not isinstance(value, dict) or name not in value:
+            raise RowError(f"{path!r} has no field {name!r} (it is {_shape(value)}). Fix: set data.{flag}_dict_keys "
+                           "to the fields that lead to the text.", f"no {path}.{name}")
+        value, path = value[name], f"{path}.{name}"
+    return value
+
+
+def _shape(value: Any) -> str:
+    return f"a dict with {sorted(value)}" if isinstance(value, dict) else f"a {type(value).__name__}"
 
 
 def example_from_row(row: dict, prompt_key: str = "prompt", response_key: str = "response",
-                     messages_key: Optional[str] = None) -> SFTExample:
-    """One :class:`SFTExample` (ValueError with the fix for a malformed row)."""
+                     messages_key: Optional[str] = None, prompt_dict_keys: Optional[Sequence[str]] = None,
+                     response_dict_keys: Optional[Sequence[str]] = None) -> SFTExample:
+    """One :class:`SFTExample` (a RowError with the fix for a malformed row)."""
     if messages_key is not None:
         if row.get(messages_key) is None:
-            raise ValueError(f"no {messages_key!r} column (columns: {sorted(row)}). Fix: set "
-                             "data.multiturn.messages_key to the column holding the conversation.")
+            raise RowError(f"no {messages_key!r} column (columns: {sorted(row)}). Fix: set "
+                           "data.multiturn.messages_key to the column holding the conversation.", f"no {messages_key!r}")
         messages = _as_messages(row[messages_key], messages_key)
         if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
-            raise ValueError(f"the {messages_key!r} conversation has no non-empty assistant turn to train on.")
+            raise RowError(f"the {messages_key!r} conversation has no non-empty assistant turn to train on.",
+                           "no assistant turn")
     else:
-        for key, name in ((prompt_key, "data.prompt_key"), (response_key, "data.response_key")):
-            if row.get(key) is None:
-                raise ValueError(f"no {key!r} column (columns: {sorted(row)}). Fix: set {name} to the right column.")
-        response = row[response_key]
+        prompt = _lookup(row, prompt_key, prompt_dict_keys, "prompt")
+        response = _lookup(row, response_key, response_dict_keys, "response")
+        for value, key, name in ((prompt, prompt_key, "prompt"), (response, response_key, "response")):
+            if value is None:
+                raise RowError(f"no {key!r} column (columns: {sorted(row)}). Fix: set data.{name}_key to the right "
+                               "column.", f"no {key!r}")
         if not isinstance(response, str) or not response.strip():
-            raise ValueError(f"the {response_key!r} response is empty or not a string. Fix: drop or fill the row.")
-        messages = _as_messages(row[prompt_key], prompt_key) + [{"role": "assistant", "content": response}]
+            raise RowError(f"the {response_key!r} response is empty or not a string. Fix: drop or fill the row.",
+                           "empty response")
+        messages = _as_messages(prompt, prompt_key) + [{"role": "assistant", "content": response}]
     extra = {k: row[k] for k in ("reward_model", "extra_info") if row.get(k) is not None}
     return SFTExample(messages, str(row.get("data_source") or ""), extra)
 
 
 def load_sft_examples(files: str | os.PathLike | Sequence[str | os.PathLike], prompt_key: str = "prompt",
-                      response_key: str = "response", messages_key: Optional[str] = None) -> list[SFTExample]:
-    """Every row of the files as an :class:`SFTExample`; a bad row raises naming file and row."""
-    files = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+                      response_key: str = "response", messages_key: Optional[str] = None, *,
+                      prompt_dict_keys: Optional[Sequence[str]] = None, response_dict_keys: Optional[Sequence[str]] = None,
+                      bad_rows: Optional[BadRows] = None) -> list[tuple[str, int, SFTExample]]:
+    """``(file, row, example)`` for every good row of the files (paths, folders or globs); a bad row
+    is handled by ``bad_rows`` (default: raise naming file and row; the caller calls its ``finish``)."""
+    policy = bad_rows if bad_rows is not None else BadRows(what="SFT rows")
     examples = []
-    for path in files:
-        for index, row in enumerate(read_rows(path)):
-            try:
-                examples.append(example_from_row(row, prompt_key, response_key, messages_key))
-            except ValueError as error:
-                raise ValueError(f"{os.fspath(path)}, row {index}: {error}") from None
+    for path in expand_data_files(files):
+        for index, row in enumerate(iter_rows(path)):
+            example = policy.parse(path, index, example_from_row, row, prompt_key, response_key, messages_key,
+                                   prompt_dict_keys, response_dict_keys)
+            if example is not None:
+                examples.append((path, index, example))
+    if bad_rows is None:
+        policy.finish()
     return examples
 
 
@@ -153,15 +183,21 @@ class SFTDataset:
     and ``collate_fn`` builds :func:`sft_batch` tensors plus the ``data_source`` column."""
 
     def __init__(self, files: Any, tokenizer: Any, prompt_key: str = "prompt", response_key: str = "response",
-                 messages_key: Optional[str] = None, max_length: int = 1024, truncation: str = "error"):
-        self.examples = load_sft_examples(files, prompt_key, response_key, messages_key)
+                 messages_key: Optional[str] = None, max_length: int = 1024, truncation: str = "error", *,
+                 prompt_dict_keys: Optional[Sequence[str]] = None, response_dict_keys: Optional[Sequence[str]] = None,
+                 bad_rows: str = "error", max_bad_fraction: float = 0.01):
+        policy = BadRows(bad_rows, max_bad_fraction, what="SFT rows")
+        loaded = load_sft_examples(files, prompt_key, response_key, messages_key, prompt_dict_keys=prompt_dict_keys,
+                                   response_dict_keys=response_dict_keys, bad_rows=policy)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.rows = []
-        for index, example in enumerate(self.examples):
-            try:
-                self.rows.append(tokenize_example(tokenizer, example.messages, max_length, truncation))
-            except ValueError as error:
-                raise ValueError(f"SFT example {index} of {files}: {error}") from None
+        self.examples, self.rows = [], []
+        for path, index, example in loaded:  # an overlong conversation is a bad row too
+            row = policy.parse(path, index, tokenize_example, tokenizer, example.messages, max_length, truncation,
+                               again=True)
+            if row is not None:
+                self.examples.append(example)
+                self.rows.append(row)
+        policy.finish()
         if not self.rows:
             raise ValueError(f"no SFT examples in {files}. Fix: pass non-empty data files.")
 

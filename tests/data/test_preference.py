@@ -69,7 +69,7 @@ def test_openrlhf_style_keys(tmp_path):
     ({"prompt": "q", "chosen": "  ", "rejected": "5"}, r"the 'chosen' response is empty"),
     ({"prompt": "q", "chosen": "4", "rejected": ""}, r"the 'rejected' response is empty"),
     ({"prompt": "q", "chosen": "4", "rejected": "4"}, r"identical"),
-    ({"chosen": "4", "rejected": "5"}, r"must be HH-RLHF dialogues.*prompt_key="),
+    ({"chosen": "4", "rejected": "5"}, r"share no prompt .*prompt_key="),  # neither HH nor an implicit prompt
     ({"chosen": [USER, {"role": "assistant", "content": "4"}, {"role": "assistant", "content": "x"}],
       "rejected": [USER, {"role": "assistant", "content": "5"}]}, r"exactly one assistant message"),
     ({"chosen": [{"role": "assistant", "content": "4"}], "rejected": [{"role": "assistant", "content": "5"}]},

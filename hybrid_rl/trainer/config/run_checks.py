@@ -156,11 +156,20 @@ def check_trainer(cfg: Any) -> list[str]:
 
 
 def check_data_files(data: Any) -> list[str]:
-    """``data.train_files`` / ``val_files`` exist; held-out files need training files beside them."""
-    errors = []
+    """``data.train_files`` / ``val_files`` name existing files (folders and globs included), held-out
+    files have training files beside them, ``data.bad_rows`` is a known policy."""
+    from hybrid_rl.data.bad_rows import bad_rows_problems
+    from hybrid_rl.data.files import expand_data_files
+
+    errors = bad_rows_problems(data.bad_rows, data.max_bad_fraction)
     for key, files in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
         for path in as_file_list(files):
-            if not os.path.isfile(os.path.expanduser(path)):
+            try:
+                named = expand_data_files(path)  # a folder or a glob names files
+            except ValueError as error:
+                errors.append(f"{key}: {error}")
+                continue
+            if not os.path.isfile(named[0]):
                 errors.append(f"{key}: file {path!r} does not exist; fix the path or leave {key} unset.")
     if data.train_files is None and data.val_files is not None:
         errors.append(

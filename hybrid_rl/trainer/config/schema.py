@@ -54,10 +54,11 @@ class DataConfig:
     tokenizer: Optional[str] = None
     """Tokenizer path; null uses ``actor_rollout_ref.model.path``."""
     train_files: Any = None
-    """Parquet file or list of files with the training prompts. Null = the synthetic arithmetic
-    task generated into ``data.arithmetic.cache_dir``."""
+    """Data file(s) with the training prompts: ``.parquet``, ``.jsonl``, ``.json``, ``.jsonl.gz``,
+    ``.json.gz``, folders or globs of them. Null = the synthetic arithmetic task generated into
+    ``data.arithmetic.cache_dir``."""
     val_files: Any = None
-    """Parquet file(s) for validation. Null = the arithmetic test split when train_files is null,
+    """Data file(s) for validation (as ``train_files``). Null = the arithmetic test split when train_files is null,
     else no validation."""
     prompt_key: str = "prompt"
     """Column holding the chat messages of the prompt."""
@@ -81,6 +82,11 @@ class DataConfig:
     """Seed of the training sampler's shuffle."""
     return_raw_chat: bool = True
     """Keep each prompt's chat messages (untemplated) as ``raw_prompt`` beside the token ids."""
+    bad_rows: str = "error"
+    """A malformed row: error (stop, naming the file, row and reason) | skip (leave it out, count the
+    reasons, report them in one line)."""
+    max_bad_fraction: float = 0.01
+    """With ``bad_rows=skip``: refuse to start when more than this fraction of the rows is bad."""
     arithmetic: ArithmeticDataConfig = field(default_factory=ArithmeticDataConfig)
     """Synthetic arithmetic task settings (only used when ``train_files`` is null)."""
 

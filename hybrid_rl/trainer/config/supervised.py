@@ -39,7 +39,8 @@ class SupervisedDataConfig:
     """The training and held-out files and their batching (veRL's SFT ``data.*``)."""
 
     train_files: Any = None
-    """Parquet / JSONL file or list of files; null = the arithmetic task's examples, generated on first
+    """Data file(s): ``.parquet``, ``.jsonl``, ``.json``, ``.jsonl.gz``, ``.json.gz``, folders or globs of
+    them; null = the arithmetic task's examples, generated on first
     use into ``data.arithmetic.cache_dir``."""
     val_files: Any = None
     """Held-out file(s); null = the arithmetic task's held-out split when train_files is null, else none."""
@@ -59,6 +60,11 @@ class SupervisedDataConfig:
     """Shuffle the training rows each epoch (seeded by ``data.seed``)."""
     seed: int = 1
     """Seed of the training sampler's shuffle."""
+    bad_rows: str = "error"
+    """A malformed row: error (stop, naming the file, row and reason) | skip (leave it out, count the
+    reasons, report them in one line)."""
+    max_bad_fraction: float = 0.01
+    """With ``bad_rows=skip``: refuse to start when more than this fraction of the rows is bad."""
     arithmetic: ArithmeticDataConfig = field(default_factory=ArithmeticDataConfig)
     """The built-in task's settings (only used when ``train_files`` is null)."""
 
@@ -69,6 +75,11 @@ class SFTDataConfig(SupervisedDataConfig):
 
     response_key: str = "response"
     """Column holding the target response text."""
+    prompt_dict_keys: Optional[list] = None
+    """veRL's: the fields inside ``prompt_key``'s dict that lead to the prompt, e.g. ``[question]`` with
+    ``prompt_key=extra_info`` (null: the column is the prompt)."""
+    response_dict_keys: Optional[list] = None
+    """veRL's: the fields inside ``response_key``'s dict that lead to the response, e.g. ``[answer]``."""
     multiturn: MultiturnDataConfig = field(default_factory=MultiturnDataConfig)
     """Whole conversations: every assistant turn is trained on."""
     use_dynamic_bsz: bool = True

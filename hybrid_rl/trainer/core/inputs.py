@@ -68,18 +68,20 @@ def build_dataset(files: list[str], tokenizer, cfg: PPOConfig):
     data = cfg.data
     return build_prompt_dataset(files, tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
                                 filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
-                                return_raw_chat=data.return_raw_chat, tools=tool_schemas(cfg))
+                                return_raw_chat=data.return_raw_chat, tools=tool_schemas(cfg), bad_rows=data.bad_rows,
+                                max_bad_fraction=data.max_bad_fraction)
 
 
 def build_prompt_dataset(files: list[str], tokenizer, *, prompt_key: str, max_prompt_length: int,
                          filter_overlong_prompts: bool = True, truncation: str = "error", return_raw_chat: bool = True,
-                         tools: Optional[list[dict]] = None):
+                         tools: Optional[list[dict]] = None, bad_rows: str = "error", max_bad_fraction: float = 0.01):
     """An :class:`~hybrid_rl.data.RLHFDataset` of prompts (with data source and ground truth)."""
     from hybrid_rl.data import RLHFDataset
 
     return RLHFDataset(files, tokenizer, prompt_key=prompt_key, max_prompt_length=max_prompt_length,
                        filter_overlong_prompts=filter_overlong_prompts, truncation=truncation,
-                       return_raw_chat=return_raw_chat, tools=tools)
+                       return_raw_chat=return_raw_chat, tools=tools, bad_rows=bad_rows,
+                       max_bad_fraction=max_bad_fraction)
 
 
 def build_train_dataloader(dataset, cfg: Any):

@@ -96,7 +96,7 @@ class RMTrainer(TrainerCore):
         d = self.config.data
         return PreferenceDataset(files, self.tokenizer, prompt_key=d.prompt_key, chosen_key=d.chosen_key,
                                  rejected_key=d.rejected_key, margin_key=d.margin_key, max_length=d.max_length,
-                                 truncation=d.truncation)
+                                 truncation=d.truncation, bad_rows=d.bad_rows, max_bad_fraction=d.max_bad_fraction)
 
     def _datasets(self, train_dataset, val_dataset) -> tuple[Any, Any]:
         d = self.config.data

@@ -112,7 +112,9 @@ class SFTTrainer(TrainerCore):
         d = self.config.data
         return SFTDataset(files, self.tokenizer, prompt_key=d.prompt_key, response_key=d.response_key,
                           messages_key=d.multiturn.messages_key if d.multiturn.enable else None,
-                          max_length=d.max_length, truncation=d.truncation)
+                          max_length=d.max_length, truncation=d.truncation, prompt_dict_keys=d.prompt_dict_keys,
+                          response_dict_keys=d.response_dict_keys, bad_rows=d.bad_rows,
+                          max_bad_fraction=d.max_bad_fraction)
 
     def _datasets(self, train_dataset, val_dataset) -> tuple[Any, Any]:
         """Train: SFT conversations. Val: the same files read twice, as SFT rows (the loss) and, when
