@@ -13,7 +13,8 @@ from pathlib import Path
 from hybrid_rl.trainer.core.plotting import plot_comparison, read_curves
 
 SERIES = "val arithmetic/reward/mean@1"
-MODES = {"distill": "distillation only", "distill_task": "distillation + task reward", "grpo": "GRPO alone"}
+MODES = {"distill": "distillation only", "distill_task": "distillation + task reward",
+         "distill_topk": "top-32 forward KL only", "grpo": "GRPO alone"}
 
 
 def seconds_per_step(path: Path) -> dict[int, float]:

@@ -80,11 +80,12 @@ def test_recipe_composes(path):
         rm = cfg.reward_model
         assert rm.enable and rm.model.path.endswith("rm_hf") and rm.rule_weight == 0 and rm.rm_weight == 1
         assert cfg.actor_rollout_ref.model.path.endswith("sft_hf") and cfg.data.arithmetic.num_shots == 0
-    elif "distill_arithmetic" in path:  # teacher = the default run; students: distillation, + task, GRPO
-        assert [e.rsplit(".", 1)[1] for e, _ in commands] == ["main_ppo"] * 4
-        for _, student in commands[1:3]:
+    elif "distill_arithmetic" in path:  # teacher = the default run; students: k3, + task, top-32, GRPO
+        assert [e.rsplit(".", 1)[1] for e, _ in commands] == ["main_ppo"] * 5
+        for _, student in commands[1:4]:
             d = compose("hybrid_rl.trainer.main_ppo", student).distillation
             assert d.enabled and d.teacher_models["teacher_model"].model_path.endswith("teacher_hf")
+        assert d.distillation_loss.loss_mode == "forward_kl_topk" and d.distillation_loss.topk == 32
         assert cfg.trainer.device == "auto" and cfg.trainer.total_training_steps == 8 and not cfg.distillation.enabled
     elif "async_arithmetic" in path:  # the default run, decoupled
         assert cfg.async_training.enable and cfg.async_training.max_head_offpolicyness == 1
