@@ -39,7 +39,7 @@ install_requires = [
 
 extras_require = {
     # playwright drives the system's Chromium in the studio's browser test (it downloads no browser)
-    "test": ["pytest>=8", "pytest-timeout>=2.3", "playwright>=1.40", "httpx"],
+    "test": ["pytest>=8", "pytest-timeout>=2.3", "playwright>=1.40", "httpx", "psycopg[binary]>=3.1"],
     # vLLM pins one exact torch per release (docs/gpu.md has the table); install the release that
     # matches the installed torch. 0.11.1-0.19 require transformers<5 (outside the window above);
     # earlier releases were built against transformers 4.5x.
@@ -52,6 +52,8 @@ extras_require = {
     "studio": ["fastapi>=0.110", "uvicorn>=0.29"],
     # Black-box agents over the OpenAI-compatible endpoint (hybrid_rl/agents/openai_server.py)
     "agents": ["fastapi>=0.110", "uvicorn>=0.29", "openai>=1.40"],
+    # The experience buffer on a PostgreSQL server (async_training.buffer.path=postgresql+psycopg://...)
+    "postgres": ["psycopg[binary]>=3.1"],
 }
 
 setup(

@@ -32,4 +32,11 @@ if [ "${1:-}" = "--test" ] && ! command -v chromium >/dev/null && command -v apt
      (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1)) ||
         echo "note: could not install chromium; the studio's browser test will be skipped"
 fi
+# The experience buffer's tests also run on a PostgreSQL server they start themselves (Debian's package:
+# initdb and pg_ctl as the postgres user); where apt cannot install it, those tests are skipped, saying so.
+if [ "${1:-}" = "--test" ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && command -v apt-get >/dev/null; then
+    (apt-get install -y -q --no-install-recommends postgresql >/dev/null 2>&1 ||
+     (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends postgresql >/dev/null 2>&1)) ||
+        echo "note: could not install postgresql; the buffer's PostgreSQL tests will be skipped"
+fi
 python -c "import torch, transformers, ray; print(f'hybrid_rl install ok: torch {torch.__version__}, transformers {transformers.__version__}, ray {ray.__version__}')"

@@ -38,3 +38,26 @@ def tiny_model_dir(tmp_path_factory) -> str:
     from hybrid_rl.utils.testing import build_tiny_model_dir
 
     return build_tiny_model_dir(tmp_path_factory.mktemp("tiny_model"))
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A PostgreSQL server started for this test session (hybrid_rl.utils.pg_server); the tests that
+    use it are skipped, saying why, where none can start (bash scripts/install.sh --test installs it)."""
+    from hybrid_rl.utils.pg_server import postgres_unavailable, start_postgres
+
+    reason = postgres_unavailable()
+    if reason:
+        pytest.skip(f"PostgreSQL: {reason}")
+    server = start_postgres()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server, request):
+    """The SQLAlchemy URL of a new, empty database on the session's server, one per test."""
+    import re
+
+    name = re.sub(r"[^a-z0-9_]+", "_", request.node.name.lower())[:40] + f"_{abs(hash(request.node.nodeid)) % 10**6}"
+    return postgres_server.create_database(name)

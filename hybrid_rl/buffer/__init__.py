@@ -20,12 +20,16 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-def build_buffer(config: BufferConfig, run_dir: str) -> ExperienceBuffer:
-    """The backend ``config`` names; sql without a path = ``<run_dir>/experiences.db``."""
+def build_buffer(config: BufferConfig, run_dir: str, experiment_name: str = "") -> ExperienceBuffer:
+    """The backend ``config`` names; sql without a path = table ``experiences`` of
+    ``<run_dir>/experiences.db``; with a path (perhaps shared) the table is ``config.name`` or the
+    experiment's name."""
     if config.storage_type == "memory":
         return MemoryBuffer()
     import os
 
-    from hybrid_rl.buffer.sql import SQLBuffer
+    from hybrid_rl.buffer.sql import DEFAULT_TABLE, SQLBuffer, table_name
 
-    return SQLBuffer(config.path or os.path.join(run_dir, "experiences.db"))
+    if config.path is None:
+        return SQLBuffer(os.path.join(run_dir, "experiences.db"), config.name or DEFAULT_TABLE)
+    return SQLBuffer(config.path, config.name or table_name(experiment_name or DEFAULT_TABLE))

@@ -6,11 +6,14 @@ the run dies before the checkpoint, ``release_after(step)`` (called on resume wi
 step) puts everything taken after it back to ``ready``: nothing buffered is lost and nothing is trained
 on twice. ``drop_stale(version, max_staleness)`` marks ready experiences more than ``max_staleness``
 policy versions old as ``dropped`` (kept for inspection, never trained on) and returns how many.
+``discard_newer(version)`` deletes ready experiences sampled by weights newer than a restored
+checkpoint's (resume), so that their prompts are generated again by the weights that exist.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -21,6 +24,8 @@ from hybrid_rl.buffer.experience import STATUSES, Experience
 __all__ = ["BUFFER_STORAGE_TYPES", "BufferConfig", "ExperienceBuffer", "MemoryBuffer"]
 
 BUFFER_STORAGE_TYPES = ("memory", "sql")
+TABLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+"""A buffer name every SQL database accepts as a table name."""
 
 
 @dataclass(kw_only=True)
@@ -30,13 +35,20 @@ class BufferConfig:
     storage_type: str = "memory"
     """memory (in this process; saved with each checkpoint) or sql (a database through SQLAlchemy)."""
     path: Optional[str] = None
-    """sql: a SQLAlchemy URL (``sqlite:///run/experiences.db``, ``postgresql://...``) or a plain file
-    path (SQLite). null = ``experiences.db`` in the run folder."""
+    """sql: a SQLAlchemy URL (``sqlite:///run/experiences.db``, ``postgresql+psycopg://...``) or a plain
+    file path (SQLite). null = ``experiences.db`` in the run folder."""
+    name: Optional[str] = None
+    """sql: the table this run's experiences go to (Trinity-RFT's buffer name), so that several runs
+    share one database. null = ``experiences`` in the run folder's own file, else the run's
+    ``trainer.experiment_name`` made a table name (lower case, ``[a-z0-9_]``)."""
 
     def __post_init__(self) -> None:
         if self.storage_type not in BUFFER_STORAGE_TYPES:
             raise ValueError(f"async_training.buffer.storage_type={self.storage_type!r} is invalid: must be one of "
                              f"{BUFFER_STORAGE_TYPES}. Fix: use memory or sql.")
+        if self.name is not None and not TABLE_NAME.match(self.name):
+            raise ValueError(f"async_training.buffer.name={self.name!r} is not a table name: use lower-case letters, "
+                             "digits and _ (at most 63, not starting with a digit).")
 
 
 class ExperienceBuffer(ABC):
@@ -58,6 +70,11 @@ class ExperienceBuffer(ABC):
     @abstractmethod
     def drop_stale(self, version: int, max_staleness: int) -> int:
         """Mark ready experiences with ``policy_version < version - max_staleness`` dropped; returns how many."""
+
+    @abstractmethod
+    def discard_newer(self, version: int) -> int:
+        """Delete ready experiences with ``policy_version > version`` (a resume: they were sampled by
+        weights of the dead run that the restored run will never have); returns how many."""
 
     @abstractmethod
     def read(self, status: Optional[str] = None, limit: Optional[int] = None) -> list[Experience]:
@@ -124,6 +141,12 @@ class MemoryBuffer(ExperienceBuffer):
             for e in stale:
                 e.status = "dropped"
             return len(stale)
+
+    def discard_newer(self, version: int) -> int:
+        with self._lock:
+            kept = [e for e in self._items if not (e.status == "ready" and e.policy_version > version)]
+            gone, self._items = len(self._items) - len(kept), kept
+            return gone
 
     def read(self, status: Optional[str] = None, limit: Optional[int] = None) -> list[Experience]:
         _check_status(status)

@@ -20,9 +20,18 @@ def tok():
     return build_byte_tokenizer()
 
 
-@pytest.fixture(params=["memory", "sql"])
+@pytest.fixture
+def database(request, tmp_path):
+    """A SQLite file or a new PostgreSQL database (``request.param``)."""
+    return str(tmp_path / "exp.db") if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def buffer(request, tmp_path):
-    buf = MemoryBuffer() if request.param == "memory" else SQLBuffer(str(tmp_path / "exp.db"))
+    if request.param == "memory":
+        buf = MemoryBuffer()
+    else:
+        buf = SQLBuffer(str(tmp_path / "exp.db") if request.param == "sqlite" else request.getfixturevalue("postgres_url"))
     yield buf
     buf.close()
 
@@ -124,8 +133,9 @@ def test_sql_buffer_survives_the_process_and_is_readable_with_plain_sqlalchemy(t
     assert list(table["reward"]) == [1.0, 0.5, 0.0] and list(table["status"]) == ["taken", "ready", "ready"]
 
 
-def test_concurrent_takers_never_share_an_experience(tmp_path):
-    path = str(tmp_path / "shared.db")
+@pytest.mark.parametrize("database", ["sqlite", "postgres"], indirect=True)
+def test_concurrent_takers_never_share_an_experience(database):
+    path = database
     SQLBuffer(path).put([Experience(uid=str(i), data_source="s", prompt_ids=[1], response_ids=[2], response_mask=[1],
                                     reward=0.0, policy_version=0) for i in range(60)])
     taken, errors = [], []
@@ -138,12 +148,41 @@ def test_concurrent_takers_never_share_an_experience(tmp_path):
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(3)]
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(3)]  # 3 x 10 x 3 = 90 asks for 60 rows
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors and sorted(taken) == list(range(1, 61))
+
+
+def test_a_resume_discards_rows_of_newer_weights(buffer):
+    buffer.put([Experience(uid="u", data_source="s", prompt_ids=[1], response_ids=[2], response_mask=[1], reward=0.0,
+                           policy_version=v) for v in (1, 2, 3, 3, 4)])
+    buffer.take(1, step=2)  # version 1, trained at step 2
+    assert buffer.discard_newer(2) == 3  # versions 3, 3, 4: sampled by weights after the step-2 checkpoint
+    assert [(e.policy_version, e.status) for e in buffer.read()] == [(1, "taken"), (2, "ready")]
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"], indirect=True)
+def test_two_runs_share_a_database_in_their_own_tables(database, tmp_path):
+    from hybrid_rl.buffer.sql import table_name
+
+    config = BufferConfig(storage_type="sql", path=database)
+    runs = {name: build_buffer(config, str(tmp_path / name), experiment_name=name) for name in ("GRPO run-A", "run B")}
+    assert {b.name for b in runs.values()} == {"grpo_run_a", "run_b"}
+    for index, buf in enumerate(runs.values()):
+        buf.put([Experience(uid=str(index), data_source="s", prompt_ids=[1], response_ids=[2], response_mask=[1],
+                            reward=float(index), policy_version=0)] * (index + 2))
+    a, b = runs.values()
+    assert [e.uid for e in a.take(10, step=1)] == ["0", "0"] and b.count("ready") == 3 and a.count() == 2
+    named = build_buffer(BufferConfig(storage_type="sql", path=database, name="shared_pool"), str(tmp_path), "x")
+    assert named.name == "shared_pool" and named.count() == 0
+    assert table_name("2026 Run") == "exp_2026_run"
+    with pytest.raises(ValueError, match="is not a table name"):
+        SQLBuffer(database, name="Bad-Name")
+    for buf in (*runs.values(), named):
+        buf.close()
 
 
 def test_memory_buffer_state_dict_round_trip():

@@ -55,10 +55,10 @@ def test_eta_zero_reproduces_the_synchronous_run_and_resumes_exactly(tmp_path, t
     assert all(r["async/staleness_max"] == 0 for r in async_rows)
 
 
-def _buffer_rows(run_dir):
+def _buffer_rows(run_dir, url=None, name="experiences"):
     from hybrid_rl.buffer import SQLBuffer
 
-    buffer = SQLBuffer(os.path.join(run_dir, "experiences.db"))
+    buffer = SQLBuffer(url or os.path.join(run_dir, "experiences.db"), name)
     try:
         return buffer.read()
     finally:
@@ -79,13 +79,24 @@ def _assert_each_row_once(rows, steps):
     assert all(len(batches) == 1 for batches in by_step.values())
 
 
-@pytest.mark.parametrize("fault,restarts", [
-    ("kill:driver.update_actor:3", 0),  # the driver dies after taking step 3's rows; rerun the command
+@pytest.mark.parametrize("fault,restarts,database", [
+    ("kill:driver.update_actor:3", 0, "sqlite"),  # the driver dies after taking step 3's rows; rerun the command
     # the trainer worker dies in step 2's update, then the rollout worker generating batch 4: two restarts
-    ("kill:update_actor:2,kill:generate_sequences:4", 2),
+    ("kill:update_actor:2,kill:generate_sequences:4", 2, "sqlite"),
+    ("kill:driver.update_actor:3", 0, "postgres"),  # a server database another run's table shares
 ])
-def test_sigkill_resumes_with_the_sql_buffer_nothing_lost_nothing_twice(tmp_path, tiny_model_dir, fault, restarts):
-    args = [*_reward_args(tmp_path), *_async_args("async_training.buffer.storage_type=sql"),
+def test_sigkill_resumes_with_the_sql_buffer_nothing_lost_nothing_twice(request, tmp_path, tiny_model_dir, fault,
+                                                                        restarts, database):
+    url = request.getfixturevalue("postgres_url") if database == "postgres" else None
+    where = [f"async_training.buffer.path='{url}'", "trainer.experiment_name='Run A'"] if url else []
+    if url:  # another run's rows in the same database: this run must neither see nor touch them
+        from hybrid_rl.buffer import Experience, SQLBuffer
+
+        other = SQLBuffer(url, "run_b")
+        other.put([Experience(uid="b", data_source="s", prompt_ids=[1], response_ids=[2], response_mask=[1],
+                              reward=0.0, policy_version=0)] * 5)
+        other.close()
+    args = [*_reward_args(tmp_path), *_async_args("async_training.buffer.storage_type=sql"), *where,
             "trainer.total_training_steps=4", f"trainer.max_restarts={restarts}"]
     env = {"HYBRID_RL_FAULT": fault, "HYBRID_RL_FAULT_STATE": str(tmp_path / "faults")}
     first = _run_cli(tmp_path, tiny_model_dir, *args, env=env)
@@ -97,10 +108,13 @@ def test_sigkill_resumes_with_the_sql_buffer_nothing_lost_nothing_twice(tmp_path
         _assert_ok(first)
         for attempt in range(1, restarts + 1):
             assert f"restart {attempt}/{restarts} after a worker failure" in first.stderr + first.stdout
-    rows = _buffer_rows(tmp_path / "run")
+    rows = _buffer_rows(tmp_path / "run", url, "run_a") if url else _buffer_rows(tmp_path / "run")
     _assert_each_row_once(rows, steps=4)
-    logged = [r["training/global_step"] for r in _rows(tmp_path / "run")]
-    assert logged[-1] == 4
+    logged = _rows(tmp_path / "run")
+    assert logged[-1]["training/global_step"] == 4
+    assert all(r["async/staleness_mean"] >= 0 for r in logged)  # no row of newer weights than the trainer's
+    if url:
+        assert [(e.uid, e.status) for e in _buffer_rows(None, url, "run_b")] == [("b", "ready")] * 5
 
 
 def test_two_node_cluster_places_the_pools_by_resources(tmp_path, tiny_model_dir):

@@ -40,9 +40,9 @@ _POLL_S = 0.02
 
 def staleness_metrics(versions: list[int], trainer_version: int) -> dict[str, float]:
     """``async/staleness_{mean,max}`` and the histogram ``async/staleness_hist/<s>`` (fraction of
-    rows ``s`` versions behind ``trainer_version``; rows from newer weights than a resumed trainer
-    count as 0)."""
-    lags = [max(0, trainer_version - int(v)) for v in versions]
+    rows ``s`` versions behind ``trainer_version``). A negative lag (a row of newer weights than the
+    trainer's) is reported as it is: a resume discards such rows, so one would be a bug to see."""
+    lags = [trainer_version - int(v) for v in versions]
     out = {"async/staleness_mean": sum(lags) / len(lags), "async/staleness_max": float(max(lags))}
     for lag, count in sorted(Counter(lags).items()):
         out[f"async/staleness_hist/{lag}"] = count / len(lags)
@@ -63,10 +63,11 @@ class DecoupledPPOTrainer(RayPPOTrainer):
         self.producer: RolloutProducer | None = None
         self._producer_state = ProducerState(1, self.train_dataloader.state_dict())
         self.dropped_total = 0
+        self.discarded_newer = 0  # rows of the dead run's newer weights discarded at resume
 
     # ------------------------------------------------------------------ set-up and teardown
     def _begin_fit(self) -> dict[str, float]:
-        self.buffer = build_buffer(self.config.async_training.buffer, self.run_dir)
+        self.buffer = build_buffer(self.config.async_training.buffer, self.run_dir, self.config.trainer.experiment_name)
         self._producer_state = ProducerState(1, self.train_dataloader.state_dict())
         metrics = super()._begin_fit()  # resume (load_checkpoint), validation before training
         self.producer = RolloutProducer(
@@ -141,8 +142,10 @@ class DecoupledPPOTrainer(RayPPOTrainer):
         metrics.update(staleness_metrics([e.policy_version for e in experiences], version))
         metrics.update(self.producer.pop_metrics({int(e.extra.get("rollout_batch", 0)) for e in experiences}))
         metrics.update({"async/dropped_stale": dropped, "async/dropped_stale_total": self.dropped_total,
+                        "async/discarded_newer_at_resume": self.discarded_newer,  # once, the step after a resume
                         "async/buffer_ready": self.buffer.count("ready"),
                         "async/rollout_version": float(self.producer.rollout_version or 0)})
+        self.discarded_newer = 0
         return batch
 
     def sync_rollout_weights(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
@@ -194,6 +197,9 @@ class DecoupledPPOTrainer(RayPPOTrainer):
         if saved.get("buffer") is not None and isinstance(self.buffer, MemoryBuffer):
             self.buffer.load_state_dict(saved["buffer"])
         released = self.buffer.release_after(self.global_steps)
+        # Rows the dead run sampled with weights trained after this checkpoint: those weights will never
+        # exist again (this run trains its own), so the rows go and their prompts are generated anew.
+        self.discarded_newer = self.buffer.discard_newer(self.global_steps)
         buffered = self._batch_indices()
         missing = sorted(set(saved.get("ready_batches", [])) - set(buffered))
         if missing:
@@ -205,9 +211,9 @@ class DecoupledPPOTrainer(RayPPOTrainer):
             next_batch=int(saved.get("next_batch", self.global_steps + 1)), loader=self.train_dataloader.state_dict(),
             skip_through=max([int(saved.get("skip_through", 0))] + buffered))
         self.dropped_total = int(saved.get("dropped_total", 0))
-        if released or buffered:
-            logger.info("experience buffer: %d rows taken after step %d are ready again; %d rows buffered",
-                        released, self.global_steps, len(buffered))
+        if released or buffered or self.discarded_newer:
+            logger.info("experience buffer: %d rows taken after step %d are ready again; %d rows of newer weights "
+                        "discarded; %d rows buffered", released, self.global_steps, self.discarded_newer, len(buffered))
 
     def _check_resumable(self, saved: dict) -> None:
         """One-line errors for a resume that would skip or repeat prompt batches."""
