@@ -1,9 +1,17 @@
 """Synchronous vs decoupled (asynchronous) training with a slow environment, side by side.
 
 The same job twice (or more) on this machine, back to back: the default arithmetic task on the
-embedded SmolLM2-135M-Instruct, with a reward that waits ``--latency`` seconds per call before scoring
-(latency, not CPU: a remote reward service, a sandbox, an LLM judge). Only training rows wait;
-held-out validation (greedy, 200 problems) scores at once, so the accuracy costs no benchmark time.
+embedded SmolLM2-135M-Instruct, with a slow reward (latency, not CPU), one of:
+
+* ``--reward remote`` (default): a remote reward-model service this benchmark starts on localhost
+  (``reward_model.model.path=http://...``), answering each request of ``--rm-rows`` rows after
+  ``--latency`` seconds with the task's correctness; every mode sends ``reward_model.num_workers``
+  (``--workers``) requests at once;
+* ``--reward function``: a custom reward function that waits ``--latency`` seconds per row (the
+  serial baseline of the first figures: the ``naive`` manager scored rows one after another).
+
+Only training rows wait; held-out validation (greedy, 200 problems) is judged by the rule scorer at
+once, so the accuracy costs no benchmark time.
 
 Reported per mode: trained samples per second over the training steps (rows x steps / the steps'
 time, validation excluded), the speed-up over the synchronous mode, held-out accuracy before and
@@ -12,8 +20,9 @@ with eta > 0 use AReaL's decoupled loss (``--vanilla-loss`` to compare without i
 synchronous run uses one worker with every core; the decoupled run one training and one rollout
 worker with half the cores each.
 
-    python benchmarks/bench_async.py                       # sync, eta=1, eta=2 (~20 min on 2 cores)
-    python benchmarks/bench_async.py --modes sync 1 --steps 8 --latency 0.5
+    python benchmarks/bench_async.py                       # sync, eta=1, eta=2 (~15 min on 2 cores)
+    python benchmarks/bench_async.py --modes sync 1 --steps 8 --latency 2 --workers 8
+    python benchmarks/bench_async.py --reward function --latency 0.5   # the serial baseline
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 SLOW_REWARD = '''
@@ -41,11 +51,45 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 '''
 
 
-def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict:
+class SlowRewardService:
+    """A remote reward model on localhost: each POSTed request waits ``latency`` seconds, then gets
+    the arithmetic task's correctness of each response against its label (OpenRLHF's protocol)."""
+
+    def __init__(self, latency: float):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from hybrid_rl.reward.registry import default_compute_score
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                time.sleep(latency)
+                rewards = [float(default_compute_score("arithmetic", r, label))
+                           for r, label in zip(body["responses"], body["labels"])]
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(json.dumps({"rewards": rewards}).encode())
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/score"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def reward_overrides(args: argparse.Namespace, workdir: str, url: str | None) -> list[str]:
+    if args.reward == "function":
+        return [f"custom_reward_function.path={os.path.join(workdir, 'slow_reward.py')}"]
+    return ["reward_model.enable=true", f"reward_model.model.path={url}", f"reward_model.micro_batch_size_per_gpu={args.rm_rows}",
+            f"reward_model.num_workers={args.workers}", f"reward_model.timeout={10 * args.latency + 30}"]
+
+
+def run_mode(mode: str, args: argparse.Namespace, workdir: str, url: str | None = None) -> dict:
     """One training run; ``mode`` is ``sync`` or an eta (``0``, ``1``, ``2``...) for the decoupled mode."""
     run_dir = os.path.join(workdir, f"run_{mode}")
     overrides = [
-        f"custom_reward_function.path={os.path.join(workdir, 'slow_reward.py')}",
+        *reward_overrides(args, workdir, url),
         f"trainer.total_training_steps={args.steps}", f"data.train_batch_size={args.batch_size}",
         f"actor_rollout_ref.rollout.n={args.n}", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch_size}",
         "trainer.test_freq=-1", "trainer.val_before_train=true", "trainer.val_at_end=true", "trainer.save_freq=-1",
@@ -74,9 +118,11 @@ def summarize(mode: str, rows: list[dict], rows_per_step: int, wall: float) -> d
     accuracy = [r["val-core/arithmetic/reward/mean@1"] for r in rows if "val-core/arithmetic/reward/mean@1" in r]
     out = {"mode": mode, "steps": len(steps), "train_seconds": round(seconds, 1), "wall_s": round(wall, 1),
            "samples_per_s": round(rows_per_step * len(steps) / seconds, 3),
-           "acc_before": accuracy[0], "acc_after": accuracy[-1]}
+           "acc_before": accuracy[0] if accuracy else float("nan"),
+           "acc_after": accuracy[-1] if accuracy else float("nan")}
     for key in ("async/staleness_mean", "actor/behav_imp_weight/mean", "timing_s/trainer_idle", "timing_s/rollout_idle", "timing_s/rollout_reward",
-                "timing_s/rollout_generate", "timing_s/update_actor", "timing_s/gen", "timing_s/reward"):
+                "timing_s/rollout_generate", "timing_s/update_actor", "timing_s/gen", "timing_s/reward",
+                "timing_s/compute_rm_score"):
         values = [r[key] for r in steps if key in r]
         if values:
             out[f"mean {key}"] = round(sum(values) / len(values), 3)
@@ -86,7 +132,11 @@ def summarize(mode: str, rows: list[dict], rows_per_step: int, wall: float) -> d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", nargs="+", default=["sync", "1", "2"], help="sync and/or etas")
-    parser.add_argument("--latency", type=float, default=0.5, help="seconds each training reward call waits")
+    parser.add_argument("--reward", choices=("remote", "function"), default="remote")
+    parser.add_argument("--latency", type=float, default=None,
+                        help="seconds a remote request (default 2) or a function call per row (default 0.5) waits")
+    parser.add_argument("--rm-rows", type=int, default=4, help="remote: rows per request")
+    parser.add_argument("--workers", type=int, default=8, help="remote: reward_model.num_workers in every mode")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per step")
     parser.add_argument("--n", type=int, default=4, help="responses per prompt")
@@ -94,17 +144,22 @@ def main() -> None:
     parser.add_argument("--output", default=None, help="write the results as JSON here")
     parser.add_argument("extra", nargs="*", help="more key=value overrides for every run")
     args = parser.parse_args()
+    if args.latency is None:
+        args.latency = 2.0 if args.reward == "remote" else 0.5
     import torch
 
     kind = torch.backends.cpu.get_cpu_capability()
     print(f"CPU capability {kind}, {os.cpu_count()} cores; {args.steps} steps x {args.batch_size} prompts x "
-          f"{args.n} responses; reward latency {args.latency} s per training row; dtype auto", flush=True)
+          f"{args.n} responses; reward {args.reward}: {args.latency} s per "
+          + (f"request of {args.rm_rows} rows, {args.workers} at once" if args.reward == "remote" else "row")
+          + "; dtype auto", flush=True)
     results = []
     with tempfile.TemporaryDirectory() as workdir:
         with open(os.path.join(workdir, "slow_reward.py"), "w") as fh:
             fh.write(SLOW_REWARD.format(latency=args.latency))
+        service = SlowRewardService(args.latency) if args.reward == "remote" else None
         for mode in args.modes:
-            results.append(run_mode(mode, args, workdir))
+            results.append(run_mode(mode, args, workdir, service.url if service else None))
             print(json.dumps(results[-1]), flush=True)
     base = next((r for r in results if r["mode"] == "sync"), None)
     for r in results:

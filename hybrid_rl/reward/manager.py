@@ -40,6 +40,7 @@ import abc
 import logging
 import math
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
@@ -196,6 +197,9 @@ class _RewardManagerBase(abc.ABC):
         timeout_s: time bound of one scorer call (per row for ``naive``, whole batch for ``batch``);
             <= 0 disables it.
         tool_reward_weight: weight of a multi-turn row's tool rewards and turn scores added to its score.
+        num_workers: rows scored at once (``naive``: the rows are split into this many contiguous
+            shares, each scored by its own guarded runner in its own thread; veRL's
+            ``reward.num_workers``). 1 = one after another.
         isolation: ``"process"`` (default on POSIX) or ``"thread"``, see :mod:`hybrid_rl.reward._isolation`.
         avoid_fork: this process is large (it hosts the models: ``trainer.single_process``), so a
             fork costs copy-on-write faults on every page it then writes (~0.5-1 s per step at 5 GiB):
@@ -208,7 +212,11 @@ class _RewardManagerBase(abc.ABC):
 
     def __init__(self, tokenizer, num_examine: int, compute_score: Callable[..., Any] | None = None,
                  reward_fn_key: str = "data_source", timeout_s: float = 10.0, isolation: str | None = None,
-                 tool_reward_weight: float = 0.0, avoid_fork: bool = False, **reward_kwargs: Any) -> None:
+                 tool_reward_weight: float = 0.0, avoid_fork: bool = False, num_workers: int = 1,
+                 **reward_kwargs: Any) -> None:
+        if int(num_workers) < 1:
+            raise ValueError(f"reward_model.num_workers={num_workers} must be >= 1 (1: rows scored one after another).")
+        self.num_workers = int(num_workers)
         self.tokenizer = tokenizer
         self.num_examine = int(num_examine)
         self.uses_default_scorer = compute_score is None
@@ -345,7 +353,7 @@ class _RewardManagerBase(abc.ABC):
 
 @register_reward_manager("naive")
 class NaiveRewardManager(_RewardManagerBase):
-    """One guarded ``compute_score`` call per row (each bounded by ``timeout_s``)."""
+    """One guarded ``compute_score`` call per row (each bounded by ``timeout_s``), ``num_workers`` at once."""
 
     batched = False
 
@@ -355,8 +363,15 @@ class NaiveRewardManager(_RewardManagerBase):
         calls = [((), dict(data_source=ds, solution_str=s, ground_truth=gt, extra_info=ei, **self.reward_kwargs))
                  for ds, s, gt, ei in zip(rows.data_sources, rows.solution_strs, rows.ground_truths,
                                           rows.extra_infos)]
-        return safe_score_many(self.compute_score, calls, timeout_s=self.timeout_s,
-                               isolation=self._isolation(rows.data_sources))
+        isolation = self._isolation(rows.data_sources)
+        shares = min(self.num_workers, len(calls))
+        if shares <= 1:
+            return safe_score_many(self.compute_score, calls, timeout_s=self.timeout_s, isolation=isolation)
+        bounds = [len(calls) * k // shares for k in range(shares + 1)]  # contiguous shares, row order kept
+        with ThreadPoolExecutor(max_workers=shares, thread_name_prefix="hybrid_rl-score") as pool:
+            parts = pool.map(lambda k: safe_score_many(self.compute_score, calls[bounds[k]:bounds[k + 1]],
+                                                       timeout_s=self.timeout_s, isolation=isolation), range(shares))
+            return [outcome for part in parts for outcome in part]
 
 
 @register_reward_manager("batch")

@@ -27,6 +27,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Sequence
 
 __all__ = ["RemoteRewardModel", "RemoteRewardError"]
@@ -69,14 +70,16 @@ class RemoteRewardModel:
         batch_size: rows per request.
         retries: further attempts after a failed request (0 = none).
         backoff_s: pause before the first retry (doubled each time).
+        concurrency: requests in flight at once (``reward_model.num_workers``); 1 = one after another.
     """
 
     def __init__(self, url: str, timeout_s: float = 10.0, batch_size: int = 8, retries: int = 2,
-                 backoff_s: float = 0.5):
+                 backoff_s: float = 0.5, concurrency: int = 1):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"reward_model.model.path={url!r}: a remote reward model needs an http(s):// URL")
         self.url, self.timeout_s, self.batch_size = url, float(timeout_s), max(1, int(batch_size))
         self.retries, self.backoff_s = max(0, int(retries)), float(backoff_s)
+        self.concurrency = max(1, int(concurrency))
         self._logged_kinds: set[str] = set()
 
     def _post(self, payload: dict[str, Any], rows: int) -> list[float]:
@@ -116,12 +119,15 @@ class RemoteRewardModel:
         messages = list(messages) or [None] * rows
         rewards = [0.0] * rows
         failures: Counter = Counter()
-        for start in range(0, rows, self.batch_size):
-            part = slice(start, min(start + self.batch_size, rows))
-            payload = {"query": [p + r for p, r in zip(prompts[part], responses[part])],
-                       "prompts": list(prompts[part]), "responses": list(responses[part]),
-                       "labels": labels[part], "messages": messages[part]}
-            values, error = self._request(payload, part.stop - part.start)
+        parts = [slice(start, min(start + self.batch_size, rows)) for start in range(0, rows, self.batch_size)]
+        payloads = [{"query": [p + r for p, r in zip(prompts[part], responses[part])],
+                     "prompts": list(prompts[part]), "responses": list(responses[part]),
+                     "labels": labels[part], "messages": messages[part]} for part in parts]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(parts))),
+                                thread_name_prefix="hybrid_rl-remote-rm") as pool:
+            answers = list(pool.map(lambda k: self._request(payloads[k], parts[k].stop - parts[k].start),
+                                    range(len(parts))))
+        for part, (values, error) in zip(parts, answers):
             if values is not None:
                 rewards[part] = values
                 continue

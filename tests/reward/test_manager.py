@@ -254,3 +254,41 @@ def test_tool_reward_weight_adds_tool_rewards_and_turn_scores(tokenizer):
     assert plain.sum(-1).tolist() == [1.0, 1.0]
     assert weighted.sum(-1).tolist() == [1.0 + 0.5 * 1.75, 1.0 + 0.5 * 0.5]
     assert weighted[1, 4] == 1.25  # on row 1's last model token
+
+
+_ACTIVE, _PEAK = [0], [0]
+
+
+def _slow_scorer(data_source, solution_str, ground_truth, extra_info=None):
+    """Counts how many calls overlap (thread isolation shares this module's counters)."""
+    import threading
+
+    lock = globals().setdefault("_LOCK", threading.Lock())
+    with lock:
+        _ACTIVE[0] += 1
+        _PEAK[0] = max(_PEAK[0], _ACTIVE[0])
+    time.sleep(0.05)
+    with lock:
+        _ACTIVE[0] -= 1
+    if "hang" in solution_str:
+        time.sleep(60)
+    return float(solution_str.endswith(str(ground_truth)))
+
+
+def test_num_workers_scores_shares_at_once_in_row_order(tokenizer):
+    texts = [f"x {i}" for i in range(9)] + ["x hang"]
+    data = make_batch(tokenizer, texts, list(range(9)) + [0])
+
+    def run(workers):
+        _PEAK[0] = 0
+        manager = NaiveRewardManager(tokenizer, 0, compute_score=_slow_scorer, timeout_s=BUDGET_S, isolation="thread",
+                                     num_workers=workers)
+        return manager(data, return_dict=True), _PEAK[0]
+
+    (serial, serial_peak), (shared, shared_peak) = run(1), run(4)
+    assert serial_peak == 1 and shared_peak == 4  # four shares scored at the same time
+    assert torch.equal(serial["reward_tensor"], shared["reward_tensor"])  # the same scores, in row order
+    assert shared["reward_tensor"].sum(1).tolist() == [1.0] * 9 + [0.0]
+    assert shared["reward_metrics"]["reward/num_timeouts"] == 1  # the hung row alone
+    with pytest.raises(ValueError, match="num_workers=0 must be >= 1"):
+        NaiveRewardManager(tokenizer, 0, num_workers=0)

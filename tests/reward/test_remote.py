@@ -14,11 +14,12 @@ from hybrid_rl.reward.remote import RemoteRewardModel
 
 
 class _Service:
-    """A reward service whose behaviour a test sets: ``mode`` ok | slow | http500 | not_json | short |
-    nan | flaky (fails the first request, then answers)."""
+    """A reward service whose behaviour a test sets: ``mode`` ok | slow | wait | http500 | not_json |
+    short | nan | flaky (fails the first request, then answers)."""
 
     def __init__(self):
         self.mode, self.requests = "ok", []
+        self.lock, self.active, self.peak = threading.Lock(), 0, 0
         service = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -33,6 +34,13 @@ class _Service:
                     mode = "http500" if len(service.requests) == 1 else "ok"
                 if mode == "slow":
                     time.sleep(1.0)
+                if mode == "wait":  # 0.2 s per request; counts the requests in flight at once
+                    with service.lock:
+                        service.active += 1
+                        service.peak = max(service.peak, service.active)
+                    time.sleep(0.2)
+                    with service.lock:
+                        service.active -= 1
                 if mode == "http500":
                     self.send_response(500)
                     self.end_headers()
@@ -72,6 +80,14 @@ def test_rows_are_batched_and_scored_in_order(service):
     first = service.requests[0]
     assert first["query"] == ["p1 a", "p2 bb"] and first["prompts"] == ["p1 ", "p2 "] and first["labels"] == ["1", None]
     assert len(service.requests) == 2 and service.requests[1]["responses"] == ["ccc"]
+
+
+def test_num_workers_requests_in_flight_at_once_in_row_order(service):
+    for concurrency, peak in ((1, 1), (2, 2)):
+        service.peak = 0
+        rewards, metrics = _score(service, "wait", concurrency=concurrency, batch_size=1, timeout_s=5.0)
+        assert rewards == [1.0, 2.0, 3.0] and metrics["reward/rm_num_failed"] == 0
+        assert service.peak == peak and len(service.requests) == 3
 
 
 def test_a_failed_request_is_retried(service):

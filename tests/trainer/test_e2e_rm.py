@@ -39,3 +39,21 @@ def test_grpo_with_a_remote_reward_service(tmp_path, tiny_model_dir):
     assert row["reward/rm_num_failed"] == 0 and row["critic/rm_score/mean"] > 0
     assert row["critic/score/mean"] == pytest.approx(row["critic/rm_score/mean"])  # the RM alone (rule_weight=0)
     assert [len(r["query"]) for r in service.requests] == [3, 3, 2]  # 8 rows, 3 per request
+
+
+def test_the_decoupled_mode_scores_with_a_remote_reward_service(tmp_path, tiny_model_dir):
+    """async_training with reward_model.model.path=<URL>: the producer's reward threads call the service."""
+    service = _Service()
+    try:
+        _assert_ok(_run_cli(tmp_path, tiny_model_dir, "reward_model.enable=true", f"reward_model.model.path={service.url}",
+                            "async_training.enable=true", "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1",
+                            "trainer.total_training_steps=2",
+                            "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false"))
+    finally:
+        service.server.shutdown()
+    rows = [r for r in _rows(tmp_path / "run") if "critic/score/mean" in r]
+    assert [r["training/global_step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["reward/rm_num_failed"] == 0 and row["critic/rm_score/mean"] > 0
+        assert row["critic/score/mean"] == pytest.approx(row["critic/rm_score/mean"])
+    assert len(service.requests) >= 2  # at least the two trained batches were scored by the service

@@ -225,6 +225,11 @@ class RewardModelConfig:
     """naive (one call per sample) | batch (one call per batch) | any registered manager."""
     timeout: float = 10.0
     """Seconds one scoring call may take before it is abandoned and scored 0."""
+    num_workers: int = 1
+    """Scoring at once (veRL's ``reward.num_workers``, 8 there): the ``naive`` manager scores this many
+    shares of the batch in parallel (each its own guarded runner and thread, each row its own
+    ``timeout``), and a remote reward model gets this many requests in flight. Raise it for a
+    latency-bound scorer (a remote judge, a sandbox); 1 = one after another."""
     num_examine: int = 1
     """Decoded samples per data_source written to the log at each training step."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)

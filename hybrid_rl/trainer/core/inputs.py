@@ -101,12 +101,13 @@ def build_reward_manager(cfg: PPOConfig, tokenizer, num_examine: int):
     rm = cfg.reward_model
     return make_reward_manager(rm.reward_manager, tokenizer, num_examine, cfg.custom_reward_function,
                                reward_fn_key=cfg.data.reward_fn_key, timeout_s=rm.timeout,
-                               tool_reward_weight=rm.tool_reward_weight, single_process=cfg.trainer.single_process)
+                               tool_reward_weight=rm.tool_reward_weight, single_process=cfg.trainer.single_process,
+                               num_workers=rm.num_workers)
 
 
 def make_reward_manager(name: str, tokenizer, num_examine: int, custom: CustomRewardFunctionConfig, *,
                         reward_fn_key: str = "data_source", timeout_s: float = 10.0, tool_reward_weight: float = 0.0,
-                        single_process: Optional[bool] = None):
+                        single_process: Optional[bool] = None, num_workers: int = 1):
     """The registered reward manager ``name`` around the custom (``custom.path``) or built-in scorer.
 
     It runs on the driver, so a scorer registered with ``@register_reward`` in the driver process
@@ -120,4 +121,4 @@ def make_reward_manager(name: str, tokenizer, num_examine: int, custom: CustomRe
         compute_score = load_custom_reward_fn(custom.path, custom.name, batched=getattr(manager_cls, "batched", False))
     return manager_cls(tokenizer, num_examine=num_examine, compute_score=compute_score, reward_fn_key=reward_fn_key,
                        timeout_s=timeout_s, tool_reward_weight=tool_reward_weight,
-                       avoid_fork=bool(single_process))  # this process will hold the models
+                       avoid_fork=bool(single_process), num_workers=num_workers)  # avoid_fork: this process holds the models

@@ -72,7 +72,7 @@ class DecoupledPPOTrainer(RayPPOTrainer):
         metrics = super()._begin_fit()  # resume (load_checkpoint), validation before training
         self.producer = RolloutProducer(
             loader=self.train_dataloader, state=self._producer_state, generate=self.generate_batch,
-            score=self.compute_reward, load_weights=self._load_rollout_weights, buffer=self.buffer,
+            score=self.score_rollout, load_weights=self._load_rollout_weights, buffer=self.buffer,
             tokenizer=self.tokenizer, eta=self.eta, taken_batches=self.global_steps,
             ready_batches=-(-self.buffer.count("ready") // self.rows_per_batch))
         self.producer.offer_weights(self._export_weights(), self.global_steps)
@@ -106,13 +106,20 @@ class DecoupledPPOTrainer(RayPPOTrainer):
 
     # ------------------------------------------------------------------ the step plan
     def step_plan(self) -> list[str]:
-        steps = [s for s in super().step_plan() if s not in ("generate", "compute_reward")]
+        steps = [s for s in super().step_plan() if s not in ("generate", "compute_rm_score", "compute_reward")]
         steps.insert(0, "take_experiences")
         if self.global_steps % self.config.async_training.trigger_parameter_sync_step == 0 \
                 and "validate" not in steps:  # validation pushes the weights itself
             tail = [s for s in ("validate", "save_checkpoint") if s in steps]
             steps.insert(steps.index(tail[0]) if tail else len(steps), "sync_rollout_weights")
         return steps
+
+    def score_rollout(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+        """The producer's scoring of one generated batch (in its reward threads): the remote reward
+        model's scores when there is one, then the reward manager."""
+        if self.remote_rm is not None:
+            batch = self.compute_rm_score(batch, metrics)
+        return self.compute_reward(batch, metrics)
 
     def take_experiences(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """Drop rows more than eta versions old, wait for one batch of ready rows, take them."""

@@ -36,7 +36,8 @@ def build_remote_reward_model(cfg: PPOConfig):
         return None
     from hybrid_rl.reward.remote import RemoteRewardModel
 
-    return RemoteRewardModel(rm.model.path, timeout_s=rm.timeout, batch_size=rm.micro_batch_size_per_gpu)
+    return RemoteRewardModel(rm.model.path, timeout_s=rm.timeout, batch_size=rm.micro_batch_size_per_gpu,
+                             concurrency=rm.num_workers)
 
 
 def combine_scores(rm_scores: torch.Tensor, rule_scores: Optional[torch.Tensor], rm_weight: float,
