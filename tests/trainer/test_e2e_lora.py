@@ -27,9 +27,16 @@ def _length_reward(tmp_path) -> tuple[str, str]:
     return f"custom_reward_function.path={path}", "custom_reward_function.name=length_bonus"
 
 
-def test_grpo_lora_two_workers_trains_only_adapters_and_exports(tmp_path, tiny_model_dir):
-    _assert_ok(_run_cli(tmp_path, tiny_model_dir, *LORA, *_length_reward(tmp_path), "trainer.val_before_train=false"))
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, tiny_model_dir):
+    """One uninterrupted 3-step LoRA run (validation at the end only), shared by the tests below."""
+    root = tmp_path_factory.mktemp("lora_run")
+    _assert_ok(_run_cli(root, tiny_model_dir, *LORA, *_length_reward(root), "trainer.val_before_train=false"))
+    return root
+
+
+def test_grpo_lora_two_workers_trains_only_adapters_and_exports(lora_run, tiny_model_dir):
+    run = lora_run / "run"
     rows = _rows(run)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["actor/kl_loss"] == r["actor/kl_loss"] for r in rows)  # finite: the ref log-probs exist
@@ -40,7 +47,7 @@ def test_grpo_lora_two_workers_trains_only_adapters_and_exports(tmp_path, tiny_m
     assert any(".lora_B." in k for k in changed) and all(".lora_A." in k or ".lora_B." in k for k in changed)
     log = (run / "logs" / "worker_0.log").read_text()
     assert "precision on" not in log and "rank 0/2 joined" in log  # the worker writes its own log file
-    _exports_reproduce_the_last_validation(tmp_path, tiny_model_dir)
+    _exports_reproduce_the_last_validation(lora_run, tiny_model_dir)
 
 
 def _exports_reproduce_the_last_validation(tmp_path, base_dir):
@@ -85,15 +92,13 @@ def test_grpo_lora_with_the_vllm_rollout(tmp_path, tiny_model_dir):
     assert rows[-1]["rollout/lora_sync_merged"] == 1.0
 
 
-def test_lora_run_killed_mid_update_resumes_to_the_same_weights(tmp_path, tiny_model_dir):
-    straight, faulty = tmp_path / "straight", tmp_path / "faulty"
-    for root in (straight, faulty):
-        root.mkdir()
+def test_lora_run_killed_mid_update_resumes_to_the_same_weights(tmp_path, tiny_model_dir, lora_run):
+    """A worker killed in step 2's update restarts and ends with the weights of the uninterrupted run
+    (its end-of-run validation changes no weight)."""
     reward = _length_reward(tmp_path)
-    _assert_ok(_run_cli(straight, tiny_model_dir, *LORA, *NO_VAL, *reward))
-    env = {"HYBRID_RL_FAULT": "kill:update_actor:2:1", "HYBRID_RL_FAULT_STATE": str(faulty / "faults")}
-    _assert_ok(_run_cli(faulty, tiny_model_dir, *LORA, *NO_VAL, *reward, "trainer.max_restarts=1", env=env))
-    a, b = _weights(straight / "run" / "global_step_3"), _weights(faulty / "run" / "global_step_3")
+    env = {"HYBRID_RL_FAULT": "kill:update_actor:2:1", "HYBRID_RL_FAULT_STATE": str(tmp_path / "faults")}
+    _assert_ok(_run_cli(tmp_path, tiny_model_dir, *LORA, *NO_VAL, *reward, "trainer.max_restarts=1", env=env))
+    a, b = _weights(lora_run / "run" / "global_step_3"), _weights(tmp_path / "run" / "global_step_3")
     assert a.keys() == b.keys() and any(".lora_B." in k and a[k].abs().max() > 0 for k in a)
     for key in a:
         assert torch.equal(a[key], b[key]), key
