@@ -4,7 +4,7 @@
     python benchmarks/bench_data_load.py --rows 200000 --shape rl --form parquet
 
 Generates the file once into ``--work`` (HH-RLHF dialogues with 0.1% bad rows mixed in, or veRL RL rows),
-then loads it in a fresh child process and reports wall time and the child's peak RSS (``ru_maxrss``),
+then loads it in a fresh child process and reports wall time and the child's peak RSS (``VmHWM``),
 beside the bytes on disk. The load is the library's (rows read, parsed into pairs or validated prompt
 rows, bad ones counted and reported); RL rows stop before tokenizing (the tokenizer's cost is the
 model's, not the file's).
@@ -52,6 +52,15 @@ def generate(path: Path, rows: int, shape: str, form: str) -> None:
             f.write(json.dumps(make(i)) + "\n")
 
 
+def peak_rss_gib() -> float:
+    """This process's peak resident set (VmHWM: unlike ru_maxrss it starts afresh at exec, so a child
+    does not inherit its parent's peak)."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
 def load(path: str, shape: str) -> None:
     """The child: load, then print rows kept, seconds and peak RSS as JSON."""
     start = time.perf_counter()
@@ -69,8 +78,7 @@ def load(path: str, shape: str) -> None:
                    for i, row in enumerate(read_rows(path)))
         policy.finish()
     seconds = time.perf_counter() - start
-    print(json.dumps({"kept": kept, "seconds": seconds,
-                      "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
+    print(json.dumps({"kept": kept, "seconds": seconds, "peak_rss_gib": peak_rss_gib()}))
 
 
 def main() -> None:
@@ -87,8 +95,9 @@ def main() -> None:
     path = Path(args.work) / f"{args.shape}_{args.rows}.{args.form}"
     if not path.exists():
         generate(path, args.rows, args.shape, args.form)
-    baseline = subprocess.run([sys.executable, "-c", "import resource, hybrid_rl.data.preference, hybrid_rl.data.rows;"
-                               "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)"],
+    baseline = subprocess.run([sys.executable, "-c", "import hybrid_rl.data.preference, hybrid_rl.data.rows, sys;"
+                               f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r});"
+                               "from bench_data_load import peak_rss_gib; print(peak_rss_gib())"],
                               capture_output=True, text=True, check=True)
     out = subprocess.run([sys.executable, __file__, "--shape", args.shape, "--child", str(path)],
                          capture_output=True, text=True, check=True)
