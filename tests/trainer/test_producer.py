@@ -191,9 +191,11 @@ def test_resume_skips_batches_already_buffered():
 
 
 def test_staleness_and_importance_weight_metrics():
-    m = staleness_metrics([3, 3, 2, 5], trainer_version=4)  # lags 1, 1, 2, and 0 for a newer row
+    m = staleness_metrics([3, 3, 2, 4], trainer_version=4)  # lags 1, 1, 2, 0
     assert m["async/staleness_mean"] == 1.0 and m["async/staleness_max"] == 2.0
     assert m["async/staleness_hist/0"] == 0.25 and m["async/staleness_hist/1"] == 0.5
+    newer = staleness_metrics([5, 4], trainer_version=4)  # a row of newer weights shows as it is, not as 0
+    assert newer["async/staleness_mean"] == -0.5 and newer["async/staleness_hist/-1"] == 0.5
     old = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
     behav = torch.log(torch.tensor([[0.25, 0.2, 0.1]]))  # weights 2, 1, 9
     mask = torch.tensor([[1, 1, 0]])
