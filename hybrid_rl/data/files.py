@@ -66,8 +66,8 @@ def _open_text(path: Path) -> io.TextIOBase:
     return open(path, encoding="utf-8")
 
 
-def _jsonl_rows(lines: Iterable[str], path: Path, first_line: int = 1) -> Iterator[dict[str, Any]]:
-    for line_no, line in enumerate(lines, start=first_line):
+def _jsonl_rows(lines: Iterable[str], path: Path) -> Iterator[dict[str, Any]]:
+    for line_no, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:

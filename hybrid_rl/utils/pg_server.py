@@ -9,6 +9,7 @@ in that folder, trust-authenticated; :meth:`PostgresServer.stop` stops it and re
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -33,9 +34,7 @@ def postgres_unavailable() -> Optional[str]:
     """Why :func:`start_postgres` cannot work here; None when it can."""
     if _bin_dir() is None:
         return "no PostgreSQL server binaries (initdb): bash scripts/install.sh --test installs Debian's postgresql"
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("psycopg") is None:
         return "no PostgreSQL driver: pip install 'psycopg[binary]' (hybrid_rl's postgres extra)"
     if os.geteuid() == 0:
         try:
