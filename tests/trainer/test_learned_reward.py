@@ -63,11 +63,13 @@ def test_two_labels_are_not_a_reward_model(tmp_path, rm_dir):
     assert "not a reward model" in error
 
 
-def test_the_decoupled_mode_refuses_a_learned_reward_model(rm_dir):
-    with pytest.raises(ValueError, match="the decoupled mode scores with rules"):
-        validate_config(_cfg(f"reward_model.model.path={rm_dir}", "async_training.enable=true",
-                             "actor_rollout_ref.actor.policy_loss.loss_mode=decoupled",
-                             "actor_rollout_ref.rollout.calculate_log_probs=true"))
+def test_the_decoupled_mode_accepts_a_learned_reward_model(rm_dir):
+    """It is hosted by the rollout processes (tests/trainer/test_e2e_rm.py runs it)."""
+    cfg = _cfg(f"reward_model.model.path={rm_dir}", "async_training.enable=true", "rollout.n_gpus_per_node=1",
+               "trainer.n_gpus_per_node=1", "ray_init.num_cpus=2")
+    validate_config(cfg)
+    plan = make_run_plan(cfg)
+    assert plan.use_reward_model and plan.rollout_world_size == 1
 
 
 def test_scores_combine_with_the_weights_and_are_logged_side_by_side():

@@ -365,11 +365,6 @@ def _check_reward(cfg: PPOConfig) -> list[str]:
     from hybrid_rl.trainer.config.reward_model import check_reward_model
 
     errors = check_reward_model(cfg)
-    if cfg.reward_model.enable and cfg.async_training.enable and not is_remote(cfg.reward_model.model.path):
-        errors.append("reward_model.enable=true with async_training.enable=true: the decoupled mode scores with rules, "
-                      "functions and a remote reward model (reward_model.model.path=http://...) so far, not a "
-                      "colocated one. Fix: serve it over HTTP (docs/rlhf_pipeline.md, 'Remote service') or run it in the "
-                      "synchronous mode.")
     if cfg.reward_model.num_workers < 1:
         errors.append(f"reward_model.num_workers={cfg.reward_model.num_workers} must be >= 1 (1: rows scored one "
                       "after another).")

@@ -111,7 +111,19 @@ def build_rollout_group(cfg: PPOConfig, plan: RunPlan, process_on_nodes: list[in
     """``(group, pool)``: rollout-only workers (role ``rollout``, no actor or optimizer) in their own
     pool, for the decoupled mode and for evaluation. Logs go to ``log_dir/rollout/``.
     ``total_training_steps`` (training only) lets a CPU engine decide whether compiling pays off."""
-    from hybrid_rl.single_controller import RayClassWithInitArgs, RayResourcePool
+    group, pool, _ = _rollout_group(cfg, plan, process_on_nodes, worker_cls=worker_cls, rows_per_call=rows_per_call,
+                                    call_timeout_s=call_timeout_s, log_dir=log_dir,
+                                    total_training_steps=total_training_steps)
+    return group, pool
+
+
+def _rollout_group(cfg: PPOConfig, plan: RunPlan, process_on_nodes: list[int], *, worker_cls: Optional[type],
+                   rows_per_call: Optional[int], call_timeout_s: Optional[float], log_dir: Optional[str],
+                   total_training_steps: Optional[int], with_reward_model: bool = False) -> tuple[Any, Any, Any]:
+    """``(rollout group, pool, reward-model view or None)``. ``with_reward_model`` (the decoupled mode
+    with a local reward model) hosts a reward-model worker in each rollout process: the producer's
+    scoring then queues behind generation on the rollout devices, never behind the trainer's update."""
+    from hybrid_rl.single_controller import RayClassWithInitArgs, RayResourcePool, create_colocated_worker_cls
     from hybrid_rl.workers import ActorRolloutRefWorker
 
     _start_ray(cfg, plan, log_dir)
@@ -120,9 +132,23 @@ def build_rollout_group(cfg: PPOConfig, plan: RunPlan, process_on_nodes: list[in
     worker = RayClassWithInitArgs(worker_cls or ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="rollout",
                                   rollout_rows_per_call=rows_per_call, total_training_steps=total_training_steps,
                                   **_agent_plugins(cfg.actor_rollout_ref))
+    if with_reward_model:  # the reward model first: the engine sizes its cache from what memory is left
+        worker = create_colocated_worker_cls({"rm": _reward_model_worker(cfg, sum(process_on_nodes)),
+                                              "rollout": worker})
     if log_dir:  # apart from the training ranks' worker_<rank>.log files
         worker.update_options({"runtime_env": {"env_vars": {LOG_DIR_ENV: os.path.join(log_dir, "rollout")}}})
-    return _init_group(pool, worker, call_timeout_s), pool
+    if not with_reward_model:
+        return _init_group(pool, worker, call_timeout_s), pool, None
+    from hybrid_rl.single_controller import RayWorkerGroup
+
+    try:
+        views = RayWorkerGroup(pool, worker, call_timeout_s=call_timeout_s).spawn(["rm", "rollout"])
+        views["rm"].init_model()
+        views["rollout"].init_model()
+    except BaseException:
+        pool.remove()
+        raise
+    return views["rollout"], pool, views["rm"]
 
 
 def build_teacher_group(cfg: PPOConfig, plan: RunPlan, *, worker_cls: Optional[type] = None,
@@ -192,8 +218,8 @@ def build_worker_groups(cfg: Any, plan: RunPlan, total_training_steps: int, acto
         classes["critic"] = RayClassWithInitArgs(
             critic_cls or CriticWorker, config=cfg.critic, total_training_steps=total_training_steps
         )
-    if plan.use_reward_model:
-        classes["rm"] = _reward_model_worker(cfg, plan)
+    if plan.use_reward_model and not plan.rollout_world_size:  # decoupled: in the rollout processes
+        classes["rm"] = _reward_model_worker(cfg, plan.world_size)
     group, pool = _colocated_group(cfg, plan, create_colocated_worker_cls(classes), call_timeout_s, log_dir)
     views = group.spawn(list(classes))
     try:
@@ -210,10 +236,11 @@ def build_worker_groups(cfg: Any, plan: RunPlan, total_training_steps: int, acto
     groups = WorkerGroups(actor_rollout=views["actor_rollout"], critic=views.get("critic"), resource_pool=pool,
                           reward_model=views.get("rm"))
     if plan.rollout_world_size:
-        groups.rollout, groups.rollout_pool = build_rollout_group(
+        groups.rollout, groups.rollout_pool, rm_view = _rollout_group(
             cfg, plan, [cfg.rollout.n_gpus_per_node] * cfg.rollout.nnodes, worker_cls=actor_cls,
             rows_per_call=rollout_rows_per_call, call_timeout_s=call_timeout_s, log_dir=log_dir,
-            total_training_steps=total_training_steps)
+            total_training_steps=total_training_steps, with_reward_model=plan.use_reward_model)
+        groups.reward_model = groups.reward_model or rm_view
     if plan.teacher_world_size:
         groups.teacher, groups.teacher_pool = build_teacher_group(cfg, plan, worker_cls=actor_cls,
                                                                   call_timeout_s=call_timeout_s, log_dir=log_dir)
@@ -242,16 +269,17 @@ def _colocated_group(cfg: Any, plan: RunPlan, worker: Any, call_timeout_s: Optio
     return RayWorkerGroup(pool, worker, call_timeout_s=call_timeout_s), pool
 
 
-def _reward_model_worker(cfg: PPOConfig, plan: RunPlan):
-    """The colocated reward-model worker of RL (role ``rm``): scoring only, responses decoded with the
-    policy's tokenizer (``reward_model.model.input_tokenizer``, default the actor's)."""
+def _reward_model_worker(cfg: PPOConfig, world_size: int):
+    """The colocated reward-model worker of RL (role ``rm``) in a group of ``world_size`` processes:
+    scoring only, responses decoded with the policy's tokenizer (``reward_model.model.input_tokenizer``,
+    default the actor's)."""
     from hybrid_rl.single_controller import RayClassWithInitArgs
     from hybrid_rl.workers.model_loader import resolve_tokenizer_path
     from hybrid_rl.workers.rm_worker import RewardModelWorker
 
     model = cfg.actor_rollout_ref.model
     policy_tokenizer = cfg.reward_model.model.input_tokenizer or cfg.data.tokenizer or model.tokenizer_path or model.path
-    return RayClassWithInitArgs(RewardModelWorker, config=rm_worker_config(cfg, plan.world_size),
+    return RayClassWithInitArgs(RewardModelWorker, config=rm_worker_config(cfg, world_size),
                                 input_tokenizer=resolve_tokenizer_path(policy_tokenizer, key="reward_model.model.input_tokenizer"),
                                 max_length=cfg.reward_model.max_length, normalize=cfg.reward_model.normalize)
 

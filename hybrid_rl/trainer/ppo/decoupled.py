@@ -5,6 +5,7 @@ The same :meth:`RayPPOTrainer.fit` and named steps; only the hook points differ:
 * :meth:`init_workers` starts two pools: training (actor + ref (+ critic)) and rollout
   (``rollout.nnodes x n_gpus_per_node``), placed by Ray resources;
 * a :class:`~hybrid_rl.trainer.ppo.producer.RolloutProducer` generates and scores on the rollout pool
+  (a local learned reward model lives in the rollout processes, beside the engine)
   without waiting for the trainer, within the staleness bound ``max_head_offpolicyness`` (eta), into
   the experience buffer (``async_training.buffer``);
 * :meth:`step_plan` replaces ``generate`` + ``compute_reward`` with ``take_experiences`` (stale rows
@@ -115,9 +116,10 @@ class DecoupledPPOTrainer(RayPPOTrainer):
         return steps
 
     def score_rollout(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
-        """The producer's scoring of one generated batch (in its reward threads): the remote reward
-        model's scores when there is one, then the reward manager."""
-        if self.remote_rm is not None:
+        """The producer's scoring of one generated batch (in its reward threads): the learned reward
+        model's scores when there is one (remote, or the reward-model worker in the rollout
+        processes), then the reward manager."""
+        if self.config.reward_model.enable:
             batch = self.compute_rm_score(batch, metrics)
         return self.compute_reward(batch, metrics)
 
