@@ -8,7 +8,11 @@ embedded SmolLM2-135M-Instruct, with a slow reward (latency, not CPU), one of:
   ``--latency`` seconds with the task's correctness; every mode sends ``reward_model.num_workers``
   (``--workers``) requests at once;
 * ``--reward function``: a custom reward function that waits ``--latency`` seconds per row (the
-  serial baseline of the first figures: the ``naive`` manager scored rows one after another).
+  serial baseline of the first figures: the ``naive`` manager scored rows one after another);
+* ``--reward env``: an environment-bound agentic task instead of arithmetic: the guess-the-number
+  game (``recipes/guess_number_env``) whose every ``step`` answers after ``--latency`` seconds (an
+  ``async`` step, like a remote environment server: episodes wait side by side); the reward is the
+  game's. The wait is part of generation, which the decoupled mode overlaps with the update.
 
 Only training rows wait; held-out validation (greedy, 200 problems) is judged by the rule scorer at
 once, so the accuracy costs no benchmark time.
@@ -23,6 +27,7 @@ worker with half the cores each.
     python benchmarks/bench_async.py                       # sync, eta=1, eta=2 (~15 min on 2 cores)
     python benchmarks/bench_async.py --modes sync 1 --steps 8 --latency 2 --workers 8
     python benchmarks/bench_async.py --reward function --latency 0.5   # the serial baseline
+    python benchmarks/bench_async.py --reward env --latency 2 --steps 8  # a slow environment
 """
 
 from __future__ import annotations
@@ -49,6 +54,34 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
         time.sleep(LATENCY_S)
     return default_compute_score(data_source, solution_str, ground_truth, extra_info=extra_info, **kwargs)
 '''
+
+
+SLOW_ENV = '''
+import asyncio
+
+from hybrid_rl.agents.guess_number import GuessNumberEnv
+
+LATENCY_S = {latency}
+
+
+class SlowGuessNumberEnv(GuessNumberEnv):
+    """The guess-the-number game behind a slow server: each move's answer comes after LATENCY_S."""
+
+    async def step(self, action):
+        await asyncio.sleep(LATENCY_S)
+        return GuessNumberEnv.step(self, action)
+'''
+
+ENV_AGENTS = """
+- name: guess_number
+  _target_: hybrid_rl.agents.env_loop.EnvAgentLoop
+  env: slow_env.SlowGuessNumberEnv
+  env_kwargs: {low: 1, high: 16, max_guesses: 5}
+  max_steps: 5
+  gamma: 1.0
+"""
+
+ACCURACY_KEYS = ("val-core/arithmetic/reward/mean@1", "val-core/guess_number/reward/mean@1")
 
 
 class SlowRewardService:
@@ -81,6 +114,12 @@ class SlowRewardService:
 def reward_overrides(args: argparse.Namespace, workdir: str, url: str | None) -> list[str]:
     if args.reward == "function":
         return [f"custom_reward_function.path={os.path.join(workdir, 'slow_reward.py')}"]
+    if args.reward == "env":  # the recipe's settings (recipes/guess_number_env/run.sh)
+        data = os.path.join(workdir, "guess_number")
+        return [f"data.train_files={data}/train.parquet", f"data.val_files={data}/test.parquet",
+                "data.max_prompt_length=320", "data.max_response_length=96", "actor_rollout_ref.rollout.temperature=1.0",
+                f"actor_rollout_ref.rollout.agent.agent_loop_config_path={os.path.join(workdir, 'agents.yaml')}",
+                "actor_rollout_ref.actor.optim.lr=2e-5", "actor_rollout_ref.actor.use_kl_loss=false"]
     return ["reward_model.enable=true", f"reward_model.model.path={url}", f"reward_model.micro_batch_size_per_gpu={args.rm_rows}",
             f"reward_model.num_workers={args.workers}", f"reward_model.timeout={10 * args.latency + 30}"]
 
@@ -103,8 +142,9 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: str, url: str | None 
             overrides += ["actor_rollout_ref.actor.policy_loss.loss_mode=decoupled",
                           "actor_rollout_ref.rollout.calculate_log_probs=true"]
     start = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [workdir, os.environ.get("PYTHONPATH")]))}
     result = subprocess.run([sys.executable, "-m", "hybrid_rl.trainer.main_ppo", *overrides], cwd=workdir,
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, env=env)  # workdir: the slow environment's module
     wall = time.perf_counter() - start
     if result.returncode != 0:
         raise SystemExit(f"mode {mode} failed:\n{result.stderr[-4000:]}")
@@ -115,7 +155,7 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: str, url: str | None 
 def summarize(mode: str, rows: list[dict], rows_per_step: int, wall: float) -> dict:
     steps = [r for r in rows if r.get("training/global_step", 0) >= 1]
     seconds = sum(r["timing_s/step"] - r.get("timing_s/validate", 0.0) for r in steps)
-    accuracy = [r["val-core/arithmetic/reward/mean@1"] for r in rows if "val-core/arithmetic/reward/mean@1" in r]
+    accuracy = [r[k] for r in rows for k in ACCURACY_KEYS if k in r]
     out = {"mode": mode, "steps": len(steps), "train_seconds": round(seconds, 1), "wall_s": round(wall, 1),
            "samples_per_s": round(rows_per_step * len(steps) / seconds, 3),
            "acc_before": accuracy[0] if accuracy else float("nan"),
@@ -129,12 +169,26 @@ def summarize(mode: str, rows: list[dict], rows_per_step: int, wall: float) -> d
     return out
 
 
+def write_task_files(args: argparse.Namespace, workdir: str) -> None:
+    """The slow reward function, or the slow environment with its agent-loop config and games."""
+    with open(os.path.join(workdir, "slow_reward.py"), "w") as fh:
+        fh.write(SLOW_REWARD.format(latency=args.latency))
+    if args.reward == "env":
+        with open(os.path.join(workdir, "slow_env.py"), "w") as fh:
+            fh.write(SLOW_ENV.format(latency=args.latency))
+        with open(os.path.join(workdir, "agents.yaml"), "w") as fh:
+            fh.write(ENV_AGENTS)
+        subprocess.run([sys.executable, "-m", "hybrid_rl.data.guess_number", "--out_dir",
+                        os.path.join(workdir, "guess_number")], check=True, capture_output=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", nargs="+", default=["sync", "1", "2"], help="sync and/or etas")
-    parser.add_argument("--reward", choices=("remote", "function"), default="remote")
+    parser.add_argument("--reward", choices=("remote", "function", "env"), default="remote")
     parser.add_argument("--latency", type=float, default=None,
-                        help="seconds a remote request (default 2) or a function call per row (default 0.5) waits")
+                        help="seconds a remote request (default 2), a function call per row (default 0.5) or an "
+                             "environment step (default 2) waits")
     parser.add_argument("--rm-rows", type=int, default=4, help="remote: rows per request")
     parser.add_argument("--workers", type=int, default=8, help="remote: reward_model.num_workers in every mode")
     parser.add_argument("--steps", type=int, default=16)
@@ -145,18 +199,17 @@ def main() -> None:
     parser.add_argument("extra", nargs="*", help="more key=value overrides for every run")
     args = parser.parse_args()
     if args.latency is None:
-        args.latency = 2.0 if args.reward == "remote" else 0.5
+        args.latency = 0.5 if args.reward == "function" else 2.0
     import torch
 
     kind = torch.backends.cpu.get_cpu_capability()
+    per = {"remote": f"request of {args.rm_rows} rows, {args.workers} at once", "function": "row",
+           "env": "guess-the-number environment step"}[args.reward]
     print(f"CPU capability {kind}, {os.cpu_count()} cores; {args.steps} steps x {args.batch_size} prompts x "
-          f"{args.n} responses; reward {args.reward}: {args.latency} s per "
-          + (f"request of {args.rm_rows} rows, {args.workers} at once" if args.reward == "remote" else "row")
-          + "; dtype auto", flush=True)
+          f"{args.n} responses; reward {args.reward}: {args.latency} s per {per}; dtype auto", flush=True)
     results = []
     with tempfile.TemporaryDirectory() as workdir:
-        with open(os.path.join(workdir, "slow_reward.py"), "w") as fh:
-            fh.write(SLOW_REWARD.format(latency=args.latency))
+        write_task_files(args, workdir)
         service = SlowRewardService(args.latency) if args.reward == "remote" else None
         for mode in args.modes:
             results.append(run_mode(mode, args, workdir, service.url if service else None))
