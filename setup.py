@@ -63,7 +63,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["hybrid_rl", "hybrid_rl.*"]),
-    package_data={"hybrid_rl": ["trainer/config/*.yaml", "trainer/config/**/*.yaml", "studio/static/*.html"]},
+    package_data={"hybrid_rl": ["trainer/config/*.yaml", "trainer/config/**/*.yaml", "studio/static/*.html", "studio/static/*.js"]},
     include_package_data=True,
     install_requires=install_requires,
     extras_require=extras_require,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Optional
 
+from hybrid_rl.studio.fields import human_label, path_role
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config.docs import field_docs
 
@@ -45,6 +46,16 @@ class FieldSpec:
     def group(self) -> str:
         """The dotted path of the section holding the field (``""`` for none)."""
         return self.key.rpartition(".")[0]
+
+    @property
+    def label(self) -> str:
+        """A human label derived from the key (:func:`hybrid_rl.studio.fields.human_label`)."""
+        return human_label(self.key)
+
+    @property
+    def path_role(self) -> Optional[str]:
+        """What the field names on disk, if anything (:func:`hybrid_rl.studio.fields.path_role`)."""
+        return path_role(self.key) if self.kind in ("str", "any", "list") else None
 
 
 @dataclass(frozen=True)

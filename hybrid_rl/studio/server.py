@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from hybrid_rl.studio.fields import describe_path, human_label
 from hybrid_rl.studio.form import (changed_values, check_values, command_line, format_value, parse_command_line,
                                    parse_overrides, to_yaml, values_from_yaml)
 from hybrid_rl.studio.presets import load_presets
@@ -66,11 +67,30 @@ def schema_json() -> dict[str, Any]:
     """What the page renders: fields, sections, the beginner view's keys and the recipes' presets."""
     fields, groups = config_schema()
     return {
-        "fields": [{**dataclasses.asdict(f), "group": f.group, "default": to_text(f.default)} for f in fields],
-        "groups": [dataclasses.asdict(g) for g in groups],
+        "fields": [{**dataclasses.asdict(f), "group": f.group, "label": f.label, "path_role": f.path_role,
+                    "default": to_text(f.default)} for f in fields],
+        "groups": [{**dataclasses.asdict(g), "label": human_label(g.key)} for g in groups],
         "beginner": list(BEGINNER_KEYS),
         "presets": {name: {k: to_text(v) for k, v in values.items()} for name, values in load_presets().items()},
     }
+
+
+def paths_json(texts: Mapping[str, Any]) -> dict[str, Any]:
+    """``{key: {"state", "message"}}`` for the path fields among ``texts`` (whether what each names
+    exists; :func:`hybrid_rl.studio.fields.describe_path`); unset or unreadable fields are left out."""
+    specs = {f.key: f for f in config_schema()[0]}
+    out = {}
+    for key, text in texts.items():
+        spec = specs.get(key)
+        if spec is None or spec.path_role is None:
+            continue
+        try:
+            described = describe_path(spec.path_role, parse_text(spec, text))
+        except ValueError:
+            continue  # the check names unreadable text
+        if described is not None:
+            out[key] = described
+    return out
 
 
 def checked_values(texts: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -145,11 +165,18 @@ def create_app(hosts: tuple[str, ...] = LOCAL_HOSTS, plugins: tuple[str, ...] = 
     def page() -> FileResponse:
         return FileResponse(STATIC_DIR / "index.html")
 
+    from fastapi.staticfiles import StaticFiles
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")  # the page's scripts
     app.get("/api/schema")(schema_json)
 
     @app.post("/api/check")
     def check(values: dict = Body(..., embed=True)) -> dict:
         return check_json(values)
+
+    @app.post("/api/paths")
+    def paths(values: dict = Body(..., embed=True)) -> dict:
+        return paths_json(values)
 
     @app.post("/api/export")
     def export(values: dict = Body(..., embed=True)) -> dict:

@@ -58,7 +58,7 @@ def studio_url(tmp_path_factory):
 def page(studio_url):
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
         page.goto(studio_url)
         page.wait_for_selector("[data-error-for]", state="attached")
         yield page
@@ -79,6 +79,26 @@ def _error(page, key: str) -> str:
     return page.locator(f'[data-error-for="{key}"]').inner_text()
 
 
+def _check_widgets(page) -> None:
+    """In the expert view: widgets by type, human labels with the key small, rendered help."""
+    assert page.locator(_field("trainer.val_before_train")).get_attribute("type") == "checkbox"
+    assert page.locator(_field("data.train_batch_size")).get_attribute("type") == "number"
+    assert page.locator(_field("algorithm.adv_estimator")).evaluate("el => el.tagName") == "SELECT"
+    assert page.locator(f'{_field("actor_rollout_ref.actor.optim.betas")} input.item').count() == 2  # a list editor
+    page.locator('[data-section="actor_rollout_ref.actor"] > summary').click()  # a collapsed section opens
+    grad_clip = _field("actor_rollout_ref.actor.grad_clip")
+    none = page.locator("#none-" + grad_clip[3:])  # an optional field's "none" toggle
+    none.check()
+    assert page.locator(grad_clip).is_disabled()
+    none.uncheck()
+    row = page.locator('[data-field="data.train_batch_size"]')
+    assert row.locator(".label").inner_text() == "Train batch size"
+    assert row.locator(".key").inner_text() == "data.train_batch_size"
+    assert page.locator(".help code").count() > 10  # ``literals`` rendered as code, not shown raw
+    assert "``" not in page.locator("#form").inner_text()
+    page.wait_for_function("document.querySelector('[data-path-for=\"actor_rollout_ref.model.path\"]').dataset.state == 'ok'")
+
+
 def test_views_errors_export_launch_and_the_reward_curve(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert page.locator("[data-error-for]").count() == len(BEGINNER_KEYS)
@@ -86,14 +106,21 @@ def test_views_errors_export_launch_and_the_reward_curve(page, tmp_path, monkeyp
     page.check("input[name=view][value=expert]")
     page.wait_for_function(f"document.querySelectorAll('[data-error-for]').length == {len(config_schema()[0])}")
     _shot(page, "2_expert")
+    _check_widgets(page)
     page.check("input[name=view][value=beginner]")
     page.wait_for_selector(_field("data.train_batch_size"))
 
-    page.fill(_field("data.train_batch_size"), "abc")  # a non-number: the CLI's message beside the field
+    with pytest.raises(sync_api.Error, match="Cannot type text into input\\[type=number\\]"):
+        page.fill(_field("data.train_batch_size"), "abc")  # a number input refuses text
+    page.fill(_field("data.train_batch_size"), "0")  # a bad number: the CLI's message beside the field
     page.wait_for_function("document.querySelector('[data-error-for=\"data.train_batch_size\"]').textContent != ''")
-    assert "could not be converted to Integer" in _error(page, "data.train_batch_size")
+    assert "data.train_batch_size=0 must be >= 1" in _error(page, "data.train_batch_size")
     assert page.locator("#export").is_disabled()
+    page.fill(_field("data.train_files"), "/no/such/train.parquet")  # a path field says what it finds
+    page.wait_for_function("document.querySelector('[data-path-for=\"data.train_files\"]').dataset.state == 'missing'")
+    assert "does not exist" in page.locator('[data-path-for="data.train_files"]').inner_text()
     _shot(page, "3_invalid")
+    page.fill(_field("data.train_files"), "")
 
     default = next(f.default for f in config_schema()[0] if f.key == "data.train_batch_size")
     page.fill(_field("data.train_batch_size"), str(default))  # fixed in the field: the message goes

@@ -72,3 +72,18 @@ def test_other_hosts_and_cross_site_posts_are_refused(client):
     assert cross.status_code == 403
     same = client.post("/api/check", json={"values": {}}, headers={"origin": "http://testserver"})
     assert same.status_code == 200
+
+
+def test_the_schema_has_labels_and_paths_are_checked(client, tmp_path):
+    schema = client.get("/api/schema").json()
+    field = next(f for f in schema["fields"] if f["key"] == "data.train_batch_size")
+    assert field["label"] == "Train batch size" and field["path_role"] is None
+    assert all(g["label"] for g in schema["groups"])
+    (tmp_path / "train.parquet").write_text("x")
+    found = client.post("/api/paths", json={"values": {
+        "data.train_files": f"[{tmp_path}/train.parquet, /no/such.parquet]", "data.val_files": "null",
+        "data.train_batch_size": "4", "actor_rollout_ref.model.path": "HuggingFaceTB/SmolLM2-135M-Instruct"}}).json()
+    assert set(found) == {"data.train_files", "actor_rollout_ref.model.path"}  # unset and non-path keys left out
+    assert found["data.train_files"]["state"] == "missing" and "/no/such.parquet" in found["data.train_files"]["message"]
+    assert found["actor_rollout_ref.model.path"]["state"] == "ok"
+    assert client.get("/static/form.js").status_code == 200

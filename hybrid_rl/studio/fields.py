@@ -1,0 +1,109 @@
+"""What the studio's page says about a field beyond its type: a human label derived from the key, and
+for the keys that name files, folders or models, whether what the text names exists.
+
+Both are derived from the key's last part, never from a list of keys: ``train_batch_size`` reads
+"Train batch size", ``ppo_mini_batch_size`` "PPO mini batch size"; a last part ending in ``path``,
+``_files`` or ``_dir`` names something on disk (a model when it is the ``path`` of a ``model``
+section or a ``tokenizer_path`` / ``model_path``).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any, Optional
+
+__all__ = ["PATH_ROLES", "describe_path", "human_label", "path_role"]
+
+_WORDS = {
+    "lr": "learning rate", "num": "number of", "val": "validation", "ckpt": "checkpoint", "ckpts": "checkpoints",
+    "cfg": "config", "dir": "folder", "eos": "EOS", "kl": "KL", "ppo": "PPO", "gae": "GAE", "rm": "RM",
+    "fsdp": "FSDP", "gpu": "GPU", "gpus": "GPUs", "lora": "LoRA", "ref": "reference", "mfu": "MFU", "adv": "advantage",
+    "dtype": "dtype", "bsz": "batch size", "ray": "Ray", "vllm": "vLLM", "hf": "HF", "sql": "SQL", "ema": "EMA",
+    "topk": "top-k", "top": "top", "std": "std", "dapo": "DAPO", "grpo": "GRPO", "rloo": "RLOO", "cpu": "CPU",
+    "id": "ID", "ids": "IDs", "lam": "lambda", "ctrl": "control", "gdpo": "GDPO", "rl": "RL", "sft": "SFT", "max": "max", "min": "min", "coef": "coefficient", "cov": "covariance", "ub": "upper bound", "lb": "lower bound", "json": "JSON", "yaml": "YAML", "url": "URL", "tis": "TIS", "is": "IS",
+}
+
+PATH_ROLES = ("model", "file", "folder", "output")
+"""``model``: a model folder or the embedded model's id; ``file``: an input file, glob or list of them
+(or a URL); ``folder``: an input folder; ``output``: a folder the run writes (created when missing)."""
+
+
+_GENERIC = {"path", "name", "type", "enable", "enabled", "mode", "strategy", "preset", "key", "source", "module"}
+"""Last parts that say little alone: the section's name goes in front (``model.path`` -> "Model path")."""
+
+
+def _words(part: str) -> str:
+    if part == "n":  # rollout.n, val_kwargs.n
+        return "samples per prompt (n)"
+    return " ".join(_WORDS.get(w, w) for w in part.split("_") if w)
+
+
+def human_label(key: str) -> str:
+    """``actor_rollout_ref.actor.optim.lr`` -> ``Learning rate``; acronyms stay upper-case; a generic
+    last part gets its section's name (``actor_rollout_ref.model.path`` -> ``Model path``)."""
+    parts = key.split(".")
+    text = _words(parts[-1])
+    if parts[-1] in _GENERIC and len(parts) > 1:
+        text = f"{_words(parts[-2])} {text}"
+    text = text or key
+    return text[0].upper() + text[1:]
+
+
+def path_role(key: str) -> Optional[str]:
+    """One of :data:`PATH_ROLES` for a key naming something on disk, else None."""
+    parts = key.split(".")
+    last = parts[-1]
+    if last in ("tokenizer_path", "model_path") or (last == "path" and len(parts) > 1 and parts[-2] == "model"):
+        return "model"
+    if last.endswith("_dir"):
+        return "output" if last in ("default_local_dir", "cache_dir") else "folder"
+    if last == "resume_from_path":
+        return "folder"
+    if last == "path" or last.endswith(("_path", "_files")):
+        return "file"
+    return None
+
+
+def _one_path(role: str, text: str) -> tuple[str, str]:
+    """``(state, message)`` of one path: ``ok``, ``missing`` or ``note`` (not checked here)."""
+    if "${" in text:
+        return "note", f"follows {text}"
+    if "://" in text:
+        return "note", "a URL (not checked here)"
+    local = os.path.expanduser(text)
+    if role == "model":
+        from hybrid_rl.workers.model_loader import EMBEDDED_MODEL_ID
+
+        if os.path.isdir(local):
+            has_config = os.path.isfile(os.path.join(local, "config.json"))
+            return ("ok", "a model folder") if has_config else ("missing", "a folder without config.json")
+        if text == EMBEDDED_MODEL_ID:
+            return "ok", "the embedded model (no download)"
+        return "missing", "no such folder, and not the embedded model's id"
+    if role == "output":
+        return ("ok", "exists") if os.path.isdir(local) else ("note", "does not exist yet: the run creates it")
+    if os.path.exists(local):
+        return "ok", "a folder" if os.path.isdir(local) else "a file"
+    matches = glob.glob(local) if glob.has_magic(local) else []
+    if matches:
+        return "ok", f"{len(matches)} file{'s' if len(matches) > 1 else ''} match"
+    return "missing", "does not exist"
+
+
+def describe_path(role: str, value: Any) -> Optional[dict[str, str]]:
+    """``{"state": "ok" | "missing" | "note", "message": ...}`` for a path field's value (a string or
+    a list of them); None when the value is unset."""
+    if value is None or value == "" or value == []:
+        return None
+    items = value if isinstance(value, (list, tuple)) else [value]
+    results = [_one_path(role, str(item)) for item in items]
+    bad = [(str(item), message) for item, (state, message) in zip(items, results) if state == "missing"]
+    if bad:
+        item, message = bad[0]
+        where = f"{item}: " if len(items) > 1 else ""
+        return {"state": "missing", "message": where + message + (f" ({len(bad)} of {len(items)})" if len(items) > 1 else "")}
+    state = "ok" if all(s == "ok" for s, _ in results) else "note"
+    message = results[0][1] if len(results) == 1 else f"all {len(items)} exist"
+    return {"state": state, "message": message}
+

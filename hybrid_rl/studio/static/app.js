@@ -1,0 +1,162 @@
+// hybrid_rl studio: the page's state, checks, export, import and runs (the widgets: form.js).
+"use strict";
+let schema = null, texts = {}, timer = null;
+const byId = (id) => document.getElementById(id);
+const post = (url, body) => fetch(url, {method: "POST", headers: {"Content-Type": "application/json"},
+                                       body: JSON.stringify(body)}).then((r) => r.json());
+
+// The form: the beginner view groups its handful of keys by section; the expert view shows those
+// "Essentials" first, then every section of the config (collapsed below the top level).
+function report(key) {
+  return (text) => { texts[key] = text; clearTimeout(timer); timer = setTimeout(check, 250); };
+}
+
+function section(parent, title, doc, open) {
+  const d = document.createElement("details"); d.open = open; d.className = "section";
+  const summary = document.createElement("summary"); summary.textContent = title;
+  d.append(summary);
+  if (doc) d.append(renderHelp(doc));
+  parent.append(d);
+  return d;
+}
+
+function groupLabel(key) {
+  const g = schema.groups.find((g) => g.key === key);
+  return g ? g.label : "General";
+}
+
+function render() {
+  const expert = document.querySelector("input[name=view]:checked").value === "expert";
+  const form = byId("form"); form.innerHTML = "";
+  const value = (f) => (f.key in texts ? texts[f.key] : f.default);
+  const beginner = schema.fields.filter((f) => schema.beginner.includes(f.key));
+  if (!expert) {  // the essentials, by top-level section
+    const boxes = {};
+    for (const f of beginner) {
+      const top = f.key.split(".")[0];
+      boxes[top] ??= section(form, groupLabel(top), "", true);
+      boxes[top].append(fieldRow(f, value(f), report(f.key)));
+    }
+  } else {
+    const essentials = section(form, "Essentials", "The keys a first run needs; every other key below.", true);
+    for (const f of beginner) essentials.append(fieldRow(f, value(f), report(f.key)));
+    const boxes = {"": form};
+    const box = (key) => {  // nested sections, as the YAML nests them
+      if (key in boxes) return boxes[key];
+      const parent = key.includes(".") ? box(key.slice(0, key.lastIndexOf("."))) : form;
+      const g = schema.groups.find((g) => g.key === key);
+      boxes[key] = section(parent, groupLabel(key), g ? g.doc : "", !key.includes("."));
+      boxes[key].dataset.section = key;
+      return boxes[key];
+    };
+    for (const f of schema.fields) if (!schema.beginner.includes(f.key)) box(f.group).append(fieldRow(f, value(f), report(f.key)));
+  }
+  check();
+}
+
+let checks = 0;
+async function check() {  // only the newest answer counts: answers may arrive out of order
+  const mine = ++checks;
+  const paths = {};
+  for (const f of schema.fields) if (f.path_role) paths[f.key] = f.key in texts ? texts[f.key] : f.default;
+  const [out, found] = await Promise.all([post("/api/check", {values: texts}), post("/api/paths", {values: paths})]);
+  if (mine !== checks) return;
+  show(out.errors);
+  for (const el of document.querySelectorAll("[data-path-for]")) {
+    const p = found[el.dataset.pathFor];
+    el.textContent = p ? (p.state === "ok" ? "\u2713 " : p.state === "missing" ? "\u2717 " : "") + p.message : "";
+    el.dataset.state = p ? p.state : "";
+  }
+}
+
+function show(errors) {
+  for (const el of document.querySelectorAll("[data-error-for]")) el.textContent = errors[el.dataset.errorFor] || "";
+  const shown = new Set([...document.querySelectorAll("[data-error-for]")].map((el) => el.dataset.errorFor));
+  const rest = Object.entries(errors).filter(([k]) => !shown.has(k)).map(([k, m]) => m);
+  byId("form-error").textContent = rest.join(" ");
+  byId("export").disabled = byId("launch").disabled = Object.keys(errors).length > 0;
+}
+
+async function exportConfig() {
+  const out = await post("/api/export", {values: texts});
+  show(out.errors);
+  byId("command").textContent = out.command || ""; byId("yaml").textContent = out.yaml || "";
+  const link = byId("download");
+  if (link.href) URL.revokeObjectURL(link.href);
+  link.hidden = !out.yaml;
+  if (out.yaml) link.href = URL.createObjectURL(new Blob([out.yaml], {type: "application/yaml"}));
+}
+
+let runId = null, watchDir = null, poller = null;
+const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"];
+
+function drawCurves(metrics) {
+  const keys = [...new Set(metrics.flatMap((m) => Object.keys(m)))].filter(
+    (k) => k === "critic/score/mean" || k.startsWith("val-core/"));
+  const svg = byId("curves"), W = 640, H = 240, pad = 30;
+  const steps = metrics.map((m) => m.step), maxStep = Math.max(1, ...steps);
+  svg.innerHTML = "";
+  byId("legend").innerHTML = "";
+  keys.forEach((key, i) => {
+    const pts = metrics.filter((m) => typeof m[key] === "number").map((m) =>
+      `${pad + (W - 2 * pad) * m.step / maxStep},${H - pad - (H - 2 * pad) * Math.max(0, Math.min(1, m[key]))}`);
+    const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
+    line.setAttribute("points", pts.join(" ")); line.setAttribute("fill", "none");
+    line.setAttribute("stroke", COLORS[i % COLORS.length]); line.dataset.curve = key;
+    svg.append(line);
+    const item = document.createElement("span");  // text only: keys carry data-source names
+    item.style.color = COLORS[i % COLORS.length]; item.textContent = "\u25A0 " + key + " ";
+    byId("legend").append(item);
+  });
+}
+
+function cell(row, text, tag = "td") {
+  const td = document.createElement(tag); td.textContent = String(text); row.append(td); return td;
+}
+
+function showSamples(samples) {  // model output is text, never HTML
+  const table = byId("samples"); table.replaceChildren();
+  const head = table.insertRow(); for (const h of ["step", "response", "score"]) cell(head, h, "th");
+  for (const s of samples) {
+    const row = table.insertRow(); cell(row, s.step); cell(row, s.response).style.whiteSpace = "pre-wrap"; cell(row, s.score);
+  }
+}
+
+async function poll() {
+  const out = runId ? await (await fetch(`/api/runs/${runId}`)).json()
+                    : await (await fetch(`/api/watch?run_dir=${encodeURIComponent(watchDir)}`)).json();
+  if (out.error) { byId("run-state").textContent = out.error; return; }
+  const last = out.metrics.length ? out.metrics[out.metrics.length - 1].step : 0;
+  byId("run-state").textContent = (runId ? (out.running ? "running" : `finished (exit ${out.returncode})`) : "watching")
+    + `, step ${last}, ${out.run_dir}`;
+  byId("stop").disabled = !(runId && out.running);
+  drawCurves(out.metrics); showSamples(out.samples);
+}
+
+function startPolling() { clearInterval(poller); poll(); poller = setInterval(poll, 2000); }
+
+async function launch() {
+  const out = await post("/api/runs", {values: texts});
+  show(out.errors);
+  if (out.id) { runId = out.id; byId("watch-dir").value = out.run_dir; startPolling(); }
+}
+
+async function load(kind) {
+  const out = await post("/api/import", {text: byId("import-text").value, kind});
+  if (out.error) { byId("form-error").textContent = out.error; return; }
+  texts = out.values; render();
+}
+
+fetch("/api/schema").then((r) => r.json()).then((s) => {
+  schema = s;
+  for (const name of Object.keys(s.presets)) byId("preset").add(new Option(name, name));
+  byId("preset").addEventListener("change", (e) => { texts = {...schema.presets[e.target.value]}; render(); });
+  for (const r of document.querySelectorAll("input[name=view]")) r.addEventListener("change", render);
+  byId("export").addEventListener("click", exportConfig);
+  byId("launch").addEventListener("click", launch);
+  byId("watch").addEventListener("click", () => { runId = null; watchDir = byId("watch-dir").value; startPolling(); });
+  byId("stop").addEventListener("click", () => post(`/api/runs/${runId}/stop`, {}));
+  byId("import-yaml").addEventListener("click", () => load("yaml"));
+  byId("import-command").addEventListener("click", () => load("command"));
+  render();
+});
