@@ -26,8 +26,21 @@ CONFIG_NAME = "studio_config"
 """The YAML a launched run reads, in its run folder."""
 CONSOLE_LOG = "studio_console.log"
 """A launched run's console output, in its run folder."""
-CURVES = ("critic/score/mean", "training/global_step", "timing_s/step")
+CHARTS = (
+    ("Reward", "score", ("critic/score/mean",)),
+    ("Validation accuracy", "accuracy", ("val-core/",)),
+    ("Response length", "tokens", ("response_length/mean",)),
+    ("KL", "KL", ("actor/kl_loss", "critic/kl", "actor/ppo_kl")),
+    ("Step time", "seconds", ("timing_s/step",)),
+)
+"""The page's charts: ``(title, y-axis label, metric keys)`` against the step; a key ending in ``/``
+takes every metric under it (one validation curve per data source)."""
+CURVES = tuple(k for _, _, keys in CHARTS for k in keys if not k.endswith("/")) + (
+    "training/global_step", "training/total_steps", "timing_s/validate")
 """Metric keys a progress report keeps, with every ``val-core/*`` key (the validation curves)."""
+CONSOLE_LINES = 20
+"""Console lines a progress report carries (the end of a launched run's console, or of a watched run's
+``logs/driver.log``)."""
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
@@ -45,13 +58,55 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _tail(path: Path, lines: int = CONSOLE_LINES) -> list[str]:
+    """The last ``lines`` lines of a text file (its last 64 KiB read), [] when there is none."""
+    if not path.is_file():
+        return []
+    with open(path, "rb") as fh:
+        fh.seek(max(0, path.stat().st_size - 65536))
+        text = fh.read().decode("utf-8", errors="replace")
+    return [line.rstrip("\r") for line in text.splitlines()[-lines:]]
+
+
+def run_status(metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{step, total, elapsed_s, s_per_step, eta_s}`` of a run's metric rows: the last step, the
+    planned steps, the time its logged steps took (validation included), the mean of the last
+    (up to 3) steps' times and the time left at that pace (None where unknown)."""
+    steps = [m for m in metrics if m.get("step", 0) >= 1 and "timing_s/step" in m]
+    step = max([int(m["step"]) for m in metrics] or [0])
+    total = next((int(m["training/total_steps"]) for m in reversed(metrics) if "training/total_steps" in m), None)
+    elapsed = sum(float(m.get("timing_s/step", 0.0)) + (float(m.get("timing_s/validate", 0.0))
+                  if "timing_s/step" not in m else 0.0) for m in metrics)
+    recent = [float(m["timing_s/step"]) for m in steps[-3:]]
+    pace = sum(recent) / len(recent) if recent else None
+    eta = max(0, total - step) * pace if (total is not None and pace is not None) else None
+    return {"step": step, "total": total, "elapsed_s": round(elapsed, 1),
+            "s_per_step": None if pace is None else round(pace, 2), "eta_s": None if eta is None else round(eta, 1)}
+
+
 def read_progress(run_dir: str, num_samples: int = 3) -> dict[str, Any]:
-    """``{"metrics": [{step, curve keys...}], "samples": [last validation samples]}`` of a run folder."""
+    """``{"run_dir", "metrics": [{step, curve keys...}], "samples": [last validation samples],
+    "status": run_status(...), "console": [last lines]}`` of a run folder."""
     folder = Path(run_dir).expanduser()
     metrics = [{k: v for k, v in row.items() if k == "step" or k in CURVES or k.startswith("val-core/")}
                for row in _rows(folder / "metrics.jsonl")]
     samples = _rows(folder / "val_generations.jsonl")[-num_samples:]
-    return {"run_dir": str(folder.resolve()), "metrics": metrics, "samples": samples}
+    console = _tail(folder / CONSOLE_LOG) or _tail(folder / "logs" / "driver.log")
+    return {"run_dir": str(folder.resolve()), "metrics": metrics, "samples": samples,
+            "status": run_status(metrics), "console": console}
+
+
+def read_runs(folder: str) -> dict[str, Any]:
+    """A run folder's progress, with ``runs``: ``[{name, ...progress}]`` of the run itself, or of every
+    sub-folder holding a ``metrics.jsonl`` when it holds none (several runs of one folder, overlaid)."""
+    root = Path(folder).expanduser()
+    if (root / "metrics.jsonl").is_file():
+        progress = read_progress(str(root))
+        return {**progress, "runs": [{"name": root.name, **progress}]}
+    children = sorted(p.parent for p in root.glob("*/metrics.jsonl"))
+    runs = [{"name": child.name, **read_progress(str(child))} for child in children]
+    first = runs[0] if runs else read_progress(str(root))
+    return {**{k: v for k, v in first.items() if k != "name"}, "run_dir": str(root.resolve()), "runs": runs}
 
 
 @dataclass
@@ -65,7 +120,7 @@ class LaunchedRun:
 
     def state(self) -> dict[str, Any]:
         code = self.process.poll()
-        return {"running": code is None, "returncode": code, **read_progress(str(self.run_dir))}
+        return {"running": code is None, "returncode": code, **read_runs(str(self.run_dir))}
 
     def stop(self) -> None:
         """SIGINT to the run's process group (its own session), as Ctrl-C sends it to a terminal's."""

@@ -20,7 +20,7 @@ from hybrid_rl.studio.fields import describe_path, human_label
 from hybrid_rl.studio.form import (changed_values, check_values, command_line, format_value, parse_command_line,
                                    parse_overrides, to_yaml, values_from_yaml)
 from hybrid_rl.studio.presets import load_presets
-from hybrid_rl.studio.runs import RunLauncher, read_progress
+from hybrid_rl.studio.runs import CHARTS, RunLauncher, read_runs
 from hybrid_rl.studio.schema import BEGINNER_KEYS, FieldSpec, config_schema
 
 STATIC_DIR = Path(__file__).with_name("static")
@@ -71,6 +71,7 @@ def schema_json() -> dict[str, Any]:
                     "default": to_text(f.default)} for f in fields],
         "groups": [{**dataclasses.asdict(g), "label": human_label(g.key)} for g in groups],
         "beginner": list(BEGINNER_KEYS),
+        "charts": [{"title": title, "y_label": y_label, "keys": list(keys)} for title, y_label, keys in CHARTS],
         "presets": {name: {k: to_text(v) for k, v in values.items()} for name, values in load_presets().items()},
     }
 
@@ -225,4 +226,4 @@ def _add_run_routes(app: Any, launcher: RunLauncher) -> None:
     def watch(run_dir: str) -> dict:
         if not os.path.isdir(os.path.expanduser(run_dir)):
             return {"error": f"{run_dir} is not a folder; give a run's trainer.default_local_dir"}
-        return read_progress(run_dir)
+        return read_runs(run_dir)

@@ -7,6 +7,7 @@ saves a screenshot of each stage (``docs/studio/`` holds the committed ones).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -148,13 +149,42 @@ def test_views_errors_export_launch_and_the_reward_curve(page, tmp_path, monkeyp
         assert to_ppo_config(compose(config_name="exported")).data.train_batch_size == 4
 
     page.click("#launch")  # the embedded model, 2 steps
-    # a flat curve (reward 0 at both steps) has no height, so "attached" rather than "visible"
-    page.wait_for_selector('#curves polyline[data-curve="critic/score/mean"]', state="attached", timeout=600_000)
     page.wait_for_function("document.querySelector('#run-state').textContent.startsWith('finished')",
                            timeout=600_000)
-    page.locator("#curves").scroll_into_view_if_needed()
+    assert "finished (exit 0) \u00b7 step 2 of 2" in page.locator("#run-state").inner_text()
+    page.wait_for_function("window.studioCharts['Reward'] && window.studioCharts['Reward'].data[0].length == 2")
+    page.evaluate("document.querySelector('#run-state').scrollIntoView({block: 'start'})")
     _shot(page, "5_run")
-    assert "finished (exit 0)" in page.locator("#run-state").inner_text()
-    points = page.locator('#curves polyline[data-curve="critic/score/mean"]').get_attribute("points").split()
-    assert len(points) == 2
+    reward = _chart(page, "Reward")
+    assert reward["axes"] == ["step", "score"] and reward["series"] == ["critic/score/mean"]
+    assert reward["steps"] == [1, 2] and "critic/score/mean" in reward["legend"]
+    assert _chart(page, "Step time")["axes"] == ["step", "seconds"]
+    assert page.locator("#samples th").all_inner_texts() == ["step", "prompt", "response", "score"]
     assert yaml.safe_load((run_dir / "studio_config.yaml").read_text())["trainer"]["total_training_steps"] == 2
+
+    # two runs of one folder, overlaid: the run and a copy with other rewards
+    other = tmp_path / "run_b"
+    other.mkdir()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        if "critic/score/mean" in row:
+            row["critic/score/mean"] = 0.5 + row["step"] / 10
+    (other / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page.fill("#watch-dir", str(tmp_path))
+    page.click("#watch")
+    page.wait_for_function("document.querySelector('#run-state').textContent.includes('2 runs overlaid')")
+    page.wait_for_function("window.studioCharts['Reward'].series.length == 3")
+    overlay = _chart(page, "Reward")
+    assert overlay["series"] == ["run \u00b7 critic/score/mean", "run_b \u00b7 critic/score/mean"]
+    assert overlay["data"][2] == [0.6, 0.7]
+    page.evaluate("document.querySelector('#run-state').scrollIntoView({block: 'start'})")
+    _shot(page, "6_compare")
+
+
+def _chart(page, title: str) -> dict:
+    """A drawn chart's axis labels, series, steps, data and legend text (uPlot draws on a canvas)."""
+    return page.evaluate("""(title) => {
+        const u = window.studioCharts[title];
+        return {axes: u.axes.map((a) => a.label), series: u.series.slice(1).map((s) => s.label),
+                steps: u.data[0], data: u.data, legend: u.root.querySelector('.u-legend').innerText};
+    }""", title)

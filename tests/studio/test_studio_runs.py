@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from hybrid_rl.studio.runs import CONFIG_NAME, CONSOLE_LOG, read_progress
+from hybrid_rl.studio.runs import CONFIG_NAME, CONSOLE_LOG, read_progress, read_runs
 
 fastapi = pytest.importorskip("fastapi", reason="the studio extra (fastapi) is not installed")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -15,9 +15,10 @@ from fastapi.testclient import TestClient  # noqa: E402
 from hybrid_rl.studio.server import create_app  # noqa: E402
 
 
-def _write_run(folder):
+def _write_run(folder, reward=0.5):
     rows = [{"step": 0, "val-core/arithmetic/reward/mean@1": 0.25, "timing_s/validate": 3.0},
-            {"step": 1, "critic/score/mean": 0.5, "training/global_step": 1, "actor/pg_loss": 0.1}]
+            {"step": 1, "critic/score/mean": reward, "training/global_step": 1, "training/total_steps": 4,
+             "timing_s/step": 2.0, "actor/pg_loss": 0.1}]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 2, "crit')
     samples = [{"step": 0, "response": f"#### {i}", "score": float(i % 2)} for i in range(5)]
     (folder / "val_generations.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
@@ -25,12 +26,29 @@ def _write_run(folder):
 
 def test_progress_keeps_the_curves_and_the_last_samples_and_skips_a_line_being_written(tmp_path):
     _write_run(tmp_path)
+    (tmp_path / CONSOLE_LOG).write_text("".join(f"line {i}\n" for i in range(50)))
     progress = read_progress(str(tmp_path), num_samples=2)
-    assert progress["metrics"] == [{"step": 0, "val-core/arithmetic/reward/mean@1": 0.25},
-                                   {"step": 1, "critic/score/mean": 0.5, "training/global_step": 1}]
+    assert progress["metrics"] == [{"step": 0, "val-core/arithmetic/reward/mean@1": 0.25, "timing_s/validate": 3.0},
+                                   {"step": 1, "critic/score/mean": 0.5, "training/global_step": 1,
+                                    "training/total_steps": 4, "timing_s/step": 2.0}]
     assert [s["response"] for s in progress["samples"]] == ["#### 3", "#### 4"]
-    assert read_progress(str(tmp_path / "empty")) == {"run_dir": str((tmp_path / "empty").resolve()),
-                                                      "metrics": [], "samples": []}
+    # step 1 of 4; 3 s of validation + 2 s of step; 3 steps left at 2 s each
+    assert progress["status"] == {"step": 1, "total": 4, "elapsed_s": 5.0, "s_per_step": 2.0, "eta_s": 6.0}
+    assert progress["console"] == [f"line {i}" for i in range(30, 50)]
+    assert read_progress(str(tmp_path / "empty")) == {
+        "run_dir": str((tmp_path / "empty").resolve()), "metrics": [], "samples": [], "console": [],
+        "status": {"step": 0, "total": None, "elapsed_s": 0.0, "s_per_step": None, "eta_s": None}}
+
+
+def test_a_folder_of_runs_is_read_as_several_runs(tmp_path):
+    for name, reward in (("b", 0.75), ("a", 0.5)):
+        (tmp_path / name).mkdir()
+        _write_run(tmp_path / name, reward)
+    both = read_runs(str(tmp_path))
+    assert [r["name"] for r in both["runs"]] == ["a", "b"]
+    assert [r["metrics"][1]["critic/score/mean"] for r in both["runs"]] == [0.5, 0.75]
+    one = read_runs(str(tmp_path / "b"))
+    assert [r["name"] for r in one["runs"]] == ["b"] and one["metrics"] == one["runs"][0]["metrics"]
 
 
 def test_a_cli_runs_folder_is_watched_the_same_way_and_a_bad_folder_is_one_line(tmp_path):
@@ -39,6 +57,8 @@ def test_a_cli_runs_folder_is_watched_the_same_way_and_a_bad_folder_is_one_line(
     assert client.get("/api/watch", params={"run_dir": str(tmp_path)}).json()["metrics"][1]["critic/score/mean"] == 0.5
     assert "is not a folder" in client.get("/api/watch", params={"run_dir": str(tmp_path / "nope")}).json()["error"]
     assert "no run 7" in client.get("/api/runs/7").json()["error"]
+    charts = client.get("/api/schema").json()["charts"]
+    assert [c["title"] for c in charts] == ["Reward", "Validation accuracy", "Response length", "KL", "Step time"]
 
 
 def test_an_invalid_form_launches_nothing(tmp_path):
@@ -75,6 +95,7 @@ def test_a_two_step_run_launched_from_the_page_shows_its_reward_curve(tmp_path, 
     assert state["returncode"] == 0, console[-3000:]
     rewards = [m["critic/score/mean"] for m in state["metrics"] if "critic/score/mean" in m]
     assert len(rewards) == 2 and all(0.0 <= r <= 1.0 for r in rewards)
+    assert state["status"]["step"] == state["status"]["total"] == 2 and state["status"]["s_per_step"] > 0
 
 
 @pytest.mark.slow

@@ -88,49 +88,11 @@ async function exportConfig() {
 }
 
 let runId = null, watchDir = null, poller = null;
-const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"];
-
-function drawCurves(metrics) {
-  const keys = [...new Set(metrics.flatMap((m) => Object.keys(m)))].filter(
-    (k) => k === "critic/score/mean" || k.startsWith("val-core/"));
-  const svg = byId("curves"), W = 640, H = 240, pad = 30;
-  const steps = metrics.map((m) => m.step), maxStep = Math.max(1, ...steps);
-  svg.innerHTML = "";
-  byId("legend").innerHTML = "";
-  keys.forEach((key, i) => {
-    const pts = metrics.filter((m) => typeof m[key] === "number").map((m) =>
-      `${pad + (W - 2 * pad) * m.step / maxStep},${H - pad - (H - 2 * pad) * Math.max(0, Math.min(1, m[key]))}`);
-    const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
-    line.setAttribute("points", pts.join(" ")); line.setAttribute("fill", "none");
-    line.setAttribute("stroke", COLORS[i % COLORS.length]); line.dataset.curve = key;
-    svg.append(line);
-    const item = document.createElement("span");  // text only: keys carry data-source names
-    item.style.color = COLORS[i % COLORS.length]; item.textContent = "\u25A0 " + key + " ";
-    byId("legend").append(item);
-  });
-}
-
-function cell(row, text, tag = "td") {
-  const td = document.createElement(tag); td.textContent = String(text); row.append(td); return td;
-}
-
-function showSamples(samples) {  // model output is text, never HTML
-  const table = byId("samples"); table.replaceChildren();
-  const head = table.insertRow(); for (const h of ["step", "response", "score"]) cell(head, h, "th");
-  for (const s of samples) {
-    const row = table.insertRow(); cell(row, s.step); cell(row, s.response).style.whiteSpace = "pre-wrap"; cell(row, s.score);
-  }
-}
-
 async function poll() {
   const out = runId ? await (await fetch(`/api/runs/${runId}`)).json()
                     : await (await fetch(`/api/watch?run_dir=${encodeURIComponent(watchDir)}`)).json();
   if (out.error) { byId("run-state").textContent = out.error; return; }
-  const last = out.metrics.length ? out.metrics[out.metrics.length - 1].step : 0;
-  byId("run-state").textContent = (runId ? (out.running ? "running" : `finished (exit ${out.returncode})`) : "watching")
-    + `, step ${last}, ${out.run_dir}`;
-  byId("stop").disabled = !(runId && out.running);
-  drawCurves(out.metrics); showSamples(out.samples);
+  showRun(out);
 }
 
 function startPolling() { clearInterval(poller); poll(); poller = setInterval(poll, 2000); }

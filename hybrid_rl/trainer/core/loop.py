@@ -348,6 +348,7 @@ class TrainerCore(abc.ABC):
     def _publish(self, metrics: dict[str, Any]) -> dict[str, float]:
         """Stamp the step and epoch, send ``metrics`` to the trackers and the progress bar."""
         metrics["training/global_step"] = self.global_steps
+        metrics["training/total_steps"] = self.total_training_steps  # for progress readers (the studio)
         metrics["training/epoch"] = self.train_dataloader.epoch
         self.tracker.log(metrics, step=self.global_steps)
         self.progress.update(metrics)
