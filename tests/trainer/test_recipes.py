@@ -27,12 +27,14 @@ def recipe_commands(path: str) -> list[tuple[str, list[str]]]:
     (a pipeline recipe runs several), in script order; ``$VAR`` becomes a placeholder path."""
     text = open(path).read().replace("\\\n", " ")
     values = {"NGPUS": "2"}
+    for name, default in re.findall(r'^(\w+)="\$\{\1:-([^}$]*)\}"', text, re.M):  # BATCH="${BATCH:-4}"
+        values.setdefault(name, default)
     commands = []
     for line in text.splitlines():
         entry = next((e for e in ENTRIES if re.search(rf"python3? -m {re.escape(e)}(\s|$)", line)), None)
         if entry is None:
             continue
-        line = re.sub(r'"\$(\w+)(/[^"]*)?"', lambda m: values.get(m.group(1), f"/placeholder/{m.group(1)}{m.group(2) or ''}"),
+        line = re.sub(r'"\$(\w+)(/[^"]*)?"', lambda m: values.get(m.group(1), f"/placeholder/{m.group(1)}") + (m.group(2) or ""),
                       line)
         commands.append((entry, [a for a in shlex.split(line.split(entry, 1)[1]) if "=" in a]))
     return commands
@@ -87,6 +89,8 @@ def test_recipe_composes(path):
             assert d.enabled and d.teacher_models["teacher_model"].model_path.endswith("teacher_hf")
         assert d.distillation_loss.loss_mode == "forward_kl_topk" and d.distillation_loss.topk == 32
         assert cfg.trainer.device == "auto" and cfg.trainer.total_training_steps == 8 and not cfg.distillation.enabled
+        assert cfg.data.train_batch_size == cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 4  # small steps
+        assert cfg.actor_rollout_ref.actor.optim.lr == 5e-6
     elif "async_arithmetic" in path:  # the default run, decoupled
         assert cfg.async_training.enable and cfg.async_training.max_head_offpolicyness == 1
         assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "decoupled" and cfg.trainer.device == "auto"
