@@ -14,8 +14,9 @@ embedded SmolLM2-135M-Instruct, with a slow reward (latency, not CPU), one of:
   ``async`` step, like a remote environment server: episodes wait side by side); the reward is the
   game's. The wait is part of generation, which the decoupled mode overlaps with the update.
 
-Only training rows wait; held-out validation (greedy, 200 problems) is judged by the rule scorer at
-once, so the accuracy costs no benchmark time.
+Only training rows wait for a slow reward; held-out validation (greedy: 200 problems, or the 64
+held-out games of ``--reward env``, whose moves wait too) is excluded from the trained samples per
+second.
 
 Reported per mode: trained samples per second over the training steps (rows x steps / the steps'
 time, validation excluded), the speed-up over the synchronous mode, held-out accuracy before and
@@ -112,6 +113,7 @@ class SlowRewardService:
 
 
 def reward_overrides(args: argparse.Namespace, workdir: str, url: str | None) -> list[str]:
+    """The overrides of the chosen slow reward (or slow environment) for every mode."""
     if args.reward == "function":
         return [f"custom_reward_function.path={os.path.join(workdir, 'slow_reward.py')}"]
     if args.reward == "env":  # the recipe's settings (recipes/guess_number_env/run.sh)
@@ -153,6 +155,7 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: str, url: str | None 
 
 
 def summarize(mode: str, rows: list[dict], rows_per_step: int, wall: float) -> dict:
+    """One mode's figures from its metric rows: trained samples/s, accuracy before/after, mean timings."""
     steps = [r for r in rows if r.get("training/global_step", 0) >= 1]
     seconds = sum(r["timing_s/step"] - r.get("timing_s/validate", 0.0) for r in steps)
     accuracy = [r[k] for r in rows for k in ACCURACY_KEYS if k in r]

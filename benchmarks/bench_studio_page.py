@@ -23,6 +23,7 @@ import urllib.request
 
 
 def start_server() -> tuple[str, object]:
+    """The studio on a free localhost port: ``(base URL, uvicorn server)``."""
     import uvicorn
 
     from hybrid_rl.studio.server import create_app
@@ -38,7 +39,8 @@ def start_server() -> tuple[str, object]:
 
 
 def weight(url: str) -> dict[str, int]:
-    """Bytes of each resource the page loads (GETs; the first check is a POST of an empty form)."""
+    """Bytes of each resource the page loads (GETs; the first check and path check are POSTs of an
+    empty form)."""
     import json
     import re
 
@@ -51,6 +53,9 @@ def weight(url: str) -> dict[str, int]:
     request = urllib.request.Request(url + "/api/check", data=json.dumps({"values": {}}).encode(),
                                      headers={"Content-Type": "application/json"})
     sizes["/api/check"] = len(urllib.request.urlopen(request).read())
+    request = urllib.request.Request(url + "/api/paths", data=json.dumps({"values": {}}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    sizes["/api/paths"] = len(urllib.request.urlopen(request).read())
     return sizes
 
 
@@ -79,6 +84,7 @@ def load_times(url: str, repeats: int) -> dict[str, float]:
 
 
 def main() -> None:
+    """Print the page's weight per resource and its load times."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()

@@ -26,7 +26,8 @@ _WORDS = {
 
 PATH_ROLES = ("model", "file", "folder", "output")
 """``model``: a model folder or the embedded model's id; ``file``: an input file, glob or list of them
-(or a URL); ``folder``: an input folder; ``output``: a folder the run writes (created when missing)."""
+(or a URL); ``folder``: an input folder; ``output``: a folder or file the run writes (created when
+missing: the run folder, the data cache, the experience buffer's database)."""
 
 
 _GENERIC = {"path", "name", "type", "enable", "enabled", "mode", "strategy", "preset", "key", "source", "module"}
@@ -58,6 +59,8 @@ def path_role(key: str) -> Optional[str]:
         return "model"
     if last.endswith("_dir"):
         return "output" if last in ("default_local_dir", "cache_dir") else "folder"
+    if len(parts) > 1 and parts[-2] == "buffer" and last == "path":  # the experience buffer's file (or URL)
+        return "output"
     if last == "resume_from_path":
         return "folder"
     if last == "path" or last.endswith(("_path", "_files")):
@@ -82,12 +85,11 @@ def _one_path(role: str, text: str) -> tuple[str, str]:
             return "ok", "the embedded model (no download)"
         return "missing", "no such folder, and not the embedded model's id"
     if role == "output":
-        return ("ok", "exists") if os.path.isdir(local) else ("note", "does not exist yet: the run creates it")
+        return ("ok", "exists") if os.path.exists(local) else ("note", "does not exist yet: the run creates it")
     if os.path.exists(local):
         return "ok", "a folder" if os.path.isdir(local) else "a file"
-    matches = glob.glob(local) if glob.has_magic(local) else []
-    if matches:
-        return "ok", f"{len(matches)} file{'s' if len(matches) > 1 else ''} match"
+    if glob.has_magic(local) and next(glob.iglob(local), None) is not None:  # stops at the first match
+        return "ok", "the pattern matches"
     return "missing", "does not exist"
 
 
@@ -103,7 +105,7 @@ def describe_path(role: str, value: Any) -> Optional[dict[str, str]]:
         item, message = bad[0]
         where = f"{item}: " if len(items) > 1 else ""
         return {"state": "missing", "message": where + message + (f" ({len(bad)} of {len(items)})" if len(items) > 1 else "")}
-    state = "ok" if all(s == "ok" for s, _ in results) else "note"
-    message = results[0][1] if len(results) == 1 else f"all {len(items)} exist"
-    return {"state": state, "message": message}
+    if all(s == "ok" for s, _ in results):
+        return {"state": "ok", "message": results[0][1] if len(results) == 1 else f"all {len(items)} exist"}
+    return {"state": "note", "message": next(m for s, m in results if s == "note")}
 

@@ -59,25 +59,33 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 
 
 def _tail(path: Path, lines: int = CONSOLE_LINES) -> list[str]:
-    """The last ``lines`` lines of a text file (its last 64 KiB read), [] when there is none."""
+    """The last ``lines`` lines of a text file (its last 64 KiB read), [] when there is none. A line
+    redrawn with carriage returns (a progress bar) shows its last state."""
     if not path.is_file():
         return []
     with open(path, "rb") as fh:
         fh.seek(max(0, path.stat().st_size - 65536))
         text = fh.read().decode("utf-8", errors="replace")
-    return [line.rstrip("\r") for line in text.splitlines()[-lines:]]
+    return [line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n")[-lines - 1:] if line.strip()][-lines:]
+
+
+def _number(value: Any) -> Optional[float]:
+    """``value`` when it is a finite number (the jsonl logger writes NaN as null), else None."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value else None
 
 
 def run_status(metrics: list[dict[str, Any]]) -> dict[str, Any]:
     """``{step, total, elapsed_s, s_per_step, eta_s}`` of a run's metric rows: the last step, the
     planned steps, the time its logged steps took (validation included), the mean of the last
-    (up to 3) steps' times and the time left at that pace (None where unknown)."""
-    steps = [m for m in metrics if m.get("step", 0) >= 1 and "timing_s/step" in m]
-    step = max([int(m["step"]) for m in metrics] or [0])
-    total = next((int(m["training/total_steps"]) for m in reversed(metrics) if "training/total_steps" in m), None)
-    elapsed = sum(float(m.get("timing_s/step", 0.0)) + (float(m.get("timing_s/validate", 0.0))
-                  if "timing_s/step" not in m else 0.0) for m in metrics)
-    recent = [float(m["timing_s/step"]) for m in steps[-3:]]
+    (up to 3) steps' times and the time left at that pace (None where unknown). Rows without a
+    numeric step are skipped."""
+    rows = [m for m in metrics if _number(m.get("step")) is not None]
+    step = int(max([_number(m["step"]) for m in rows] or [0]))
+    totals = [_number(m.get("training/total_steps")) for m in rows]
+    total = next((int(t) for t in reversed(totals) if t is not None), None)
+    elapsed = sum(_number(m.get("timing_s/step")) or (0.0 if "timing_s/step" in m else
+                                                       _number(m.get("timing_s/validate")) or 0.0) for m in rows)
+    recent = [t for t in (_number(m.get("timing_s/step")) for m in rows if _number(m["step"]) >= 1) if t is not None][-3:]
     pace = sum(recent) / len(recent) if recent else None
     eta = max(0, total - step) * pace if (total is not None and pace is not None) else None
     return {"step": step, "total": total, "elapsed_s": round(elapsed, 1),

@@ -11,7 +11,7 @@
 #        MODE=grpo          GRPO alone (the comparison)
 # Every student run has the teacher run's seed, prompts and other settings. A stage that finished is
 # not rerun; a killed one resumes. Extra key=value arguments go to the student.
-# OUT: where everything is written; each student in $OUT/<MODE>_b<BATCH>_lr<LR>.
+# OUT: where everything is written; each student in $OUT/<MODE>_b<BATCH>_lr<LR>[_seed<SEED>].
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
@@ -20,7 +20,10 @@ MODE="${MODE:-distill}"
 BATCH="${BATCH:-4}"
 LR="${LR:-5e-6}"
 STEPS="${STEPS:-8}"
-STUDENT="$OUT/${MODE}_b${BATCH}_lr${LR}"
+SEED="${SEED:-}"                 # empty: the default run's seeds; N: trainer.seed=N data.seed=N
+STUDENT="$OUT/${MODE}_b${BATCH}_lr${LR}${SEED:+_seed$SEED}"
+SEEDS=()
+[ -z "$SEED" ] || SEEDS=(trainer.seed="$SEED" data.seed="$SEED")
 
 if [ ! -f "$OUT/teacher_hf/config.json" ]; then
     python -m hybrid_rl.trainer.main_ppo trainer.total_training_steps=4 trainer.save_freq=4 \
@@ -38,7 +41,7 @@ distill)
         data.train_batch_size="$BATCH" actor_rollout_ref.actor.ppo_mini_batch_size="$BATCH" \
         actor_rollout_ref.actor.optim.lr="$LR" trainer.total_training_steps="$STEPS" trainer.test_freq=1 \
         trainer.save_freq="$STEPS" trainer.experiment_name=distill_arithmetic-distill \
-        trainer.default_local_dir="$STUDENT" "$@" ;;
+        trainer.default_local_dir="$STUDENT" ${SEEDS[@]+"${SEEDS[@]}"} "$@" ;;
 distill_task)
     python -m hybrid_rl.trainer.main_ppo \
         distillation.enabled=true \
@@ -49,7 +52,7 @@ distill_task)
         data.train_batch_size="$BATCH" actor_rollout_ref.actor.ppo_mini_batch_size="$BATCH" \
         actor_rollout_ref.actor.optim.lr="$LR" trainer.total_training_steps="$STEPS" trainer.test_freq=1 \
         trainer.save_freq="$STEPS" trainer.experiment_name=distill_arithmetic-distill_task \
-        trainer.default_local_dir="$STUDENT" "$@" ;;
+        trainer.default_local_dir="$STUDENT" ${SEEDS[@]+"${SEEDS[@]}"} "$@" ;;
 distill_topk)
     python -m hybrid_rl.trainer.main_ppo \
         distillation.enabled=true \
@@ -60,7 +63,7 @@ distill_topk)
         data.train_batch_size="$BATCH" actor_rollout_ref.actor.ppo_mini_batch_size="$BATCH" \
         actor_rollout_ref.actor.optim.lr="$LR" trainer.total_training_steps="$STEPS" trainer.test_freq=1 \
         trainer.save_freq="$STEPS" trainer.experiment_name=distill_arithmetic-distill_topk \
-        trainer.default_local_dir="$STUDENT" "$@" ;;
+        trainer.default_local_dir="$STUDENT" ${SEEDS[@]+"${SEEDS[@]}"} "$@" ;;
 grpo)
     python -m hybrid_rl.trainer.main_ppo \
         algorithm.adv_estimator=grpo \
@@ -68,7 +71,7 @@ grpo)
         data.train_batch_size="$BATCH" actor_rollout_ref.actor.ppo_mini_batch_size="$BATCH" \
         actor_rollout_ref.actor.optim.lr="$LR" trainer.total_training_steps="$STEPS" trainer.test_freq=1 \
         trainer.save_freq="$STEPS" trainer.experiment_name=distill_arithmetic-grpo \
-        trainer.default_local_dir="$STUDENT" "$@" ;;
+        trainer.default_local_dir="$STUDENT" ${SEEDS[@]+"${SEEDS[@]}"} "$@" ;;
 *)
     echo "MODE=$MODE: use distill, distill_task, distill_topk or grpo" >&2; exit 2 ;;
 esac

@@ -92,6 +92,15 @@ def _check_widgets(page) -> None:
     none.check()
     assert page.locator(grad_clip).is_disabled()
     none.uncheck()
+    keys = _field("algorithm.gdpo_reward_keys")  # an optional list: items survive "none" on and off
+    page.locator("#none-" + keys[3:]).uncheck()
+    page.click(f"{keys} button.add")
+    page.fill(f"{keys} input.item", "correct format")
+    page.locator("#none-" + keys[3:]).check()
+    assert page.evaluate("texts['algorithm.gdpo_reward_keys']") == "null"
+    page.locator("#none-" + keys[3:]).uncheck()
+    assert page.evaluate("texts['algorithm.gdpo_reward_keys']") == "['correct format']"
+    page.locator("#none-" + keys[3:]).check()
     row = page.locator('[data-field="data.train_batch_size"]')
     assert row.locator(".label").inner_text() == "Train batch size"
     assert row.locator(".key").inner_text() == "data.train_batch_size"
@@ -162,7 +171,11 @@ def test_views_errors_export_launch_and_the_reward_curve(page, tmp_path, monkeyp
     assert page.locator("#samples th").all_inner_texts() == ["step", "prompt", "response", "score"]
     assert yaml.safe_load((run_dir / "studio_config.yaml").read_text())["trainer"]["total_training_steps"] == 2
 
-    # two runs of one folder, overlaid: the run and a copy with other rewards
+    _check_overlay(page, tmp_path, run_dir)
+
+
+def _check_overlay(page, tmp_path, run_dir) -> None:
+    """Two runs of one folder, overlaid: the run and a copy with other rewards."""
     other = tmp_path / "run_b"
     other.mkdir()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -173,6 +186,7 @@ def test_views_errors_export_launch_and_the_reward_curve(page, tmp_path, monkeyp
     page.fill("#watch-dir", str(tmp_path))
     page.click("#watch")
     page.wait_for_function("document.querySelector('#run-state').textContent.includes('2 runs overlaid')")
+    assert page.locator("#run-state").inner_text().startswith("run: watching")
     page.wait_for_function("window.studioCharts['Reward'].series.length == 3")
     overlay = _chart(page, "Reward")
     assert overlay["series"] == ["run \u00b7 critic/score/mean", "run_b \u00b7 critic/score/mean"]

@@ -35,7 +35,11 @@ def test_a_path_says_whether_it_exists(tmp_path, tiny_model_dir):
     (tmp_path / "a.parquet").write_text("x")
     (tmp_path / "b.parquet").write_text("x")
     assert describe_path("file", str(tmp_path / "a.parquet")) == {"state": "ok", "message": "a file"}
-    assert describe_path("file", str(tmp_path / "*.parquet")) == {"state": "ok", "message": "2 files match"}
+    assert describe_path("file", str(tmp_path / "*.parquet")) == {"state": "ok", "message": "the pattern matches"}
+    assert describe_path("file", ["http://a/x", "${data.val_files}"]) == {"state": "note",
+                                                                          "message": "a URL (not checked here)"}
+    assert path_role("async_training.buffer.path") == "output"
+    assert describe_path("output", str(tmp_path / "a.parquet"))["message"] == "exists"
     missing = describe_path("file", [str(tmp_path / "a.parquet"), "/no/such.parquet"])
     assert missing["state"] == "missing" and missing["message"].startswith("/no/such.parquet: does not exist")
     assert describe_path("file", None) is None and describe_path("file", []) is None

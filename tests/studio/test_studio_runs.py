@@ -111,3 +111,13 @@ def test_stop_ends_a_launched_run_as_ctrl_c_does(tmp_path, tiny_model_dir, monke
     state = _wait(client, run_id, lambda s: not s["running"], timeout_s=120)
     assert not state["running"]  # ended long before its 500 steps
     assert len(state["metrics"]) < 500
+
+
+def test_odd_rows_and_a_redrawn_progress_bar_do_not_break_the_status(tmp_path):
+    from hybrid_rl.studio.runs import run_status
+
+    rows = [{"critic/score/mean": 1.0}, {"step": None}, {"step": 1, "training/total_steps": None, "timing_s/step": None},
+            {"step": 2, "training/total_steps": 3, "timing_s/step": 4.0}]
+    assert run_status(rows) == {"step": 2, "total": 3, "elapsed_s": 4.0, "s_per_step": 4.0, "eta_s": 4.0}
+    (tmp_path / CONSOLE_LOG).write_text("start\nTraining:  10%\rTraining:  50%\rTraining: 100%\ndone\n")
+    assert read_progress(str(tmp_path))["console"] == ["start", "Training: 100%", "done"]

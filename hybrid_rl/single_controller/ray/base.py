@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 from typing import Any
 
 import ray
@@ -77,6 +78,9 @@ class RayWorkerGroup(WorkerGroup):
         self._workers: list[ray.actor.ActorHandle] = []
         self._infos: list[WorkerInfo] = []
         self._method_names: list[str] = []
+        # Calls from several driver threads (the decoupled producer's generation and reward stages)
+        # reach every rank in the same order, so collectives inside them pair up; views share it.
+        self._submit_lock = threading.Lock()
         try:
             self._start_workers(init_timeout_s)
         except BaseException:
@@ -150,7 +154,8 @@ class RayWorkerGroup(WorkerGroup):
     # ------------------------------------------------------------------ calls
     def _call(self, remote_name: str, display_name: str, spec: RegisterSpec, args: tuple, kwargs: dict) -> Any:
         plan = self._dispatch(spec, args, kwargs)
-        refs = [getattr(self._workers[r], remote_name).remote(*a, **k) for r, (a, k) in zip(plan.ranks, plan.arguments)]
+        with self._submit_lock:
+            refs = [getattr(self._workers[r], remote_name).remote(*a, **k) for r, (a, k) in zip(plan.ranks, plan.arguments)]
         future = WorkerGroupFuture(refs, plan.collect_fn, display_name, [self._infos[r] for r in plan.ranks],
                                    self.call_timeout_s, per_rank=plan.per_rank)
         return future.get() if spec.blocking else future

@@ -71,16 +71,25 @@ function drawCharts(runs) {
   }
 }
 
-const clock = (s) => (s == null ? "?" : s < 60 ? `${Math.round(s)} s` : s < 3600 ? `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`
-  : `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`);
+function clock(seconds) {
+  if (seconds == null) return "?";
+  const s = Math.round(seconds);
+  if (s < 60) return `${s} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
+  const m = Math.round(s / 60);
+  return `${Math.floor(m / 60)} h ${m % 60} min`;
+}
 
 function statusText(out) {
   const s = out.status || {};
   const state = runId ? (out.running ? "running" : `finished (exit ${out.returncode})`) : "watching";
   const parts = [state, `step ${s.step ?? 0}${s.total != null ? ` of ${s.total}` : ""}`, `elapsed ${clock(s.elapsed_s)}`];
   if (s.s_per_step != null) parts.push(`${s.s_per_step.toFixed(1)} s/step`);
-  if (s.eta_s != null && (!runId || out.running)) parts.push(`ETA ${clock(s.eta_s)}`);
-  if ((out.runs || []).length > 1) parts.push(`${out.runs.length} runs overlaid`);
+  if (s.eta_s != null && s.step < s.total && (!runId || out.running)) parts.push(`ETA ${clock(s.eta_s)}`);
+  if ((out.runs || []).length > 1) {  // the status, samples and console are the first run's
+    parts[0] = `${out.runs[0].name}: ${parts[0]}`;
+    parts.push(`${out.runs.length} runs overlaid`);
+  }
   return parts.join(" \u00b7 ") + ` \u2014 ${out.run_dir}`;
 }
 

@@ -43,14 +43,17 @@ function listItems(text) {
   return items;
 }
 
-const quoteItem = (item) => /^(['"]).*\1$/.test(item) || !/[\s,\[\]{}:]/.test(item) ? item : `'${item.replaceAll("'", "\\'")}'`;
+// An item in Hydra's list grammar: as typed when already quoted or plainly safe, else single-quoted.
+const quoteItem = (item) => /^(['"]).*\1$/.test(item) || /^[\w.\/*@?+%$-]+$/.test(item) ? item : `'${item.replaceAll("'", "\\'")}'`;
 
 function listEditor(f, value, report) {
   const box = document.createElement("div"); box.className = "list-editor"; box.id = fieldId(f.key);
   box.dataset.key = f.key;
   const items = listItems(value);
-  const emit = () => report("[" + [...box.querySelectorAll("input.item")].map((i) => quoteItem(i.value.trim()))
-    .filter((v) => v !== "").join(", ") + "]");
+  const read = () => "[" + [...box.querySelectorAll("input.item")].map((i) => i.value.trim()).filter((v) => v !== "")
+    .map(quoteItem).join(", ") + "]";
+  const emit = () => report(read());
+  box.readValue = read;  // the "none" toggle re-reads the items when it is unchecked
   const addRow = (text) => {
     const row = document.createElement("div");
     const input = document.createElement("input"); input.type = "text"; input.className = "item"; input.value = text;
@@ -72,6 +75,7 @@ function plainInput(f, value, report) {
     input = document.createElement("select");
     for (const c of f.choices) input.add(new Option(c, c));
     input.value = value;
+    if (input.selectedIndex < 0) input.selectedIndex = 0;  // unset (null): the first choice once "none" is unchecked
   } else if (f.kind === "bool") {
     input = document.createElement("input"); input.type = "checkbox"; input.checked = value === true || value === "true";
   } else if (f.kind === "int" || f.kind === "float") {
@@ -87,6 +91,7 @@ function plainInput(f, value, report) {
   // an emptied free-form field (e.g. data.train_files) means unset, as its null default shows empty
   const read = () => (input.type === "checkbox" ? input.checked : f.kind === "any" && input.value === "" ? "null" : input.value);
   input.addEventListener(input.tagName === "SELECT" || input.type === "checkbox" ? "change" : "input", () => report(read()));
+  input.readValue = read;
   return input;
 }
 
@@ -103,12 +108,7 @@ function widget(f, value, report) {
     const none = document.createElement("input"); none.type = "checkbox"; none.id = "none-" + fieldId(f.key).slice(2);
     none.checked = isNull;
     const setDisabled = () => { for (const el of input.querySelectorAll ? [input, ...input.querySelectorAll("input,button")] : [input]) el.disabled = none.checked; };
-    none.addEventListener("change", () => {
-      setDisabled();
-      if (none.checked) report("null");
-      else if (input.classList.contains("list-editor")) report("[]");
-      else report(input.type === "checkbox" ? input.checked : input.value);
-    });
+    none.addEventListener("change", () => { setDisabled(); report(none.checked ? "null" : input.readValue()); });
     toggle.append(none, " none");
     box.append(toggle);
     setDisabled();

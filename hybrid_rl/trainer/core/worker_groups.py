@@ -35,11 +35,13 @@ class WorkerGroups:
     resource_pool: Any
     """The reserved devices (released at shutdown); None for a worker in the driver's process."""
     rollout: Optional[Any] = None
-    """Decoupled mode: the rollout-only group in its own pool (None when colocated)."""
+    """Decoupled mode: the rollout group in its own pool (a view when it also hosts the reward model;
+    None when colocated)."""
     rollout_pool: Optional[Any] = None
     """Decoupled mode: the rollout group's devices."""
     reward_model: Optional[Any] = None
-    """View with the reward-model methods (reward-model training; None otherwise)."""
+    """View with the reward-model methods: reward-model training's group, RL's colocated reward model
+    (in the training processes, or in the rollout processes in the decoupled mode); None otherwise."""
     teacher: Optional[Any] = None
     """Distillation with the teachers in their own pool (``distillation.nnodes`` > 0); None when colocated."""
     teacher_pool: Optional[Any] = None
@@ -235,6 +237,19 @@ def build_worker_groups(cfg: Any, plan: RunPlan, total_training_steps: int, acto
         raise
     groups = WorkerGroups(actor_rollout=views["actor_rollout"], critic=views.get("critic"), resource_pool=pool,
                           reward_model=views.get("rm"))
+    try:
+        _add_own_pools(groups, cfg, plan, actor_cls, call_timeout_s, log_dir, rollout_rows_per_call,
+                       total_training_steps)
+    except BaseException:
+        groups.shutdown()  # the trainer never got the groups: release what was started
+        raise
+    return groups
+
+
+def _add_own_pools(groups: WorkerGroups, cfg: Any, plan: RunPlan, actor_cls: Optional[type],
+                   call_timeout_s: Optional[float], log_dir: Optional[str], rollout_rows_per_call: Optional[int],
+                   total_training_steps: int) -> None:
+    """The decoupled mode's rollout pool (with the reward model, when local) and the teachers' pool."""
     if plan.rollout_world_size:
         groups.rollout, groups.rollout_pool, rm_view = _rollout_group(
             cfg, plan, [cfg.rollout.n_gpus_per_node] * cfg.rollout.nnodes, worker_cls=actor_cls,
@@ -244,7 +259,6 @@ def build_worker_groups(cfg: Any, plan: RunPlan, total_training_steps: int, acto
     if plan.teacher_world_size:
         groups.teacher, groups.teacher_pool = build_teacher_group(cfg, plan, worker_cls=actor_cls,
                                                                   call_timeout_s=call_timeout_s, log_dir=log_dir)
-    return groups
 
 
 def _colocated_group(cfg: Any, plan: RunPlan, worker: Any, call_timeout_s: Optional[float],
