@@ -74,18 +74,25 @@ def _number(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value else None
 
 
+def _row_seconds(row: dict[str, Any]) -> float:
+    """A metric row's time: its step's (validation included), or for the step-0 row its validation's."""
+    if "timing_s/step" in row:
+        return _number(row["timing_s/step"]) or 0.0
+    return _number(row.get("timing_s/validate")) or 0.0
+
+
 def run_status(metrics: list[dict[str, Any]]) -> dict[str, Any]:
     """``{step, total, elapsed_s, s_per_step, eta_s}`` of a run's metric rows: the last step, the
     planned steps, the time its logged steps took (validation included), the mean of the last
     (up to 3) steps' times and the time left at that pace (None where unknown). Rows without a
     numeric step are skipped."""
-    rows = [m for m in metrics if _number(m.get("step")) is not None]
-    step = int(max([_number(m["step"]) for m in rows] or [0]))
-    totals = [_number(m.get("training/total_steps")) for m in rows]
+    rows = [(int(_number(m.get("step"))), m) for m in metrics if _number(m.get("step")) is not None]
+    step = max([s for s, _ in rows] or [0])
+    totals = [_number(m.get("training/total_steps")) for _, m in rows]
     total = next((int(t) for t in reversed(totals) if t is not None), None)
-    elapsed = sum(_number(m.get("timing_s/step")) or (0.0 if "timing_s/step" in m else
-                                                       _number(m.get("timing_s/validate")) or 0.0) for m in rows)
-    recent = [t for t in (_number(m.get("timing_s/step")) for m in rows if _number(m["step"]) >= 1) if t is not None][-3:]
+    elapsed = sum(_row_seconds(m) for _, m in rows)
+    times = [_number(m.get("timing_s/step")) for s, m in rows if s >= 1]
+    recent = [t for t in times if t is not None][-3:]
     pace = sum(recent) / len(recent) if recent else None
     eta = max(0, total - step) * pace if (total is not None and pace is not None) else None
     return {"step": step, "total": total, "elapsed_s": round(elapsed, 1),
@@ -105,16 +112,15 @@ def read_progress(run_dir: str, num_samples: int = 3) -> dict[str, Any]:
 
 
 def read_runs(folder: str) -> dict[str, Any]:
-    """A run folder's progress, with ``runs``: ``[{name, ...progress}]`` of the run itself, or of every
-    sub-folder holding a ``metrics.jsonl`` when it holds none (several runs of one folder, overlaid)."""
+    """A run folder's progress (:func:`read_progress`) with ``runs``: ``[{name, metrics}]`` of the run
+    itself, or of every sub-folder holding a ``metrics.jsonl`` when it holds none (several runs of one
+    folder, overlaid; the samples, status and console are then the first run's)."""
     root = Path(folder).expanduser()
-    if (root / "metrics.jsonl").is_file():
-        progress = read_progress(str(root))
-        return {**progress, "runs": [{"name": root.name, **progress}]}
-    children = sorted(p.parent for p in root.glob("*/metrics.jsonl"))
-    runs = [{"name": child.name, **read_progress(str(child))} for child in children]
-    first = runs[0] if runs else read_progress(str(root))
-    return {**{k: v for k, v in first.items() if k != "name"}, "run_dir": str(root.resolve()), "runs": runs}
+    children = [root] if (root / "metrics.jsonl").is_file() else sorted(p.parent for p in root.glob("*/metrics.jsonl"))
+    progress = [read_progress(str(child)) for child in children]
+    first = progress[0] if progress else read_progress(str(root))
+    runs = [{"name": child.name, "metrics": p["metrics"]} for child, p in zip(children, progress)]
+    return {**first, "run_dir": str(root.resolve()), "runs": runs}
 
 
 @dataclass
