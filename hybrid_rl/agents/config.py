@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from hybrid_rl.agents.parser import TOOL_CALL_FORMATS
+from hybrid_rl.utils.bounds import bounded, check_bounds
 
 __all__ = ["AgentLoopConfig", "MultiTurnConfig", "TRUNCATE_SIDES", "agent_rollout_enabled"]
 
@@ -30,9 +31,9 @@ class MultiTurnConfig:
     """Run rows as multi-turn trajectories: the model's turns, tool results and interaction replies
     alternate until the model answers without a tool call or a limit is hit. Rows whose ``agent_name``
     is ``single_turn_agent`` still get one turn."""
-    max_assistant_turns: Optional[int] = None
+    max_assistant_turns: Optional[int] = bounded(None, ge=1, fix="use null (no limit) or e.g. 4")
     """Most model turns per trajectory; null = bounded only by response_length."""
-    max_user_turns: Optional[int] = None
+    max_user_turns: Optional[int] = bounded(None, ge=1, fix="use null (no limit) or e.g. 4")
     """Most observation turns (tool-result rounds and interaction replies, as veRL counts them);
     null = no limit."""
     tool_config_path: Optional[str] = None
@@ -40,12 +41,12 @@ class MultiTurnConfig:
     interaction_config_path: Optional[str] = None
     """YAML listing the interactions (simulated users); a row picks one with
     ``extra_info.interaction_kwargs.name``. null = none."""
-    max_tool_response_length: int = 256
+    max_tool_response_length: int = bounded(256, ge=1, fix="use e.g. 256")
     """Longest tool result kept, in characters (as veRL); longer ones are cut per
     tool_response_truncate_side with a ``(truncated)`` marker."""
     tool_response_truncate_side: str = "middle"
     """left (keep the start), right (keep the end) or middle (keep both ends), veRL's semantics."""
-    max_parallel_calls: int = 1
+    max_parallel_calls: int = bounded(1, ge=1, fix="use 1 or more")
     """Most tool calls run per model turn. veRL drops the extra calls silently; here each gets an
     error observation saying so (the model sees why, and it is counted)."""
     format: str = "hermes"
@@ -56,17 +57,12 @@ class MultiTurnConfig:
     becomes an error observation and counts in ``agent/tool_timeouts/mean``. <= 0 disables it."""
 
     def __post_init__(self) -> None:
-        for key in ("max_assistant_turns", "max_user_turns"):
+        check_bounds(self, _PREFIX)
+        for key in ("max_assistant_turns", "max_user_turns", "max_tool_response_length", "max_parallel_calls"):
             value = getattr(self, key)
-            _check(value is None or (isinstance(value, int) and value >= 1), key, value,
-                   "must be a positive integer or null", "use null (no limit) or e.g. 4")
-        _check(isinstance(self.max_tool_response_length, int) and self.max_tool_response_length >= 1,
-               "max_tool_response_length", self.max_tool_response_length, "must be a positive number of characters",
-               "use e.g. 256")
+            _check(value is None or isinstance(value, int), key, value, "must be an integer", "use e.g. 4")
         _check(self.tool_response_truncate_side in TRUNCATE_SIDES, "tool_response_truncate_side",
                self.tool_response_truncate_side, f"must be one of {TRUNCATE_SIDES}", "use middle")
-        _check(isinstance(self.max_parallel_calls, int) and self.max_parallel_calls >= 1, "max_parallel_calls",
-               self.max_parallel_calls, "must be a positive integer", "use 1 or more")
         _check(self.format in TOOL_CALL_FORMATS, "format", self.format, f"must be one of {sorted(TOOL_CALL_FORMATS)}",
                "use hermes")
         _check(self.enable or (self.tool_config_path is None and self.interaction_config_path is None),
@@ -87,7 +83,7 @@ class AgentLoopConfig:
     timeout_s: float = 600.0
     """Bound of one row's whole custom loop (hybrid_rl's own key); a loop that runs over, raises or
     returns garbage gives its row an empty response scored 0 (``agent/ended_by/error``). <= 0: none."""
-    batch_window_s: Optional[float] = 1.0
+    batch_window_s: Optional[float] = bounded(1.0, ge=0, fix="use null (reproducible rounds) or e.g. 0.05")
     """Longest a model call of a custom loop waits for the other rows' calls before the engine serves
     the ones waiting (hybrid_rl's own key). A round starts at once when every running loop waits on
     the model (then rounds, and the samples, reproduce from the seed); the window only matters when a
@@ -97,10 +93,7 @@ class AgentLoopConfig:
 
     def __post_init__(self) -> None:
         prefix = "actor_rollout_ref.rollout.agent"
-        window = self.batch_window_s
-        if not (window is None or (isinstance(window, (int, float)) and window >= 0)):
-            raise ValueError(f"{prefix}.batch_window_s={self.batch_window_s!r} is invalid: must be null or >= 0 "
-                             "seconds. Fix: use null (reproducible rounds) or e.g. 0.05.")
+        check_bounds(self, prefix)
         if not isinstance(self.timeout_s, (int, float)):
             raise ValueError(f"{prefix}.timeout_s={self.timeout_s!r} is invalid: must be a number of seconds. "
                              "Fix: use e.g. 600 (or 0 for no bound).")

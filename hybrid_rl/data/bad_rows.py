@@ -39,13 +39,13 @@ def _reason(error: ValueError) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def bad_rows_problems(mode: str, max_fraction: float, prefix: str = "data") -> list[str]:
-    """One line per wrong ``bad_rows`` / ``max_bad_fraction`` setting."""
+def bad_rows_problems(mode: str, max_fraction: Optional[float], prefix: str = "data") -> list[str]:
+    """One line per wrong ``bad_rows`` / ``max_bad_fraction`` setting (``None``: the fraction is checked elsewhere)."""
     errors = []
     if mode not in BAD_ROW_MODES:
         errors.append(f"{prefix}.bad_rows={mode!r} must be one of {BAD_ROW_MODES}: error stops at the first bad row, "
                       "skip leaves bad rows out and reports them.")
-    if not 0 <= max_fraction < 1:
+    if max_fraction is not None and not 0 <= max_fraction < 1:
         errors.append(f"{prefix}.max_bad_fraction={max_fraction} must be in [0, 1): the most bad rows skip may leave out.")
     return errors
 

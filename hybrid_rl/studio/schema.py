@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 from hybrid_rl.studio.fields import human_label, path_role
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config.docs import field_docs
+from hybrid_rl.utils.bounds import field_bounds
 
 KINDS = ("bool", "int", "float", "str", "list", "dict", "any")
 """What a field's widget edits: a checkbox, a number, text, or YAML for lists, dicts and ``Any``."""
@@ -41,6 +42,9 @@ class FieldSpec:
     """The field's docstring (help text)."""
     choices: Optional[tuple[str, ...]] = None
     """The valid values where the config accepts a fixed set (registries included)."""
+    bounds: Optional[dict[str, Any]] = None
+    """A number's valid range as declared beside the field (:func:`hybrid_rl.utils.bounds.bounded`):
+    ``low``/``high`` (``None`` = open-ended), ``low_open``/``high_open`` and the ``rule`` in words."""
 
     @property
     def group(self) -> str:
@@ -138,9 +142,10 @@ def _walk(cls: type, prefix: str, fields: list[FieldSpec], groups: list[GroupSpe
             _walk(annotation, key + ".", fields, groups)
             continue
         kind, optional = _kind(annotation)
-        source = CHOICE_SOURCES.get(key)
+        source, bounds = CHOICE_SOURCES.get(key), field_bounds(f)
         fields.append(FieldSpec(key=key, kind=kind, optional=optional, default=_get(defaults, key),
-                                doc=docs.get(f.name, ""), choices=source() if source else None))
+                                doc=docs.get(f.name, ""), choices=source() if source else None,
+                                bounds=bounds.as_json() if bounds else None))
 
 
 def config_schema() -> tuple[list[FieldSpec], list[GroupSpec]]:

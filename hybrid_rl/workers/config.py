@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hybrid_rl.algorithms import KL_PENALTY_TYPES, LOSS_AGG_MODES
+from hybrid_rl.utils.bounds import bounded, check_bounds
 from hybrid_rl.utils.precision import COMPUTE_DTYPES, CONCRETE_DTYPES
 from hybrid_rl.workers.policy_loss_config import PolicyLossConfig
 from hybrid_rl.workers.rollout.config import RolloutConfig
@@ -32,11 +33,6 @@ def _check(ok: bool, key: str, value: Any, rule: str, fix: str) -> None:
 def _check_dtype(key: str, value: str, allowed: tuple[str, ...] = _DTYPES) -> None:
     _check(value in allowed, key, value, f"must be one of {allowed}",
            "use " + ("auto, " if "auto" in allowed else "") + "float32 or bfloat16")
-
-
-def _check_optional_positive(key: str, value: Optional[int]) -> None:
-    _check(value is None or value > 0, key, value, "must be a positive integer or null",
-           "set a positive number of rows, or null")
 
 
 @dataclass(kw_only=True)
@@ -79,11 +75,11 @@ class ModelConfig:
     """Entries that override the HF ``config.json`` (e.g. ``{attention_dropout: 0.0}``)."""
     dtype: str = "float32"
     """dtype the weights are loaded in = the master weights the optimizer updates."""
-    lora_rank: int = 0
+    lora_rank: int = bounded(0, ge=0, fix="use 0, or e.g. 32 for LoRA")
     """LoRA rank (veRL's switch): 0 = train every parameter; > 0 = train peft LoRA adapters of this
     rank on the frozen base, the reference being the base with the adapter disabled (no second copy).
     Actor only (hybrid_rl/workers/lora.py); LoRA usually wants ~10x the full fine-tuning lr."""
-    lora_alpha: float = 16
+    lora_alpha: float = bounded(16, gt=0, fix="use e.g. 16")
     """LoRA scaling numerator: the adapter's update is scaled by lora_alpha / lora_rank."""
     target_modules: Any = "all-linear"
     """Modules that get adapters: ``all-linear`` (every Linear except the LM head, peft's rule) or a
@@ -95,9 +91,9 @@ class ModelConfig:
         _check_dtype("model.dtype", self.dtype)
         _check(self.attn_implementation in ATTN_IMPLEMENTATIONS, "model.attn_implementation",
                self.attn_implementation, f"must be one of {list(ATTN_IMPLEMENTATIONS)}", "use auto")
-        _check(type(self.lora_rank) is int and self.lora_rank >= 0, "model.lora_rank", self.lora_rank,
+        check_bounds(self, "model")
+        _check(type(self.lora_rank) is int, "model.lora_rank", self.lora_rank,
                "must be 0 (full fine-tuning) or a positive rank", "use 0, or e.g. 32 for LoRA")
-        _check(self.lora_alpha > 0, "model.lora_alpha", self.lora_alpha, "must be > 0", "use e.g. 16")
         targets = self.target_modules
         _check(isinstance(targets, str) or (hasattr(targets, "__len__") and len(targets) > 0
                                             and all(isinstance(t, str) for t in targets)),
@@ -109,38 +105,34 @@ class ModelConfig:
 class OptimConfig:
     """AdamW and its learning-rate schedule (veRL ``*.optim.*``)."""
 
-    lr: float = 1e-5
+    lr: float = bounded(1e-5, ge=0, fix="use a non-negative learning rate")
     """Peak learning rate."""
-    weight_decay: float = 0.01
+    weight_decay: float = bounded(0.01, ge=0, fix="use 0 (none) or e.g. 0.01")
     """AdamW decoupled weight decay."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     """AdamW (beta1, beta2)."""
-    eps: float = 1e-8
+    eps: float = bounded(1e-8, ge=0, fix="use e.g. 1e-8")
     """AdamW epsilon."""
-    lr_warmup_steps_ratio: float = 0.0
+    lr_warmup_steps_ratio: float = bounded(0.0, ge=0, le=1, fix="use a fraction such as 0.1")
     """Linear warm-up length as a fraction of the total steps (used when lr_warmup_steps < 0)."""
-    lr_warmup_steps: int = -1
+    lr_warmup_steps: int = bounded(-1, ge=-1, fix="use -1 (the ratio decides) or a number of steps")
     """Linear warm-up length in optimizer steps; -1 = use lr_warmup_steps_ratio."""
     lr_scheduler_type: str = "constant"
     """constant | cosine (both after the linear warm-up)."""
     warmup_style: Optional[str] = None
     """Deprecated veRL alias of lr_scheduler_type; null = unset."""
-    min_lr_ratio: float = 0.0
+    min_lr_ratio: float = bounded(0.0, ge=0, le=1, fix="use a fraction such as 0.1")
     """cosine: the LR decays to lr * min_lr_ratio."""
-    num_cycles: float = 0.5
+    num_cycles: float = bounded(0.5, ge=0, fix="use 0.5 (one decay from peak to minimum)")
     """cosine: number of cosine periods over the decay; 0.5 = one smooth decay from peak to minimum."""
-    total_training_steps: int = -1
+    total_training_steps: int = bounded(-1, ge=-1, fix="use -1 (the trainer's count) or a number of steps")
     """Optimizer steps of the whole run for the schedule; -1 = the number the trainer computes
     (passed to the worker separately, never written here)."""
 
     def __post_init__(self) -> None:
-        _check(self.lr >= 0, "optim.lr", self.lr, "must be >= 0", "use a non-negative learning rate")
+        check_bounds(self, "optim")
         _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas",
                self.betas, "must be two numbers in [0, 1)", "use e.g. [0.9, 0.999]")
-        _check(0.0 <= self.lr_warmup_steps_ratio <= 1.0, "optim.lr_warmup_steps_ratio",
-               self.lr_warmup_steps_ratio, "must lie in [0, 1]", "use a fraction such as 0.1")
-        _check(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", self.min_lr_ratio,
-               "must lie in [0, 1]", "use a fraction such as 0.1")
         for key in ("lr_scheduler_type", "warmup_style"):
             value = getattr(self, key)
             _check(value in (None, "constant", "cosine"), f"optim.{key}", value,
@@ -185,7 +177,7 @@ class FSDPConfig:
     """Compute / gradient-reduction dtypes; master weights stay in model.dtype."""
     reshard_after_forward: bool = True
     """Free the gathered parameters after forward (ZeRO-3); False keeps them until backward."""
-    fsdp_size: int = -1
+    fsdp_size: int = bounded(-1, ge=-1, fix="use -1 (all ranks) or the world size")
     """Ranks one model is sharded over; -1 = all ranks (only -1 or the world size is supported)."""
 
 
@@ -215,11 +207,7 @@ def _check_batching(prefix: str, cfg: Any) -> None:
     """Checks shared by actor and critic: mini/micro batch sizes and token budget."""
     _check(cfg.strategy in ("fsdp", "fsdp2"), f"{prefix}.strategy", cfg.strategy,
            "must be fsdp2 (fsdp is accepted as an alias; both use FSDP2)", "set fsdp2")
-    _check(cfg.ppo_mini_batch_size > 0, f"{prefix}.ppo_mini_batch_size", cfg.ppo_mini_batch_size,
-           "must be > 0 (prompts per optimizer step)", "use a positive number of prompts")
-    _check_optional_positive(f"{prefix}.ppo_micro_batch_size_per_gpu",
-                             cfg.ppo_micro_batch_size_per_gpu)
-    _check_optional_positive(f"{prefix}.ppo_micro_batch_size", cfg.ppo_micro_batch_size)
+    check_bounds(cfg, prefix)
     if cfg.ppo_micro_batch_size is not None:
         warnings.warn(f"{prefix}.ppo_micro_batch_size is deprecated (veRL's global micro-batch); use "
                       f"{prefix}.ppo_micro_batch_size_per_gpu. It will be removed in hybrid_rl 0.3.",
@@ -229,14 +217,8 @@ def _check_batching(prefix: str, cfg: Any) -> None:
            f"{prefix}.ppo_micro_batch_size_per_gpu", None,
            "must be set when use_dynamic_bsz is false",
            "set ppo_micro_batch_size_per_gpu (rows per forward/backward) or use_dynamic_bsz=true")
-    _check(cfg.ppo_max_token_len_per_gpu > 0, f"{prefix}.ppo_max_token_len_per_gpu",
-           cfg.ppo_max_token_len_per_gpu, "must be > 0", "use a positive token budget")
-    _check(cfg.ppo_epochs >= 1, f"{prefix}.ppo_epochs", cfg.ppo_epochs, "must be >= 1",
-           "use at least one epoch")
     _check(cfg.loss_agg_mode in LOSS_AGG_MODES, f"{prefix}.loss_agg_mode", cfg.loss_agg_mode,
            f"must be one of {LOSS_AGG_MODES}", "pick one of them")
-    _check(cfg.grad_clip is None or cfg.grad_clip > 0, f"{prefix}.grad_clip", cfg.grad_clip,
-           "must be > 0 or null", "use e.g. 1.0, or null to disable clipping")
 
 
 @dataclass(kw_only=True)
@@ -245,29 +227,29 @@ class ActorConfig:
 
     strategy: str = "fsdp2"
     """Training backend: fsdp2 (``fsdp`` is accepted as an alias)."""
-    ppo_mini_batch_size: int = 16
+    ppo_mini_batch_size: int = bounded(16, ge=1, fix="use a positive number of prompts")
     """Prompts per optimizer step; each brings rollout.n responses, split over the DP ranks."""
-    ppo_micro_batch_size_per_gpu: Optional[int] = 32
+    ppo_micro_batch_size_per_gpu: Optional[int] = bounded(32, ge=1, fix="set a positive number of rows, or null")
     """Rows per forward/backward on one rank (gradient accumulation unit) when use_dynamic_bsz is false."""
-    ppo_micro_batch_size: Optional[int] = None
+    ppo_micro_batch_size: Optional[int] = bounded(None, ge=1, fix="set a positive number of rows, or null")
     """Deprecated veRL key: rows per forward/backward over ALL ranks; when set it is divided by the
     number of data-parallel workers and replaces ppo_micro_batch_size_per_gpu (FutureWarning)."""
     use_dynamic_bsz: bool = True
     """Pack rows into micro-batches of at most ppo_max_token_len_per_gpu computed tokens instead of a
     fixed row count."""
-    ppo_max_token_len_per_gpu: int = 4096
+    ppo_max_token_len_per_gpu: int = bounded(4096, ge=1, fix="use a positive token budget")
     """Token budget of one micro-batch when use_dynamic_bsz is true; the update's activations scale
     with it (2048 saves ~1 GiB on the default run, docs/memory.md)."""
     use_prefix_grouper: bool = True
     """With model.use_remove_padding: rows of one micro-batch sharing a prompt (GRPO's rollout.n
     responses) run that prompt once (exact; PrefixGrouper). Also used by the reference policy."""
-    clip_ratio: float = 0.2
+    clip_ratio: float = bounded(0.2, ge=0, fix="use e.g. 0.2")
     """PPO clip epsilon (used for low/high when those are null)."""
-    clip_ratio_low: Optional[float] = None
+    clip_ratio_low: Optional[float] = bounded(None, ge=0, fix="use e.g. 0.2")
     """Lower clip epsilon: ratio >= 1 - clip_ratio_low; null = clip_ratio."""
-    clip_ratio_high: Optional[float] = None
+    clip_ratio_high: Optional[float] = bounded(None, ge=0, fix="use e.g. 0.28")
     """Upper clip epsilon: ratio <= 1 + clip_ratio_high (DAPO clip-higher); null = clip_ratio."""
-    clip_ratio_c: float = 3.0
+    clip_ratio_c: float = bounded(3.0, gt=1, fix="use e.g. 3.0")
     """Dual-clip constant for negative advantages (must be > 1)."""
     loss_agg_mode: str = "token-mean"
     """token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm."""
@@ -275,19 +257,19 @@ class ActorConfig:
     """Weight of the entropy bonus (loss -= entropy_coeff * entropy)."""
     use_kl_loss: bool = False
     """Add kl_loss_coef * KL(actor || ref) to the loss (GRPO style; needs the ref model)."""
-    kl_loss_coef: float = 0.001
+    kl_loss_coef: float = bounded(0.001, ge=0, fix="use e.g. 0.001")
     """Weight of the KL loss."""
     kl_loss_type: str = "low_var_kl"
     """KL estimator: kl (k1) | abs | mse (k2) | low_var_kl (k3)."""
-    ppo_epochs: int = 1
+    ppo_epochs: int = bounded(1, ge=1, fix="use at least one epoch")
     """Passes over each training batch."""
     shuffle: bool = False
     """Shuffle rows before splitting into mini-batches (seeded per step)."""
-    grad_clip: Optional[float] = 1.0
+    grad_clip: Optional[float] = bounded(1.0, gt=0, fix="use e.g. 1.0, or null to disable clipping")
     """Max global gradient norm; null disables clipping (the norm is still reported)."""
-    tau_pos: float = 1.0
+    tau_pos: float = bounded(1.0, gt=0, fix="use e.g. 1.0")
     """sapo loss: temperature of the soft gate for positive advantages (veRL's key)."""
-    tau_neg: float = 1.05
+    tau_neg: float = bounded(1.05, gt=0, fix="use e.g. 1.05")
     """sapo loss: temperature of the soft gate for negative and zero advantages."""
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     """Policy-loss variant and its own settings."""
@@ -300,16 +282,8 @@ class ActorConfig:
 
     def __post_init__(self) -> None:
         _check_batching("actor", self)
-        for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
-            value = getattr(self, key)
-            _check(value is None or value >= 0, f"actor.{key}", value, "must be >= 0",
-                   "use e.g. 0.2")
-        _check(self.clip_ratio_c > 1.0, "actor.clip_ratio_c", self.clip_ratio_c, "must be > 1",
-               "use e.g. 3.0")
         _check(self.kl_loss_type in KL_PENALTY_TYPES, "actor.kl_loss_type", self.kl_loss_type,
                f"must be one of {KL_PENALTY_TYPES}", "pick one of them")
-        for key in ("tau_pos", "tau_neg"):
-            _check(getattr(self, key) > 0, f"actor.{key}", getattr(self, key), "must be > 0", "use e.g. 1.0")
 
     def loss_settings(self) -> dict[str, Any]:
         """The keyword settings every registered policy loss receives (each reads the ones it knows)."""
@@ -330,12 +304,12 @@ class ActorConfig:
 class RefConfig:
     """Frozen reference policy (veRL ``actor_rollout_ref.ref.*``)."""
 
-    log_prob_micro_batch_size_per_gpu: Optional[int] = 32
+    log_prob_micro_batch_size_per_gpu: Optional[int] = bounded(32, ge=1, fix="set a positive number of rows, or null")
     """Rows per forward when computing ref_log_prob (when log_prob_use_dynamic_bsz is false)."""
     log_prob_use_dynamic_bsz: bool = True
     """Pack rows by log_prob_max_token_len_per_gpu instead of a fixed row count; in a run it follows
     ``actor.use_dynamic_bsz`` unless set (``hybrid_rl.trainer.config.LINKED_DEFAULTS``)."""
-    log_prob_max_token_len_per_gpu: int = 4096
+    log_prob_max_token_len_per_gpu: int = bounded(4096, ge=1, fix="use a positive token budget")
     """Token budget of one forward when log_prob_use_dynamic_bsz is true; in a run it follows
     ``actor.ppo_max_token_len_per_gpu`` unless set."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -349,8 +323,7 @@ class RefConfig:
     tmpfs); false = in memory."""
 
     def __post_init__(self) -> None:
-        _check_optional_positive("ref.log_prob_micro_batch_size_per_gpu",
-                                 self.log_prob_micro_batch_size_per_gpu)
+        check_bounds(self, "ref")
         _check(self.log_prob_use_dynamic_bsz or self.log_prob_micro_batch_size_per_gpu is not None,
                "ref.log_prob_micro_batch_size_per_gpu", None,
                "must be set when log_prob_use_dynamic_bsz is false",
@@ -382,32 +355,32 @@ class CriticConfig:
     """Backbone the value head is put on (usually the actor's model path) and its sharding."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and LR schedule of the critic."""
-    rollout_n: int = 8
+    rollout_n: int = bounded(8, ge=1, fix="set it to actor_rollout_ref.rollout.n")
     """Responses per prompt (= actor_rollout_ref.rollout.n, which it follows in a run) to turn prompts
     into rows."""
-    ppo_mini_batch_size: int = 16
+    ppo_mini_batch_size: int = bounded(16, ge=1, fix="use a positive number of prompts")
     """Prompts per critic optimizer step (x rollout_n rows, split over the DP ranks)."""
-    ppo_micro_batch_size_per_gpu: Optional[int] = 32
+    ppo_micro_batch_size_per_gpu: Optional[int] = bounded(32, ge=1, fix="set a positive number of rows, or null")
     """Rows per forward/backward on one rank when use_dynamic_bsz is false."""
-    ppo_micro_batch_size: Optional[int] = None
+    ppo_micro_batch_size: Optional[int] = bounded(None, ge=1, fix="set a positive number of rows, or null")
     """Deprecated veRL key: rows per forward/backward over ALL ranks (see actor.ppo_micro_batch_size)."""
-    forward_micro_batch_size_per_gpu: Optional[int] = None
+    forward_micro_batch_size_per_gpu: Optional[int] = bounded(None, ge=1, fix="set a positive number of rows, or null")
     """Rows per forward in compute_values; null = ppo_micro_batch_size_per_gpu."""
     use_dynamic_bsz: bool = True
     """Pack rows into micro-batches of at most ppo_max_token_len_per_gpu tokens."""
-    ppo_max_token_len_per_gpu: int = 4096
+    ppo_max_token_len_per_gpu: int = bounded(4096, ge=1, fix="use a positive token budget")
     """Token budget of one micro-batch when use_dynamic_bsz is true."""
     use_prefix_grouper: bool = True
     """With model.use_remove_padding: rows of one micro-batch sharing a prompt run it once."""
-    ppo_epochs: int = 1
+    ppo_epochs: int = bounded(1, ge=1, fix="use at least one epoch")
     """Passes over each training batch."""
     shuffle: bool = False
     """Shuffle rows before splitting into mini-batches."""
-    cliprange_value: float = 0.5
+    cliprange_value: float = bounded(0.5, gt=0, fix="use e.g. 0.5")
     """Value clipping: v_pred is clipped to old_value +- cliprange_value."""
     loss_agg_mode: str = "token-mean"
     """Aggregation of the per-token value loss (see actor.loss_agg_mode)."""
-    grad_clip: Optional[float] = 1.0
+    grad_clip: Optional[float] = bounded(1.0, gt=0, fix="use e.g. 1.0, or null to disable clipping")
     """Max global gradient norm; null disables clipping."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpoint contents and format."""
@@ -419,12 +392,6 @@ class CriticConfig:
                             "fsdp_config=...); the critic's sharding moved from critic.fsdp_config to "
                             "critic.model.fsdp_config (veRL's place).")
         _check_batching("critic", self)
-        _check(self.rollout_n >= 1, "critic.rollout_n", self.rollout_n, "must be >= 1",
-               "set it to actor_rollout_ref.rollout.n")
-        _check_optional_positive("critic.forward_micro_batch_size_per_gpu",
-                                 self.forward_micro_batch_size_per_gpu)
-        _check(self.cliprange_value > 0, "critic.cliprange_value", self.cliprange_value,
-               "must be > 0", "use e.g. 0.5")
 
 
 @dataclass(kw_only=True)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from dataclasses import fields
 from typing import Any, Optional
 
+from hybrid_rl.utils.bounds import bound_problems, bounded
+
 __all__ = ["DistillationConfig", "DistillationLossConfig", "TeacherModelConfig", "POLICY_LOSS_MODES"]
 
 POLICY_LOSS_MODES = ("vanilla",)
@@ -28,14 +30,14 @@ class DistillationLossConfig:
     """Per-token loss: an estimator of KL(student || teacher) on the sampled token (``k3``/``low_var_kl``,
     ``k1``/``kl``, ``k2``/``mse``, ``abs``) or ``forward_kl_topk`` (KL(teacher || student) over the
     teacher's top-``topk`` tokens). Registered entries: hybrid_rl.algorithms.distillation."""
-    topk: Optional[int] = 32
+    topk: Optional[int] = bounded(32, ge=1, fix="use e.g. 32")
     """K of ``forward_kl_topk``: the teacher's most likely tokens scored per position."""
     use_task_rewards: bool = True
     """Train on the task reward too: loss = policy loss + distillation_loss_coef x distillation loss.
     false: the distillation loss alone (the policy, entropy and reference-KL terms drop out)."""
-    distillation_loss_coef: float = 1.0
+    distillation_loss_coef: float = bounded(1.0, ge=0, fix="use e.g. 1.0")
     """Weight of the distillation loss beside the task's policy loss (1 without task rewards)."""
-    loss_max_clamp: Optional[float] = None
+    loss_max_clamp: Optional[float] = bounded(None, gt=0, fix="use null (no clamp) or e.g. 10")
     """Clamp each token's loss to [-loss_max_clamp, loss_max_clamp]; null: no clamp."""
     log_prob_min_clamp: Optional[float] = None
     """``forward_kl_topk``: clamp both top-K log-probs from below first; null: no clamp."""
@@ -44,11 +46,11 @@ class DistillationLossConfig:
     Machines' on-policy distillation; k1 works here); false: the loss is backpropagated directly."""
     policy_loss_mode: str = "vanilla"
     """The policy loss of ``use_policy_gradient`` (veRL: vanilla only)."""
-    clip_ratio: float = 0.2
+    clip_ratio: float = bounded(0.2, ge=0, fix="use e.g. 0.2")
     """``use_policy_gradient``: PPO clip (both sides unless clip_ratio_low/high say otherwise)."""
-    clip_ratio_low: Optional[float] = 0.2
+    clip_ratio_low: Optional[float] = bounded(0.2, ge=0, fix="use e.g. 0.2")
     """``use_policy_gradient``: lower clip, ratio >= 1 - clip_ratio_low (null: clip_ratio)."""
-    clip_ratio_high: Optional[float] = 0.2
+    clip_ratio_high: Optional[float] = bounded(0.2, ge=0, fix="use e.g. 0.2")
     """``use_policy_gradient``: upper clip, ratio <= 1 + clip_ratio_high (null: clip_ratio)."""
 
     def clip_bounds(self) -> tuple[float, float]:
@@ -73,12 +75,6 @@ class DistillationLossConfig:
             errors.append(f"{prefix}.topk={self.topk!r} must be a positive integer for loss_mode={self.loss_mode}.")
         if self.policy_loss_mode not in POLICY_LOSS_MODES:
             errors.append(f"{prefix}.policy_loss_mode={self.policy_loss_mode!r} must be one of {POLICY_LOSS_MODES}.")
-        if self.loss_max_clamp is not None and self.loss_max_clamp <= 0:
-            errors.append(f"{prefix}.loss_max_clamp={self.loss_max_clamp} must be > 0 or null.")
-        if self.distillation_loss_coef < 0:
-            errors.append(f"{prefix}.distillation_loss_coef={self.distillation_loss_coef} must be >= 0.")
-        if min(self.clip_bounds()) < 0:
-            errors.append(f"{prefix}.clip_ratio*={self.clip_bounds()} must be >= 0.")
         return errors
 
 
@@ -96,9 +92,9 @@ class TeacherModelConfig:
     disk_offload: Optional[bool] = None
     """CPU: keep the teacher's weights in a file mapping, out of the resident set between passes;
     null: as ``actor_rollout_ref.ref.disk_offload``'s null (automatic)."""
-    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    log_prob_micro_batch_size_per_gpu: Optional[int] = bounded(None, ge=1, fix="use null or a positive number of rows")
     """Rows per teacher forward (null: the reference's setting)."""
-    log_prob_max_token_len_per_gpu: Optional[int] = None
+    log_prob_max_token_len_per_gpu: Optional[int] = bounded(None, ge=1, fix="use null or a positive token budget")
     """Tokens per teacher forward with dynamic batch sizes (null: the reference's setting)."""
 
 
@@ -133,11 +129,11 @@ class DistillationConfig:
     Add one from the command line with ``+distillation.teacher_models.<name>={model_path:...,key:...}``."""
     distillation_loss: DistillationLossConfig = field(default_factory=DistillationLossConfig)
     """The loss and how it trains the student."""
-    nnodes: int = 0
+    nnodes: int = bounded(0, ge=0, fix="use 0 (colocated) or the pool's node count")
     """Nodes of the teachers' own worker pool; 0 (the default): the teachers live in the training
     workers, beside the reference (colocated). With a pool, every pool worker hosts every teacher and
     scores its share of the rows (Ray only)."""
-    n_gpus_per_node: int = 1
+    n_gpus_per_node: int = bounded(1, ge=1, fix="use 1 or more")
     """Devices (CPU: worker processes) per node of the teachers' pool (read only when ``nnodes`` > 0;
     veRL's YAML default is 8 GPUs, 1 here so that ``nnodes=1`` alone asks for one worker)."""
 
@@ -158,9 +154,8 @@ class DistillationConfig:
         if not self.enabled:
             return []
         errors = self.distillation_loss.problems()
-        if self.nnodes < 0 or self.n_gpus_per_node < 1:
-            errors.append(f"distillation.nnodes={self.nnodes}, n_gpus_per_node={self.n_gpus_per_node}: the teachers' "
-                          "pool needs nnodes >= 0 (0: colocated with the training workers) and n_gpus_per_node >= 1.")
+        for name, teacher in self.teacher_models.items():
+            errors.extend(bound_problems(teacher, f"distillation.teacher_models.{name}."))
         teachers = self.active_teachers()
         if not teachers:
             errors.append("distillation.enabled=true needs a teacher: set "

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+from hybrid_rl.utils.bounds import bounded, check_bounds
+
 __all__ = ["PolicyLossConfig"]
 
 
@@ -16,33 +18,24 @@ class PolicyLossConfig:
     loss_mode: str = "vanilla"
     """Name in hybrid_rl.algorithms' policy-loss registry (``--help`` lists the registered ones and
     what each needs; ``@hybrid_rl.algorithms.register_policy_loss`` adds one)."""
-    behav_imp_weight_cap: Optional[float] = None
+    behav_imp_weight_cap: Optional[float] = bounded(None, gt=1, fix="use e.g. 5, or null")
     """decoupled loss (AReaL's name): tokens whose behaviour importance weight pi_prox / pi_behav
     exceeds this are dropped from the loss; must be > 1. null keeps every token."""
-    clip_cov_ratio: float = 0.0002
+    clip_cov_ratio: float = bounded(0.0002, gt=0, le=1, fix="use a share such as 0.0002")
     """clip_cov loss: share of the tokens whose gradient may be detached."""
     clip_cov_lb: float = 1.0
     """clip_cov loss: lower bound of the advantage x log-prob covariance of a detachable token."""
     clip_cov_ub: float = 5.0
     """clip_cov loss: upper bound of that covariance."""
-    kl_cov_ratio: float = 0.0002
+    kl_cov_ratio: float = bounded(0.0002, gt=0, le=1, fix="use a share such as 0.0002")
     """kl_cov loss: share of the tokens (highest covariance first) that get the |log ratio| penalty."""
-    ppo_kl_coef: float = 0.1
+    ppo_kl_coef: float = bounded(0.1, ge=0, fix="use e.g. 0.1")
     """kl_cov loss: weight of that penalty."""
-    dro_beta: Optional[float] = None
+    dro_beta: Optional[float] = bounded(None, gt=0, fix="use e.g. 0.1")
     """dro loss: weight of its squared log-ratio regulariser (required by dro, e.g. 0.1)."""
 
     def __post_init__(self) -> None:
-        cap = self.behav_imp_weight_cap
-        if cap is not None and not cap > 1.0:
-            raise ValueError(f"actor.policy_loss.behav_imp_weight_cap={cap} is invalid: it must be > 1 (tokens whose "
-                             "importance weight exceeds it are dropped). Fix: use e.g. 5, or null.")
-        for key in ("clip_cov_ratio", "kl_cov_ratio"):
-            if not 0 < getattr(self, key) <= 1:
-                raise ValueError(f"actor.policy_loss.{key}={getattr(self, key)} is invalid: it must be a share in "
-                                 "(0, 1]. Fix: use e.g. 0.0002.")
-        if self.dro_beta is not None and self.dro_beta <= 0:
-            raise ValueError(f"actor.policy_loss.dro_beta={self.dro_beta} is invalid: it must be > 0. Fix: e.g. 0.1.")
+        check_bounds(self, "actor.policy_loss")
         if self.clip_cov_lb >= self.clip_cov_ub:
             raise ValueError(f"actor.policy_loss.clip_cov_lb={self.clip_cov_lb} must be below clip_cov_ub="
                              f"{self.clip_cov_ub}. Fix: e.g. 1.0 and 5.0.")

@@ -106,6 +106,9 @@ def _check_widgets(page) -> None:
     assert row.locator(".key").inner_text() == "data.train_batch_size"
     assert page.locator(".help code").count() > 10  # ``literals`` rendered as code, not shown raw
     assert "``" not in page.locator("#form").inner_text()
+    top_p = page.locator(_field("actor_rollout_ref.rollout.top_p"))  # the declared range on the input
+    assert (top_p.get_attribute("min"), top_p.get_attribute("max")) == ("0", "1")
+    assert page.locator('[data-range-for="actor_rollout_ref.rollout.top_p"]').text_content() == "in (0, 1]"  # folded
     page.wait_for_function("document.querySelector('[data-path-for=\"actor_rollout_ref.model.path\"]').dataset.state == 'ok'")
 
 
@@ -122,9 +125,13 @@ def test_views_errors_export_launch_and_the_reward_curve(page, tmp_path, monkeyp
 
     with pytest.raises(sync_api.Error, match="Cannot type text into input\\[type=number\\]"):
         page.fill(_field("data.train_batch_size"), "abc")  # a number input refuses text
+    batch = page.locator(_field("data.train_batch_size"))
+    assert batch.get_attribute("min") == "1" and batch.get_attribute("max") is None
+    assert page.locator('[data-range-for="data.train_batch_size"]').inner_text() == "\u2265 1"
     page.fill(_field("data.train_batch_size"), "0")  # a bad number: the CLI's message beside the field
     page.wait_for_function("document.querySelector('[data-error-for=\"data.train_batch_size\"]').textContent != ''")
-    assert "data.train_batch_size=0 must be >= 1" in _error(page, "data.train_batch_size")
+    assert "data.train_batch_size=0 is invalid: must be >= 1" in _error(page, "data.train_batch_size")
+    assert batch.evaluate("el => el.validity.rangeUnderflow")  # the browser marks it below the range too
     assert page.locator("#export").is_disabled()
     page.fill(_field("data.train_files"), "/no/such/train.parquet")  # a path field says what it finds
     page.wait_for_function("document.querySelector('[data-path-for=\"data.train_files\"]').dataset.state == 'missing'")

@@ -63,6 +63,9 @@ def test_only_values_that_differ_from_the_defaults_are_kept():
     ({"data.train_files": "/no/such/file.parquet"}, "data.train_files", "does not exist"),
     ({"data.train_batch_size": 7, "actor_rollout_ref.actor.ppo_mini_batch_size": 4},
      "actor_rollout_ref.actor.ppo_mini_batch_size", "multiple of"),
+    # outside a declared range: a section's own check (key relative to it) and validate_config's pass
+    ({"actor_rollout_ref.rollout.top_p": 0}, "actor_rollout_ref.rollout.top_p", "must be in (0, 1]"),
+    ({"algorithm.gamma": 1.5}, "algorithm.gamma", "must be in [0, 1]"),
 ])
 def test_a_bad_value_gets_the_clis_one_line_message_beside_its_key(values, key, words):
     errors = check_values(values)

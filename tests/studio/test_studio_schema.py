@@ -40,7 +40,7 @@ def test_defaults_are_the_composed_yamls_and_kinds_follow_the_annotations():
     composed = OmegaConf.to_container(get_config(), resolve=False)
     assert fields["data.train_batch_size"] == FieldSpec(
         key="data.train_batch_size", kind="int", optional=False, default=composed["data"]["train_batch_size"],
-        doc=field_docs(type(PPOConfig().data))["train_batch_size"])
+        doc=field_docs(type(PPOConfig().data))["train_batch_size"], bounds=fields["data.train_batch_size"].bounds)
     assert fields["critic.model.path"].default == "${actor_rollout_ref.model.path}"  # as the YAML writes it
     assert (fields["actor_rollout_ref.actor.grad_clip"].kind, fields["actor_rollout_ref.actor.grad_clip"].optional) == ("float", True)
     assert fields["actor_rollout_ref.actor.optim.betas"].kind == "list"
@@ -75,3 +75,14 @@ def test_choices_come_from_the_registries_including_plugins_registered_later():
 @pytest.mark.parametrize("keys", [tuple(CHOICE_SOURCES), BEGINNER_KEYS])
 def test_named_keys_exist(keys):
     assert set(keys) <= {f.key for f in config_schema()[0]}
+
+
+def test_number_fields_carry_the_range_declared_beside_them():
+    specs = {f.key: f for f in config_schema()[0]}
+    assert specs["data.train_batch_size"].bounds == {"low": 1, "low_open": False, "high": None, "high_open": False,
+                                                     "rule": ">= 1"}
+    assert specs["actor_rollout_ref.rollout.top_p"].bounds["rule"] == "in (0, 1]"
+    assert specs["actor_rollout_ref.actor.grad_clip"].bounds["rule"] == "> 0"  # optional: null stays valid
+    assert specs["actor_rollout_ref.actor.entropy_coeff"].bounds is None  # no range declared: none shown
+    assert all(f.bounds is None for f in specs.values() if f.kind not in ("int", "float"))
+    assert sum(f.bounds is not None for f in specs.values()) > 100

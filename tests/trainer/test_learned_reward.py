@@ -13,6 +13,7 @@ from hybrid_rl.trainer.config.checks import make_run_plan, validate_config
 from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
 from hybrid_rl.trainer.config.reward_model import check_reward_model, is_remote
 from hybrid_rl.trainer.ppo.learned_reward import combine_scores, rule_scores_wanted, score_metrics
+from hybrid_rl.utils.bounds import bound_problems
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +42,12 @@ def test_a_reward_model_folder_and_a_url_are_accepted(rm_dir):
     (["reward_model.model.path={rm}", "reward_model.normalize=true"], r"reward_model.normalize=true but .* no mean"),
     (["reward_model.model.path={rm}", "reward_model.rm_weight=0"], r"rm_weight and rule_weight are both 0"),
     (["reward_model.model.path={rm}", "reward_model.micro_batch_size_per_gpu=0"], r"micro_batch_size_per_gpu=0"),
-    (["reward_model.model.path={rm}", "reward_model.max_length=1"], r"reward_model.max_length=1 must be >= 2"),
+    (["reward_model.model.path={rm}", "reward_model.max_length=1"], r"reward_model.max_length=1 is invalid: must be >= 2"),
     (["reward_model.model.path={rm}", "data.return_raw_chat=false"], r"set data.return_raw_chat=true"),
 ])
 def test_bad_reward_model_settings_are_one_line(rm_dir, tiny_model_dir, overrides, message):
     cfg = _cfg(*[o.format(rm=rm_dir, base=tiny_model_dir) for o in overrides])
-    errors = check_reward_model(cfg)
+    errors = check_reward_model(cfg) + bound_problems(cfg)  # ranges are declared on the fields
     assert len(errors) == 1 and "\n" not in errors[0]
     assert __import__("re").search(message, errors[0]), errors[0]
 

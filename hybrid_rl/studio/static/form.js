@@ -81,6 +81,7 @@ function plainInput(f, value, report) {
   } else if (f.kind === "int" || f.kind === "float") {
     input = document.createElement("input"); input.type = "number"; input.step = f.kind === "int" ? "1" : "any";
     input.value = value === "null" ? "" : value;
+    if (f.bounds) setRange(input, f);
   } else if (f.kind === "dict" || (f.kind === "any" && !f.path_role)) {
     input = document.createElement("textarea"); input.rows = 2; input.value = value;
     input.placeholder = "YAML, e.g. {key: 1} or [a, b]";
@@ -94,6 +95,18 @@ function plainInput(f, value, report) {
   input.readValue = read;
   return input;
 }
+
+// The field's declared range on its number input: min/max (an open end of an int field moves to the
+// next integer; of a float field it stays, and the check's message tells the end itself is refused).
+function setRange(input, f) {
+  const b = f.bounds, int = f.kind === "int";
+  if (b.low !== null) input.min = String(int && b.low_open ? Math.floor(b.low) + 1 : b.low);
+  if (b.high !== null) input.max = String(int && b.high_open ? Math.ceil(b.high) - 1 : b.high);
+  input.title = "must be " + b.rule;
+}
+
+// ">= 1" as "\u2265 1", for the label.
+const rangeText = (rule) => rule.replace(">=", "\u2265").replace("<=", "\u2264");
 
 // The widget of one field: its input (by type), a "none" toggle for optional fields, and for path
 // fields a line saying whether what it names exists. `report(text)` gets every edit.
@@ -127,6 +140,11 @@ function fieldRow(f, value, report) {
   const name = document.createElement("span"); name.className = "label"; name.textContent = f.label;
   const key = document.createElement("code"); key.className = "key"; key.textContent = f.key;
   label.append(name, key);
+  if (f.bounds) {
+    const range = document.createElement("span"); range.className = "range"; range.dataset.rangeFor = f.key;
+    range.textContent = rangeText(f.bounds.rule);
+    label.append(range);
+  }
   const error = document.createElement("div"); error.className = "error"; error.dataset.errorFor = f.key;
   row.append(label, widget(f, value, report), renderHelp(f.doc), error);
   return row;

@@ -18,6 +18,7 @@ from hybrid_rl.trainer.config.run_checks import (RunPlan, as_file_list, check_da
                                                  check_model_path, check_resume, check_trainer, raise_problems,
                                                  run_dir, worker_layout, world_size_problems)
 from hybrid_rl.trainer.config.schema import PPOConfig
+from hybrid_rl.utils.bounds import bound_problems
 from hybrid_rl.utils.devices import DEVICES, resolve_device
 
 __all__ = ["RunPlan", "as_file_list", "estimator_needs", "estimators_where", "loss_needs", "make_run_plan",
@@ -72,7 +73,7 @@ def validate_config(cfg: PPOConfig, *, training: bool = True) -> None:
 
     ``training=False`` (``python -m hybrid_rl.eval`` / ``debug``: generate and score, no update) skips
     what only an update or a checkpoint uses: the mini/micro-batch sizes, token budgets and resume."""
-    errors: list[str] = []
+    errors = bound_problems(cfg)  # every field's declared range (hybrid_rl.utils.bounds)
     checks = [_check_devices, _check_lengths, _check_algorithm, _check_dapo, _check_files, _check_trainer,
               _check_reward, _check_async, _check_distillation] + ([_check_batch_sizes, _check_resume] if training else [])
     for check in checks:
@@ -118,10 +119,8 @@ def _check_batch_sizes(cfg: PPOConfig) -> list[str]:
     world = max(1, t.nnodes * t.n_gpus_per_node)
     n = arr.rollout.n
     errors = []
-    if n < 1:
-        return [f"actor_rollout_ref.rollout.n={n} must be >= 1 (responses per prompt)."]
-    if data.train_batch_size < 1:
-        return [f"data.train_batch_size={data.train_batch_size} must be >= 1."]
+    if n < 1 or data.train_batch_size < 1:
+        return []  # below their declared bounds (reported with them)
     rows = data.train_batch_size * n
     if not _divides(rows, world):
         errors.append(
@@ -227,8 +226,6 @@ def _check_algorithm(cfg: PPOConfig) -> list[str]:
         )
     if alg.kl_ctrl.type not in ("fixed", "adaptive"):
         errors.append(f"algorithm.kl_ctrl.type={alg.kl_ctrl.type!r} must be fixed or adaptive.")
-    if not 0.0 <= alg.gamma <= 1.0 or not 0.0 <= alg.lam <= 1.0:
-        errors.append(f"algorithm.gamma={alg.gamma} and algorithm.lam={alg.lam} must lie in [0, 1].")
     return errors
 
 
@@ -304,8 +301,6 @@ def _check_dapo(cfg: PPOConfig) -> list[str]:
     if buffer.enable and not 0 < buffer.len <= cfg.data.max_response_length:
         errors.append(f"reward_model.overlong_buffer.len={buffer.len} must lie in (0, data.max_response_length="
                       f"{cfg.data.max_response_length}]; e.g. {max(1, cfg.data.max_response_length // 4)}.")
-    if buffer.enable and buffer.penalty_factor < 0:
-        errors.append(f"reward_model.overlong_buffer.penalty_factor={buffer.penalty_factor} must be >= 0 (1.0 in DAPO).")
     return errors
 
 
@@ -364,13 +359,7 @@ def _check_files(cfg: PPOConfig) -> list[str]:
 def _check_reward(cfg: PPOConfig) -> list[str]:
     from hybrid_rl.trainer.config.reward_model import check_reward_model
 
-    errors = check_reward_model(cfg)
-    if cfg.reward_model.num_workers < 1:
-        errors.append(f"reward_model.num_workers={cfg.reward_model.num_workers} must be >= 1 (1: rows scored one "
-                      "after another).")
-    if cfg.reward_model.timeout <= 0:
-        errors.append(f"reward_model.timeout={cfg.reward_model.timeout} must be > 0 seconds.")
-    return errors
+    return check_reward_model(cfg)
 
 
 def _check_resume(cfg: PPOConfig) -> list[str]:
@@ -405,15 +394,10 @@ def _check_async(cfg: PPOConfig) -> list[str]:
         return []
     errors = []
     eta, every = a.max_head_offpolicyness, a.trigger_parameter_sync_step
-    if eta < 0:
-        errors.append(f"async_training.max_head_offpolicyness={eta} must be >= 0 (0 = synchronous order, 1-2 typical).")
-    if every < 1 or every > max(eta, 0) + 1:
+    if every > max(eta, 0) + 1:  # the lower bounds of both are declared on the fields
         errors.append(f"async_training.trigger_parameter_sync_step={every} must be between 1 and "
                       f"max_head_offpolicyness + 1 = {max(eta, 0) + 1}: with fewer weight pushes the rollout could "
                       "never produce samples fresh enough. Fix: lower it or raise max_head_offpolicyness.")
-    if pool.nnodes < 1 or pool.n_gpus_per_node < 1:
-        errors.append(f"rollout.nnodes={pool.nnodes} and rollout.n_gpus_per_node={pool.n_gpus_per_node} (the "
-                      "decoupled mode's rollout pool) must both be >= 1.")
     t = cfg.trainer
     if t.nnodes == 1 and pool.nnodes == 1 and resolve_device(t.device) == "cpu":
         cores = cfg.ray_init.num_cpus or os.cpu_count() or 1

@@ -57,10 +57,6 @@ def check_reward_model(cfg: PPOConfig) -> list[str]:
                       "hybrid_rl.trainer.main_rm trains one) or the http(s):// URL of a reward service.")
     elif not is_remote(rm.model.path):
         errors += _folder_problems(rm)
-    if rm.micro_batch_size_per_gpu < 1:
-        errors.append(f"reward_model.micro_batch_size_per_gpu={rm.micro_batch_size_per_gpu} must be >= 1.")
-    if rm.max_length is not None and rm.max_length < 2:
-        errors.append(f"reward_model.max_length={rm.max_length} must be >= 2 tokens or null (no limit).")
     if rm.rm_weight == 0 and rm.rule_weight == 0:
         errors.append("reward_model.rm_weight and rule_weight are both 0: every reward would be 0. Fix: set "
                       "reward_model.rm_weight=1.0 (or reward_model.enable=false for rules alone).")

