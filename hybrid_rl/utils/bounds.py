@@ -35,7 +35,9 @@ class Bounds:
     """The fix-it half of the message (default: ``use a value <rule>``)."""
 
     def holds(self, value: float) -> bool:
-        """``value`` lies in the interval."""
+        """``value`` lies in the interval (NaN lies in none)."""
+        if value != value:
+            return False
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
         return not (self.high is not None and (value >= self.high if self.high_open else value > self.high))

@@ -115,7 +115,7 @@ class OptimConfig:
     """AdamW epsilon."""
     lr_warmup_steps_ratio: float = bounded(0.0, ge=0, le=1, fix="use a fraction such as 0.1")
     """Linear warm-up length as a fraction of the total steps (used when lr_warmup_steps < 0)."""
-    lr_warmup_steps: int = bounded(-1, ge=-1, fix="use -1 (the ratio decides) or a number of steps")
+    lr_warmup_steps: int = -1
     """Linear warm-up length in optimizer steps; -1 = use lr_warmup_steps_ratio."""
     lr_scheduler_type: str = "constant"
     """constant | cosine (both after the linear warm-up)."""
@@ -125,7 +125,7 @@ class OptimConfig:
     """cosine: the LR decays to lr * min_lr_ratio."""
     num_cycles: float = bounded(0.5, ge=0, fix="use 0.5 (one decay from peak to minimum)")
     """cosine: number of cosine periods over the decay; 0.5 = one smooth decay from peak to minimum."""
-    total_training_steps: int = bounded(-1, ge=-1, fix="use -1 (the trainer's count) or a number of steps")
+    total_training_steps: int = -1
     """Optimizer steps of the whole run for the schedule; -1 = the number the trainer computes
     (passed to the worker separately, never written here)."""
 

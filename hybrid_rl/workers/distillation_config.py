@@ -71,7 +71,7 @@ class DistillationLossConfig:
         if info.needs_policy_gradient and not self.use_policy_gradient:
             errors.append(f"{prefix}.loss_mode={self.loss_mode} backpropagated directly has a gradient that does not "
                           f"depend on the teacher; set {prefix}.use_policy_gradient=true or loss_mode=k3.")
-        if info.use_topk and (self.topk is None or self.topk < 1):
+        if info.use_topk and self.topk is None:  # < 1: its declared bound
             errors.append(f"{prefix}.topk={self.topk!r} must be a positive integer for loss_mode={self.loss_mode}.")
         if self.policy_loss_mode not in POLICY_LOSS_MODES:
             errors.append(f"{prefix}.policy_loss_mode={self.policy_loss_mode!r} must be one of {POLICY_LOSS_MODES}.")

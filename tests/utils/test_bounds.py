@@ -35,7 +35,8 @@ class _Outer:
     (Bounds(low=0, low_open=True, high=1), [1, 0.5], [0, 1.0001], "in (0, 1]"),
     (Bounds(low=0, high=1, high_open=True), [0, 0.999], [1, -0.1], "in [0, 1)"),
     (Bounds(high=2.5), [-7, 2.5], [2.6], "<= 2.5"),
-    (Bounds(low=-1), [-1, 0, 5], [-2], ">= -1"),
+    (Bounds(low=-1), [-1, 0, 5], [-2, float("nan")], ">= -1"),
+    (Bounds(low=0, high=1), [0.5], [float("nan"), float("inf")], "in [0, 1]"),
 ])
 def test_intervals_and_their_rule(bounds, inside, outside, rule):
     assert all(bounds.holds(v) for v in inside) and not any(bounds.holds(v) for v in outside)
@@ -57,6 +58,8 @@ def test_check_bounds_raises_the_house_line():
         check_bounds(_Inner(share=0), "x")
     with pytest.raises(ValueError, match=r"^x.cap=1 is invalid: must be >= 2 or null. Fix: use a value >= 2.$"):
         check_bounds(_Inner(cap=1), "x")
+    with pytest.raises(ValueError, match=r"^x.share=nan is invalid: must be in \(0, 1\]"):
+        check_bounds(_Inner(share=float("nan")), "x")  # a comparison with NaN is false: refused, not passed
     for not_a_number in ("3", True, [3]):
         with pytest.raises(ValueError, match=r"x.share=.* is invalid: must be a number in \(0, 1\]"):
             check_bounds(_Inner(share=not_a_number), "x")
@@ -115,3 +118,24 @@ def test_every_declared_range_is_refused_outside_under_its_key():
                 f"{key}={value!r} is invalid: must be " in str(error), (key, str(error))
         else:
             pytest.fail(f"{key}={value} passed its declared range {bounds.rule}")
+
+
+@pytest.mark.parametrize("mode, overrides, key", [
+    ("ppo", ["reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=-4"],
+     "reward_model.overlong_buffer.len"),
+    ("ppo", ["distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=/m",
+             "distillation.distillation_loss.loss_mode=forward_kl_topk", "distillation.distillation_loss.topk=0"],
+     "distillation.distillation_loss.topk"),
+    ("sft", ["data.max_token_len_per_gpu=0"], "data.max_token_len_per_gpu"),
+])
+def test_a_value_outside_its_range_is_told_once_not_again_by_a_cross_field_rule(mode, overrides, key):
+    from hybrid_rl.trainer.config.supervised_checks import validate_sft_config
+    from hybrid_rl.trainer.main_sft import sft_config
+
+    with pytest.raises(ValueError) as error:
+        if mode == "sft":
+            validate_sft_config(sft_config(overrides))
+        else:
+            validate_config(to_ppo_config(get_config(overrides)))
+    lines = [line for line in str(error.value).splitlines() if f"{key}=" in line]
+    assert len(lines) == 1 and "is invalid: must be" in lines[0], str(error.value)

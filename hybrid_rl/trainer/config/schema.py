@@ -116,7 +116,7 @@ class FilterGroupsConfig:
     metric: Optional[str] = None
     """What must vary within a group: acc or score (a key the scorer returns; the score itself when it
     returns a number), seq_reward (summed token scores) or seq_final_reward (summed token rewards)."""
-    max_num_gen_batches: int = bounded(0, ge=0, fix="use 0 (no bound) or e.g. 10")
+    max_num_gen_batches: int = 0
     """Most generation batches per training step (0 = no bound); past it the batch is completed with
     the last dropped groups (zero advantage) and ``train/filter_groups/filled_groups`` counts them."""
 

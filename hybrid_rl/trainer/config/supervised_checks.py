@@ -64,7 +64,7 @@ def validate_sft_config(cfg: SFTConfig, *, training: bool = True) -> None:
     """Raise one ValueError listing every problem of an SFT config."""
     errors = _common(cfg, training)
     d, rollout = cfg.data, cfg.rollout
-    if training and d.use_dynamic_bsz and d.max_token_len_per_gpu < d.max_length:
+    if training and d.use_dynamic_bsz and 1 <= d.max_token_len_per_gpu < d.max_length:  # < 1: its bound
         errors.append(f"data.max_token_len_per_gpu={d.max_token_len_per_gpu} is smaller than one conversation of up "
                       f"to data.max_length={d.max_length} tokens; raise it to at least {d.max_length}.")
     if rollout.n != 1:
