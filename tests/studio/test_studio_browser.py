@@ -112,7 +112,7 @@ def _check_widgets(page) -> None:
     page.wait_for_function("document.querySelector('[data-path-for=\"actor_rollout_ref.model.path\"]').dataset.state == 'ok'")
 
 
-def test_views_errors_export_launch_and_the_reward_curve(page, tmp_path, monkeypatch):
+def test_views_errors_export_launch_and_the_reward_curve(page, tmp_path, monkeypatch, tiny_model_dir):
     monkeypatch.chdir(tmp_path)
     assert page.locator("[data-error-for]").count() == len(BEGINNER_KEYS)
     _shot(page, "1_beginner")
@@ -149,6 +149,10 @@ def test_views_errors_export_launch_and_the_reward_curve(page, tmp_path, monkeyp
              f"actor_rollout_ref.actor.ppo_mini_batch_size=2 trainer.total_training_steps=2 "
              f"trainer.val_before_train=false data.arithmetic.cache_dir={tmp_path}/data "
              f"trainer.default_local_dir={run_dir}")
+    if not SCREENSHOTS:  # the tiny test model: the launch, not the model, is under test (~25 s less)
+        small += (f" actor_rollout_ref.model.path={tiny_model_dir} actor_rollout_ref.rollout.name=hf"
+                  " data.arithmetic.num_shots=0 data.arithmetic.num_train=16 data.arithmetic.num_test=4"
+                  " data.max_response_length=8")
     page.fill("#import-text", small)  # a small run's settings, loaded as a command line
     page.click("#import-command")
     page.wait_for_function("document.querySelector('[data-error-for=\"data.train_batch_size\"]').textContent == ''"
@@ -164,7 +168,7 @@ def test_views_errors_export_launch_and_the_reward_curve(page, tmp_path, monkeyp
     with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):  # main_ppo --config-path/-name
         assert to_ppo_config(compose(config_name="exported")).data.train_batch_size == 4
 
-    page.click("#launch")  # the embedded model, 2 steps
+    page.click("#launch")  # 2 steps (the embedded model for the screenshots)
     page.wait_for_function("document.querySelector('#run-state').textContent.startsWith('finished')",
                            timeout=600_000)
     assert "finished (exit 0) \u00b7 step 2 of 2" in page.locator("#run-state").inner_text()

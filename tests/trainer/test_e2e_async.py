@@ -32,27 +32,25 @@ def _async_args(*extra):
 
 
 def test_eta_zero_reproduces_the_synchronous_run_and_resumes_exactly(tmp_path, tiny_model_dir):
-    sync_dir, async_dir, killed_dir = tmp_path / "sync", tmp_path / "async", tmp_path / "killed"
-    for folder in (sync_dir, async_dir, killed_dir):
+    sync_dir, killed_dir = tmp_path / "sync", tmp_path / "killed"
+    for folder in (sync_dir, killed_dir):
         folder.mkdir()
     # One thread per process in both runs (the decoupled run has a trainer and a rollout process).
     _assert_ok(_run_cli(sync_dir, tiny_model_dir, *_reward_args(tmp_path), "ray_init.num_cpus=1"))
     eta0 = [*_reward_args(tmp_path), *_async_args("async_training.max_head_offpolicyness=0")]
-    _assert_ok(_run_cli(async_dir, tiny_model_dir, *eta0))
-    want, got = _weights(sync_dir / "run" / "global_step_3"), _weights(async_dir / "run" / "global_step_3")
-    assert want.keys() == got.keys()
-    assert all(torch.equal(want[k], got[k]) for k in want)
-    # The memory buffer: the driver dies in step 3 after taking its rows; the rerun resumes from
-    # step 2's checkpoint (producer position + buffered rows) to the same weights.
+    # The memory buffer: the decoupled driver dies in step 3 after taking its rows (steps 1-2 ran
+    # uninterrupted); the rerun resumes from step 2's checkpoint (producer position + buffered rows).
     env = {"HYBRID_RL_FAULT": "kill:driver.update_actor:3", "HYBRID_RL_FAULT_STATE": str(tmp_path / "faults")}
     assert _run_cli(killed_dir, tiny_model_dir, *eta0, env=env).returncode != 0
+    assert [r["step"] for r in _rows(killed_dir / "run")] == [1, 2]
     _assert_ok(_run_cli(killed_dir, tiny_model_dir, *eta0, env=env))
-    resumed = _weights(killed_dir / "run" / "global_step_3")
-    assert all(torch.equal(want[k], resumed[k]) for k in want)
-    sync_norms = [r["actor/grad_norm"] for r in _rows(sync_dir / "run")]
-    async_rows = _rows(async_dir / "run")
-    assert sync_norms == [r["actor/grad_norm"] for r in async_rows] and min(sync_norms) > 0
-    assert all(r["async/staleness_max"] == 0 for r in async_rows)
+    # Both the uninterrupted steps and the resumed one equal the synchronous run: weights and grad norms.
+    want, got = _weights(sync_dir / "run" / "global_step_3"), _weights(killed_dir / "run" / "global_step_3")
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    sync_norms = {r["step"]: r["actor/grad_norm"] for r in _rows(sync_dir / "run")}
+    async_rows = _rows(killed_dir / "run")
+    assert {r["step"]: r["actor/grad_norm"] for r in async_rows} == sync_norms and min(sync_norms.values()) > 0
+    assert sorted(sync_norms) == [1, 2, 3] and all(r["async/staleness_max"] == 0 for r in async_rows)
 
 
 def _postgres_or_none(request):
