@@ -18,6 +18,8 @@ def test_main_ppo_help_lists_every_key_with_its_value_documentation_and_registry
     out = capsys.readouterr().out
     assert out.startswith("usage: python -m hybrid_rl.trainer.main_ppo")
     assert "  data.train_batch_size=8\n      Prompts per training step" in out  # the override shows
+    assert "(each is sampled ``rollout.n`` times).\n      range: >= 1\n" in out  # its declared range
+    assert "  actor_rollout_ref.actor.grad_clip=1.0\n" in out and "      range: > 0 or null\n" in out
     assert "  actor_rollout_ref.rollout.response_length=${data.max_response_length}" in out  # a linked key
     assert "- gae [needs critic]: Generalised Advantage Estimation" in out
     assert "- decoupled [needs rollout log probs]" in out

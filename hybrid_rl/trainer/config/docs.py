@@ -17,6 +17,8 @@ import typing
 from functools import lru_cache
 from typing import Any, Mapping, Optional
 
+from hybrid_rl.utils.bounds import field_bounds
+
 __all__ = ["config_help", "field_docs", "indented", "show_value"]
 
 _WIDTH = 100
@@ -73,6 +75,10 @@ def _walk(cls: type, defaults: Mapping[str, Any], prefix: str, doc: str, out: li
             continue
         out.append(f"  {key}={show_value(value)}")
         out += indented(docs.get(f.name, ""), "      ")
+        bounds = field_bounds(f)
+        if bounds is not None:  # the range its checks enforce (hybrid_rl.utils.bounds)
+            nullable = type(None) in typing.get_args(annotation)
+            out.append(f"      range: {bounds.rule}{' or null' if nullable else ''}")
         for note in notes.get(key, []):
             out += indented(note, "          ", first="        - ")
 
