@@ -52,10 +52,16 @@ from bench_step import (DEFAULT_OVERRIDES, _pct, measure_steps, median_figures, 
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 LLAMA_1B_DIR = "~/.cache/hybrid_rl/random_models/llama-1b"
-# computed tokens per micro-batch (update and log-prob passes) on a GPU when --max-token-len is not
-# given (on CPU: the config's 4096): the 1B model's activations at 32k tokens without gradient
-# checkpointing would not leave room on an 80 GB GPU
-TOKEN_BUDGET = {"smollm2": 32768, "llama-1b": 16384, "tiny": 32768}
+# computed tokens per micro-batch of the update on a GPU when --max-token-len is not given (on CPU:
+# the config's 4096 for every pass): the 1B model's activations at 32k tokens without gradient
+# checkpointing would not leave room on an 80 GB GPU; SmolLM2's update peaked at 21.1 GiB at 32k
+# (H100, 2026-11-27), so 64k fits with room. Unmeasured at 64k so far.
+TOKEN_BUDGET = {"smollm2": 65536, "llama-1b": 16384, "tiny": 32768}
+LOG_PROB_BUDGET_FACTOR = 4
+"""On a GPU the log-prob passes (``ref``, ``old_log_prob``: no autograd, so a small fraction of the
+update's activation memory per token) get this many times the update's budget: fewer, larger
+micro-batches, hence fewer kernel launches in passes that measured host-bound (the GPU idle 74% of
+the ``ref`` pass at 32k, docs/gpu.md). SmolLM2's whole 64 x 8 batch (~196k tokens) is one."""
 WORKLOAD = {
     "cuda": ["data.train_batch_size=64", "actor_rollout_ref.rollout.n=8", "data.max_response_length=256",
              "actor_rollout_ref.actor.ppo_mini_batch_size=64", "trainer.device=cuda",
@@ -70,12 +76,14 @@ PEAK_SIZE = {"cuda": 8192, "cpu": 2048}
 PASSES = ("old_log_prob", "ref", "update_actor")
 
 
-def token_budget_overrides(max_token_len: int) -> list[str]:
-    """Micro-batches of at most ``max_token_len`` computed tokens in the update and both log-prob passes."""
+def token_budget_overrides(max_token_len: int, log_prob_max_token_len: Optional[int] = None) -> list[str]:
+    """Micro-batches of at most ``max_token_len`` computed tokens in the update and of
+    ``log_prob_max_token_len`` (default: the same) in both log-prob passes."""
+    log_prob = log_prob_max_token_len or max_token_len
     return ["actor_rollout_ref.actor.use_dynamic_bsz=true",
             f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={max_token_len}",
-            f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={max_token_len}",
-            f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={max_token_len}"]
+            f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={log_prob}",
+            f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={log_prob}"]
 
 
 def llama_1b_dir(folder: Optional[str] = None) -> str:
@@ -116,8 +124,14 @@ def model_overrides(model: str, model_dir: Optional[str]) -> list[str]:
 def workload(args: argparse.Namespace) -> list[str]:
     """Every Hydra override of the run, in order (later ones win): bench_step's fixed settings, the
     device's workload, the token budget, the model, then the user's ``key=value`` arguments."""
-    budget = args.max_token_len or (TOKEN_BUDGET[args.model] if args.device == "cuda" else 4096)
-    return (DEFAULT_OVERRIDES + WORKLOAD[args.device] + token_budget_overrides(budget)
+    if args.max_token_len:  # the user's budget, for every pass
+        budget, log_prob = args.max_token_len, args.max_token_len
+    elif args.device == "cuda":
+        budget = TOKEN_BUDGET[args.model]
+        log_prob = budget * LOG_PROB_BUDGET_FACTOR
+    else:
+        budget, log_prob = 4096, 4096
+    return (DEFAULT_OVERRIDES + WORKLOAD[args.device] + token_budget_overrides(budget, log_prob)
             + model_overrides(args.model, args.model_dir) + args.overrides)
 
 
@@ -230,8 +244,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_run_args(parser)
     parser.add_argument("--max-token-len", type=int, default=None,
-                        help="computed tokens per micro-batch (default: "
-                             + ", ".join(f"{m} {n}" for m, n in TOKEN_BUDGET.items()) + " on cuda, 4096 on cpu)")
+                        help="computed tokens per micro-batch of every pass (default on cuda: the update "
+                             + ", ".join(f"{m} {n}" for m, n in TOKEN_BUDGET.items())
+                             + f", the log-prob passes {LOG_PROB_BUDGET_FACTOR}x that; 4096 on cpu)")
     parser.add_argument("overrides", nargs="*", help="Hydra key=value overrides")
     args = parse_run_args(parser)
     result = run(args)

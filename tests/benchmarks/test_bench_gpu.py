@@ -84,10 +84,14 @@ def test_gpu_workload_is_the_issues_shape_and_user_overrides_win():
     assert (cfg.data.train_batch_size, arr.rollout.n, cfg.data.max_response_length) == (64, 8, 256)
     assert arr.actor.ppo_mini_batch_size == 64 and arr.actor.use_kl_loss and arr.actor.kl_loss_coef == 0.001
     assert arr.actor.use_dynamic_bsz and cfg.trainer.device == "cuda"
-    assert arr.actor.ppo_max_token_len_per_gpu == arr.ref.log_prob_max_token_len_per_gpu == 32768
+    assert arr.actor.ppo_max_token_len_per_gpu == 65536  # the update's budget; the no-grad passes take 4x
+    assert arr.ref.log_prob_max_token_len_per_gpu == arr.rollout.log_prob_max_token_len_per_gpu == 4 * 65536
     assert arr.actor.fsdp_config.mixed_precision.param_dtype == arr.rollout.dtype == "bfloat16"
-    cfg = get_config(workload(_args(max_token_len=8192)))
+    cfg = get_config(workload(_args(max_token_len=8192)))  # the user's budget: every pass
     assert cfg.actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu == 8192
+    assert cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == cfg.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu == 8192
+    cfg = get_config(workload(_args(device="cpu")))
+    assert cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == cfg.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu == 4096
 
 
 def test_trl_step_phases_from_wrapped_methods():
