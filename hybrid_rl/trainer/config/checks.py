@@ -298,7 +298,7 @@ def _check_dapo(cfg: PPOConfig) -> list[str]:
         if fg.metric == "seq_final_reward" and cfg.algorithm.use_kl_in_reward:
             errors.append("algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=true: the "
                           "in-reward KL is applied after the filter here; use seq_reward (or acc / score).")
-    if buffer.enable and not 0 < buffer.len <= cfg.data.max_response_length and buffer.len >= 0:  # < 0: its bound
+    if buffer.enable and (buffer.len == 0 or buffer.len > cfg.data.max_response_length):  # < 0: its bound
         errors.append(f"reward_model.overlong_buffer.len={buffer.len} must lie in (0, data.max_response_length="
                       f"{cfg.data.max_response_length}]; e.g. {max(1, cfg.data.max_response_length // 4)}.")
     return errors
