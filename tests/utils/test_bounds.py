@@ -101,18 +101,30 @@ def _with(cfg, key: str, value):
     return dataclasses.replace(cfg, **{head: new})
 
 
-def test_every_declared_range_is_refused_outside_under_its_key():
-    """Exhaustive over PPOConfig: a value just outside a field's range is one line naming the field,
-    from the section's own checks (a notebook building it) or from validate_config (the CLI's pass)."""
-    base = to_ppo_config(get_config())
+def _validators():
+    """``(mode, resolved default config, its validation)`` of every mode."""
+    from hybrid_rl.trainer.config.supervised_checks import validate_rm_config, validate_sft_config
+    from hybrid_rl.trainer.main_rm import rm_config
+    from hybrid_rl.trainer.main_sft import sft_config
+
+    return [("ppo", to_ppo_config(get_config()), validate_config),
+            ("sft", to_typed_config(sft_config(), SFTConfig), validate_sft_config),
+            ("rm", to_typed_config(rm_config(), RMConfig), validate_rm_config)]
+
+
+@pytest.mark.parametrize("mode", ["ppo", "sft", "rm"])
+def test_every_declared_range_is_refused_outside_under_its_key(mode):
+    """Exhaustive per mode: a value just outside a field's range is one line naming the field, from
+    the section's own checks (a notebook building it) or from the mode's validation (the CLI's pass)."""
+    _, base, validate = next(v for v in _validators() if v[0] == mode)
     keys = list(_bounded_keys(base))
-    assert len(keys) > 100
+    assert len(keys) > (100 if mode == "ppo" else 10)
     for key, bounds in keys:
         owner, leaf = key_owner(base, key)
         kind = type(getattr(owner, leaf)) if getattr(owner, leaf) is not None else float
         value = _outside(bounds, int if kind is int else float)
         try:
-            validate_config(_with(base, key, value))
+            validate(_with(base, key, value))
         except ValueError as error:
             assert f".{leaf}={value!r} is invalid: must be " in str(error) or \
                 f"{key}={value!r} is invalid: must be " in str(error), (key, str(error))
