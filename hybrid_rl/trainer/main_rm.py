@@ -48,7 +48,7 @@ def run_rm(argv: Sequence[str] = ()) -> dict[str, float]:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_cli(sys.argv[1:] if argv is None else argv, RM_MODE)
+    run_cli(sys.argv[1:] if argv is None else argv, RM_MODE, command_line=argv is None)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def run_sft(argv: Sequence[str] = ()) -> dict[str, float]:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_cli(sys.argv[1:] if argv is None else argv, SFT_MODE)
+    run_cli(sys.argv[1:] if argv is None else argv, SFT_MODE, command_line=argv is None)
 
 
 if __name__ == "__main__":

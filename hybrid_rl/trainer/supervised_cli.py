@@ -86,9 +86,11 @@ def _parse(argv: Sequence[str]) -> tuple[list[str], dict[str, str], list[str]]:
     return overrides, options, flags
 
 
-def run_cli(argv: Sequence[str], mode: SupervisedMode) -> None:
+def run_cli(argv: Sequence[str], mode: SupervisedMode, command_line: bool = False) -> None:
     """Parse ``argv``, then answer ``--help`` / ``--cfg job`` or run with the console and
-    ``<run>/logs/driver.log`` set up as ``main_ppo`` sets them."""
+    ``<run>/logs/driver.log`` set up as ``main_ppo`` sets them. ``command_line``: this process was
+    started for the run (``python -m ...``), so, as ``main_ppo``, a run of one worker that needs
+    nothing only Ray gives hosts it in this process (``trainer.single_process`` null = auto)."""
     from hybrid_rl.trainer.config.run_checks import run_dir
     from hybrid_rl.trainer.main_ppo import _fail, _is_reported_user_error
     from hybrid_rl.utils.log_setup import configure_logging
@@ -112,6 +114,12 @@ def run_cli(argv: Sequence[str], mode: SupervisedMode) -> None:
 
             sys.stdout.write(OmegaConf.to_yaml(to_container(cfg)))
             return
+        if command_line:
+            from hybrid_rl.trainer.core.single_process import reexec_for_single_process, resolve_single_process
+
+            cfg = resolve_single_process(cfg)
+            if cfg.trainer.single_process:  # the worker's allocator and logging set from the start
+                reexec_for_single_process(cfg)
         if not logging.getLogger().handlers:  # the console main_ppo gets from Hydra: messages only
             console = logging.StreamHandler(sys.stdout)
             console.setFormatter(logging.Formatter("%(message)s"))

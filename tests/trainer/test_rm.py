@@ -73,6 +73,9 @@ def test_rm_learns_exports_and_resumes_bit_exactly(tmp_path, tiny_model_dir):
     assert len(val) == 3  # before training, steps 2 and 4
     assert val[-1]["val/rm/loss"] < val[0]["val/rm/loss"] and val[-1]["val/rm/accuracy"] > val[0]["val/rm/accuracy"]
     assert sum("train/loss" in r for r in rows) == 4
+    # one CPU worker from the command line: in the driver's process, as main_ppo's (no Ray started)
+    log = (tmp_path / "run" / "logs" / "driver.log").read_text()
+    assert "in the driver's process" in log and "started a local Ray instance" not in log
     # the export: AutoModelForSequenceClassification, scoring as the worker did, with the score statistics
     folder = merge_checkpoint(str(tmp_path / "run" / "global_step_4" / "reward_model"), str(tmp_path / "hf"))
     config = json.load(open(os.path.join(folder, "config.json")))

@@ -79,6 +79,8 @@ def test_sft_lowers_the_held_out_loss_and_resumes_bit_exactly(tmp_path, tiny_mod
     losses = [r["val/sft_loss"] for r in rows if "val/sft_loss" in r]
     assert len(losses) == 3 and losses[2] < losses[1] < losses[0]  # before training, steps 2 and 4
     assert sum("train/loss" in r for r in rows) == 4  # the step-0 row holds the validation only
+    log = (tmp_path / "run" / "logs" / "driver.log").read_text()  # one CPU worker: no Ray, as main_ppo
+    assert "in the driver's process" in log and "started a local Ray instance" not in log
     env = {"HYBRID_RL_FAULT": "kill:driver.update_actor:3", "HYBRID_RL_FAULT_STATE": str(tmp_path / "faults")}
     assert _sft(tmp_path, tiny_model_dir, "killed", env=env).returncode != 0
     resumed = _sft(tmp_path, tiny_model_dir, "killed", env=env)

@@ -6,7 +6,7 @@ dashboard, agents, monitors: ~0.6 GiB) and a second copy of torch, transformers 
 (~0.5 GiB) beside the driver; in the driver's process
 (:class:`~hybrid_rl.single_controller.local.LocalWorkerGroup`) it costs neither, and computes the same
 (a test compares the two bit for bit). ``null`` (auto) chooses it for command-line runs
-(``main_ppo``, the benchmarks) of one worker (``nnodes * n_gpus_per_node == 1``, on CPU or on one
+(``main_ppo``, ``main_sft``, ``main_rm``, the benchmarks) of one worker (``nnodes * n_gpus_per_node == 1``, on CPU or on one
 GPU) that need nothing only Ray gives: no cluster
 address, no automatic restarts (``trainer.max_restarts``), no call deadline
 (``trainer.worker_call_timeout_s``), no separate rollout pool. A notebook's ``run_ppo`` keeps Ray
@@ -26,7 +26,6 @@ import os
 import sys
 from typing import Any, Optional
 
-from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.utils.cpu_env import cpu_worker_env
 from hybrid_rl.utils.log_setup import LOG_LEVEL_ENV, library_env
 
@@ -63,7 +62,7 @@ def single_process_blockers(cfg: Any, device: Optional[str] = None) -> list[str]
     return blockers
 
 
-def resolve_single_process(cfg: PPOConfig, device: Optional[str] = None) -> PPOConfig:
+def resolve_single_process(cfg: Any, device: Optional[str] = None) -> Any:
     """``cfg`` with ``trainer.single_process`` chosen for a command-line run where it is null (see the
     module docstring); ``device`` is the resolved ``trainer.device`` (resolved here when None)."""
     if cfg.trainer.single_process is not None:

@@ -302,16 +302,21 @@ def build_reward_model_group(cfg: Any, plan: RunPlan, total_training_steps: int,
                              worker_cls: Optional[type] = None, call_timeout_s: Optional[float] = None,
                              log_dir: Optional[str] = None) -> WorkerGroups:
     """Reward-model training (``main_rm``): ``world_size`` processes hosting only a
-    :class:`~hybrid_rl.workers.rm_worker.RewardModelWorker` built from ``worker_config``."""
-    from hybrid_rl.single_controller import RayClassWithInitArgs, RayResourcePool
+    :class:`~hybrid_rl.workers.rm_worker.RewardModelWorker` built from ``worker_config`` (in the
+    driver's process when ``plan.single_process``)."""
+    from hybrid_rl.single_controller import RayClassWithInitArgs
     from hybrid_rl.workers.rm_worker import RewardModelWorker
 
-    _start_ray(cfg, plan, log_dir)
-    pool = RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, use_gpu=plan.device == "cuda",
-                           num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker)
     worker = RayClassWithInitArgs(worker_cls or RewardModelWorker, config=worker_config,
                                   total_training_steps=total_training_steps)
-    group = _init_group(pool, worker, call_timeout_s)
+    group, pool = _colocated_group(cfg, plan, worker, call_timeout_s, log_dir)
+    try:
+        group.init_model()
+    except BaseException:
+        group.shutdown()
+        if pool is not None:
+            pool.remove()
+        raise
     return WorkerGroups(actor_rollout=None, critic=None, resource_pool=pool, reward_model=group)
 
 
