@@ -10,8 +10,9 @@ Prints seconds per phase, TFLOP/s and MFU per model pass, rollout tokens/s, peak
 Workload on ``--device cuda``: bench_step.py's fixed settings (synthetic arithmetic, KL loss to the
 reference with coefficient 0.04, no validation, no checkpoints) at the issue's size: 64 prompts x 8
 responses, <= 256 response tokens, one mini-batch (one optimizer step per batch), bf16 compute over
-fp32 master weights, micro-batches by token budget (``use_dynamic_bsz``: at most ``--max-token-len``
-computed tokens per micro-batch in the update and in both log-prob passes). ``--device cpu`` runs the
+fp32 master weights, micro-batches by token budget (``use_dynamic_bsz``: ``TOKEN_BUDGET`` computed
+tokens per micro-batch in the update and ``LOG_PROB_BUDGET_FACTOR`` times that in both log-prob
+passes; ``--max-token-len`` sets one budget for every pass). ``--device cpu`` runs the
 same code on a smoke-sized workload (2 prompts x 2 responses, <= 8 tokens, HF rollout) in well under
 two minutes. Extra ``key=value`` arguments are Hydra overrides on top of everything (printed first).
 

@@ -46,7 +46,7 @@ def test_eta_zero_reproduces_the_synchronous_run_and_resumes_exactly(tmp_path, t
     _assert_ok(_run_cli(killed_dir, tiny_model_dir, *eta0, env=env))
     # Both the uninterrupted steps and the resumed one equal the synchronous run: weights and grad norms.
     want, got = _weights(sync_dir / "run" / "global_step_3"), _weights(killed_dir / "run" / "global_step_3")
-    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    assert want and want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
     sync_norms = {r["step"]: r["actor/grad_norm"] for r in _rows(sync_dir / "run")}
     async_rows = _rows(killed_dir / "run")
     assert {r["step"]: r["actor/grad_norm"] for r in async_rows} == sync_norms and min(sync_norms.values()) > 0

@@ -285,8 +285,8 @@ class BaseTrainerConfig:
     single_process: Optional[bool] = None
     """Host the one CPU worker in the driver's process instead of a Ray actor: no Ray cluster and one
     copy of the libraries, about 1 GiB less memory, the same results. null (auto) = true for
-    command-line runs (main_ppo) of one CPU worker without ray_init.address, async_training,
-    max_restarts or worker_call_timeout_s (which need Ray); false from a notebook's run_ppo, whose
+    command-line runs (main_ppo, main_sft, main_rm) of one CPU worker without ray_init.address,
+    async_training, max_restarts or worker_call_timeout_s (which need Ray); false from a notebook's run_ppo, whose
     process outlives the run (hybrid_rl/trainer/core/single_process.py, docs/memory.md)."""
     save_freq: int = bounded(10, ge=-1, fix="use a positive number of steps or -1 (never)")
     """Save a checkpoint every N steps (and at the last step); -1 = never."""

@@ -280,7 +280,11 @@ def _colocated_group(cfg: Any, plan: RunPlan, worker: Any, call_timeout_s: Optio
         use_gpu=plan.device == "cuda",
         num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker,
     )
-    return RayWorkerGroup(pool, worker, call_timeout_s=call_timeout_s), pool
+    try:
+        return RayWorkerGroup(pool, worker, call_timeout_s=call_timeout_s), pool
+    except BaseException:  # an actor that failed to start: the reserved devices go back too
+        pool.remove()
+        raise
 
 
 def _reward_model_worker(cfg: PPOConfig, world_size: int):
