@@ -25,6 +25,7 @@ from hybrid_rl.workers.rollout.base import (ROW_SEED_STRIDE, BaseRollout, Genera
                                             StrictWeightStream, data_parallel_rank, expected_weight_shapes,
                                             resolve_generation_params)
 from hybrid_rl.workers.rollout.config import RolloutConfig
+from hybrid_rl.workers.rollout.grouped_attention import use_grouped_decode_attention
 from hybrid_rl.agents.config import agent_rollout_enabled
 from hybrid_rl.workers.rollout.multi_turn import MultiTurnGenerator
 from hybrid_rl.workers.rollout.sequences import (build_rollout_output, check_prompt_batch, eos_cut_length,
@@ -97,6 +98,7 @@ class HFRollout(BaseRollout):
         self.device = torch.device(device)
         dtype = resolve_dtype(config.dtype, self.device.type, "rollout")
         self.model = load_causal_lm(model_path, dtype=dtype, trust_remote_code=trust_remote_code)
+        use_grouped_decode_attention(self.model)  # no per-step copy of the KV cache for GQA models
         self.model.to(self.device)
         self.model.requires_grad_(False)
         self._required, self._optional = expected_weight_shapes(self.model)
