@@ -46,7 +46,7 @@ from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_gpu import GpuMemoryMonitor, add_run_args, parse_run_args, workload  # noqa: E402
-from bench_step import DEFAULT_OVERRIDES, RssMonitor, write_json  # noqa: E402
+from bench_step import DEFAULT_OVERRIDES, RssMonitor, rss_line, write_json  # noqa: E402
 
 # label -> GRPOTrainer method (a dotted path from the trainer) whose inclusive time is summed per optimizer step
 TIMED = {"generate": "_generate", "reward": "_calculate_rewards", "score": "_generate_and_score_completions",
@@ -162,6 +162,8 @@ def run(args: argparse.Namespace, trl) -> dict:
             steps.append(phases(dict(totals), now - self.last))
             self.last = now
             totals.clear()
+            if len(steps) >= args.warmup:
+                rss.mark_steady()  # the steady-state peaks leave the warm-up steps out
 
     trainer.add_callback(StepTimes())
     gpu = GpuMemoryMonitor() if cuda else None
@@ -176,8 +178,7 @@ def run(args: argparse.Namespace, trl) -> dict:
     kept = steps[args.warmup:] or steps
     result = {"trl_version": trl.__version__, "model": args.model, "model_path": model_path, "steps": steps,
               "warmup": args.warmup, "median": {k: statistics.median(s[k] for s in kept) for k in kept[0]},
-              "args": vars(args), "peak_rss_gib": rss.peak_total / 2**30,
-              "peak_rss_one_process_gib": rss.peak_single / 2**30, "log_history": trainer.state.log_history}
+              "args": vars(args), **rss.figures(), "log_history": trainer.state.log_history}
     if gpu:
         result.update(gpu_mem_peak_gib=gpu.peak / 2**30, gpu_mem_before_gib=gpu.baseline / 2**30,
                       max_memory_allocated_gib=torch.cuda.max_memory_allocated() / 2**30,
@@ -198,7 +199,7 @@ def print_report(result: dict) -> None:
         print(f"  GPU memory, all processes: peak {result['gpu_mem_peak_gib']:.1f} GiB (before the run "
               f"{result['gpu_mem_before_gib']:.1f} GiB); this process's max_memory_allocated "
               f"{result['max_memory_allocated_gib']:.1f} GiB")
-    print(f"  host RSS peak {result['peak_rss_gib']:.2f} GiB (process tree)")
+    print(f"  host {rss_line(result)}")
     print(f"median step: {med['step_s']:.2f}")
 
 

@@ -57,26 +57,77 @@ WORKER_KEYS = {"gen": ["generate_sequences_worker", "weight_sync"], "teacher": [
 
 
 class RssMonitor(threading.Thread):
-    """Polls the summed RSS of this process and all its descendants (Ray's raylet and workers)."""
+    """Polls the memory of this process and all its descendants (Ray's raylet and workers, inductor's
+    compile workers) every ``interval_s``.
+
+    Summed RSS counts a page shared by several processes (a mapped library such as libtorch) once per
+    process; PSS divides it among them, so summed PSS is what the tree really holds. Both are kept, as
+    peaks over the whole run and over the steady part (from :meth:`mark_steady` on, after the warm-up
+    steps that compile). ``top`` lists the largest processes at the tree's RSS peak."""
+
+    TOP = 6
 
     def __init__(self, interval_s: float = 0.2):
         super().__init__(daemon=True)
-        self.interval_s, self.peak_total, self.peak_single, self._done = interval_s, 0, 0, threading.Event()
+        self.interval_s, self._done, self._steady = interval_s, threading.Event(), False
+        self._lock = threading.Lock()
+        self.peak_total = self.peak_single = self.peak_pss = self.steady_total = self.steady_pss = 0
+        self.top: list[dict] = []
+
+    def mark_steady(self) -> None:
+        """From now on also track the steady-state peaks."""
+        self._steady = True
 
     def run(self) -> None:
-        root = psutil.Process()
         while not self._done.wait(self.interval_s):
-            rss = []
-            for proc in [root, *root.children(recursive=True)]:
-                try:
-                    rss.append(proc.memory_info().rss)
-                except psutil.Error:
-                    pass
-            self.peak_total = max(self.peak_total, sum(rss))
-            self.peak_single = max(self.peak_single, max(rss, default=0))
+            self.sample_tree()
+
+    def sample_tree(self) -> None:
+        """One poll of this process and its descendants."""
+        root = psutil.Process()
+        self.sample([root, *root.children(recursive=True)])
+
+    def sample(self, procs: Sequence[psutil.Process]) -> None:
+        """One poll of ``procs``: update the peaks (bytes)."""
+        with self._lock:
+            self._sample(procs)
+
+    def _sample(self, procs: Sequence[psutil.Process]) -> None:
+        rows = []
+        for proc in procs:
+            try:
+                info = proc.memory_full_info()  # rss and, on Linux, pss
+                rows.append((info.rss, getattr(info, "pss", info.rss), proc))
+            except psutil.Error:
+                pass
+        total, pss = sum(r[0] for r in rows), sum(r[1] for r in rows)
+        if total > self.peak_total:
+            self.top = [_process_row(proc, rss, p) for rss, p, proc in sorted(rows, key=lambda r: -r[0])[:self.TOP]]
+        self.peak_total, self.peak_pss = max(self.peak_total, total), max(self.peak_pss, pss)
+        self.peak_single = max(self.peak_single, max((r[0] for r in rows), default=0))
+        if self._steady:
+            self.steady_total, self.steady_pss = max(self.steady_total, total), max(self.steady_pss, pss)
+
+    def figures(self) -> dict:
+        """The peaks in GiB and the largest processes at the RSS peak."""
+        gib = 2**30
+        return {"peak_rss_gib": self.peak_total / gib, "peak_rss_one_process_gib": self.peak_single / gib,
+                "peak_pss_gib": self.peak_pss / gib, "steady_rss_gib": self.steady_total / gib,
+                "steady_pss_gib": self.steady_pss / gib, "peak_rss_top": self.top}
 
     def stop(self) -> None:
+        """A last poll (a short steady part may fall between two polls), then stop polling."""
+        self.sample_tree()
         self._done.set()
+
+
+def _process_row(proc: psutil.Process, rss: int, pss: int) -> dict:
+    """One process at the RSS peak: pid, a short command line, RSS and PSS in GiB."""
+    try:
+        command = " ".join(proc.cmdline())[:120] or proc.name()
+    except psutil.Error:
+        command = "?"
+    return {"pid": proc.pid, "command": command, "rss_gib": rss / 2**30, "pss_gib": pss / 2**30}
 
 
 def step_figures(m: dict, sizes: tuple[int, int], rows: int, peaks: dict[str, Optional[float]],
@@ -181,10 +232,13 @@ def measure_steps(overrides: list[str], warmup: int, peak_size: int = 2048,
 
     cfg = command_config(overrides)
     steps: list[dict] = []
+    monitor = RssMonitor()
 
     class Recording(RayPPOTrainer):
         def on_step_end(self, metrics: dict) -> None:
             steps.append(dict(metrics))
+            if len(steps) >= warmup:
+                monitor.mark_steady()
             if on_step is not None:
                 on_step(metrics)
 
@@ -198,15 +252,15 @@ def measure_steps(overrides: list[str], warmup: int, peak_size: int = 2048,
         torch.cuda.empty_cache()  # the driver keeps no matmul buffers on the workers' GPU
     sizes = model_param_split(trainer.config.actor_rollout_ref.model)
     rows = trainer.config.data.train_batch_size * trainer.config.actor_rollout_ref.rollout.n
-    monitor = RssMonitor()
+    if warmup <= 0:
+        monitor.mark_steady()
     wall_s = fit_monitored(trainer, monitor, *monitors)
     epochs = trainer.config.actor_rollout_ref.actor.ppo_epochs
     figures = [step_figures(m, sizes, rows, peaks, epochs, dtype) for m in steps]
     return {"overrides": overrides, "peak_flops": peaks, "compute_dtype": dtype, "device": plan.device,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads_per_worker": plan.threads_per_worker,
             "params": {"body": sizes[0], "head": sizes[1]}, "steps": figures, "wall_s": wall_s,
-            "peak_rss_gib": monitor.peak_total / 2**30, "peak_rss_one_process_gib": monitor.peak_single / 2**30,
-            "load_avg": os.getloadavg(), "warmup": warmup}
+            **monitor.figures(), "load_avg": os.getloadavg(), "warmup": warmup}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -233,8 +287,12 @@ def write_json(path: Optional[str], result: dict) -> None:
 
 
 def rss_line(result: dict) -> str:
-    return (f"peak RSS {result['peak_rss_gib']:.2f} GiB (process tree), largest process "
+    line = (f"peak RSS {result['peak_rss_gib']:.2f} GiB (process tree), largest process "
             f"{result['peak_rss_one_process_gib']:.2f} GiB")
+    if "peak_pss_gib" in result:
+        line += (f"; PSS {result['peak_pss_gib']:.2f} GiB; after the warm-up RSS {result['steady_rss_gib']:.2f}"
+                 f" GiB, PSS {result['steady_pss_gib']:.2f} GiB")
+    return line
 
 
 def print_table(result: dict) -> None:

@@ -158,6 +158,10 @@ def test_cpu_smoke_run_prints_and_writes_every_figure(tmp_path, tiny_model_dir):
     for dtype, peak in result["peak_flops"].items():
         assert (med[f"update_actor_mfu_{dtype}"] > 0) if peak else math.isnan(med[f"update_actor_mfu_{dtype}"])
     assert result["peak_rss_gib"] > 0 and result["params"]["body"] > 0
+    # the warm-up step is left out of the steady peaks; PSS never exceeds RSS (shared pages divided)
+    assert 0 < result["steady_rss_gib"] <= result["peak_rss_gib"]
+    assert 0 < result["peak_pss_gib"] <= result["peak_rss_gib"] + 1e-9
+    assert any("bench_gpu.py" in row["command"] for row in result["peak_rss_top"])  # the driver itself
 
 
 def test_the_teacher_pass_is_a_timed_part_of_the_step():

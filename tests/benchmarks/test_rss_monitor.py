@@ -1,0 +1,55 @@
+"""bench_step.RssMonitor: tree peaks by RSS and PSS, the steady part after the warm-up, the top processes."""
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+
+REPO = os.path.join(os.path.dirname(__file__), "..", "..")
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+from bench_step import RssMonitor  # noqa: E402
+
+HOLD = "import sys, time; x = bytearray(int(sys.argv[1])); x[::4096] = b'1' * len(x[::4096]); print(1, flush=True); time.sleep(60)"
+
+
+def _child(nbytes: int) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(nbytes)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "1"  # its memory is touched
+    return proc
+
+
+def test_peaks_steady_part_and_top_processes():
+    me = psutil.Process()
+    monitor = RssMonitor()
+    monitor.sample([me])
+    alone = monitor.peak_total
+    assert monitor.steady_total == 0  # not steady yet
+    child = _child(300 * 2**20)
+    try:
+        monitor.sample([me, psutil.Process(child.pid)])
+        assert monitor.peak_total >= alone + 300 * 2**20
+        assert monitor.peak_pss <= monitor.peak_total  # shared library pages are divided, not counted twice
+        top = monitor.figures()["peak_rss_top"]
+        assert {row["pid"] for row in top} == {me.pid, child.pid}
+        assert next(r for r in top if r["pid"] == child.pid)["rss_gib"] >= 300 / 1024
+        assert "bytearray" in next(r for r in top if r["pid"] == child.pid)["command"]
+    finally:
+        child.kill()
+        child.wait()
+    monitor.mark_steady()
+    monitor.sample([me])  # the child (a compile worker, say) is gone after the warm-up
+    figures = monitor.figures()
+    assert figures["steady_rss_gib"] * 2**30 < monitor.peak_total - 250 * 2**20
+    assert 0 < figures["steady_pss_gib"] <= figures["steady_rss_gib"]
+    assert figures["peak_rss_one_process_gib"] >= 300 / 1024
+
+
+def test_the_thread_polls_this_process_tree():
+    monitor = RssMonitor(interval_s=0.01)
+    monitor.start()
+    time.sleep(0.1)
+    monitor.stop()
+    monitor.join(timeout=5)
+    assert monitor.peak_total > 0 and monitor.peak_pss > 0 and monitor.top
