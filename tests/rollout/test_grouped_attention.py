@@ -100,3 +100,24 @@ def test_hf_rollout_decodes_with_the_grouped_attention(tiny_model_dir):
     cfg = RolloutConfig(name="hf", dtype="float32", response_length=4, prompt_length=16)
     rollout = build_rollout(cfg, tiny_model_dir, load_tokenizer(tiny_model_dir), "cpu")
     assert rollout.model.config._attn_implementation == ga.GROUPED_DECODE_ATTENTION
+
+
+def test_compiled_static_cache_decode_traces_it_in_one_graph():
+    """On CUDA transformers compiles the static-cache decode step with ``fullgraph=True``; the grouped
+    attention must trace without a graph break (``aot_eager`` here: the same tracing, no kernels)."""
+    from transformers import CompileConfig
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        tiny_llama_config(num_attention_heads=4, num_key_value_heads=2, head_dim=32), dtype=torch.float32)
+    ids = torch.randint(3, 300, (4, 9))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    kwargs = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None,
+                  cache_implementation="static")
+    expected = model.generate(ids, disable_compile=True, **kwargs)
+    compile_config = CompileConfig(backend="aot_eager", fullgraph=True)
+    compile_config._compile_all_devices = True  # transformers compiles on CUDA only by default
+    ga.use_grouped_decode_attention(model)
+    assert torch.equal(model.generate(ids, compile_config=compile_config, **kwargs), expected)
+    assert hasattr(model, "_compiled_call")  # the decode steps ran compiled
