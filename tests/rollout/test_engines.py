@@ -95,6 +95,27 @@ def test_greedy_is_deterministic_and_stops_at_eos(engine):
     assert out["response_mask"][1].sum().item() == cut1
 
 
+def test_greedy_and_sampled_calls_warn_nothing(engine):
+    """No library chatter: transformers warns (once per process, on the console) about a sampling-only
+    flag (top_k) in a greedy call's generation config, so the engine must not pass one."""
+    import logging
+
+    import transformers
+
+    transformers.logging.get_logger(__name__).warning_once.cache_clear()  # warned before in this process?
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    library = logging.getLogger("transformers")
+    library.addHandler(handler)
+    try:
+        engine.generate_sequences(_prompts(ROWS, do_sample=False))
+        engine.generate_sequences(_prompts(ROWS))
+    finally:
+        library.removeHandler(handler)
+    assert [r.getMessage() for r in records if r.levelno >= logging.WARNING] == []
+
+
 def test_repeated_rows_give_different_samples_and_seed_reproduces(engine):
     batch = _prompts([ROWS[0]]).repeat(4, interleave=True)
     samples = engine.generate_sequences(batch).batch["responses"]

@@ -155,9 +155,10 @@ class HFRollout(BaseRollout):
         recorder = _SampledLogProbRecorder() if self.config.calculate_log_probs else None
         # A fresh GenerationConfig so the model folder's defaults (top_k=50, ...) never leak in;
         # the warpers are ours (temperature 1 / top_k 0 / top_p 1 keep generate from adding its own).
+        # Greedy decoding takes no top_k: transformers warns on the console about a sampling-only flag.
         gen_config = GenerationConfig(
             max_new_tokens=params.response_length, do_sample=params.do_sample, temperature=1.0,
-            top_k=0, top_p=1.0, eos_token_id=list(params.eos_token_ids), pad_token_id=params.pad_token_id,
+            top_k=0 if params.do_sample else None, top_p=1.0, eos_token_id=list(params.eos_token_ids), pad_token_id=params.pad_token_id,
             bos_token_id=None, use_cache=True, **self._cache_settings())
         output = self.model.generate(
             input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
