@@ -96,9 +96,8 @@ class RssMonitor(threading.Thread):
         rows = []
         for proc in procs:
             try:
-                info = proc.memory_full_info()  # rss and, on Linux, pss
-                rows.append((info.rss, getattr(info, "pss", info.rss), proc))
-            except psutil.Error:
+                rows.append((*_rss_pss(proc), proc))
+            except psutil.Error:  # the process ended between listing and reading it
                 pass
         total, pss = sum(r[0] for r in rows), sum(r[1] for r in rows)
         if total > self.peak_total:
@@ -119,6 +118,16 @@ class RssMonitor(threading.Thread):
         """A last poll (a short steady part may fall between two polls), then stop polling."""
         self.sample_tree()
         self._done.set()
+
+
+def _rss_pss(proc: psutil.Process) -> tuple[int, int]:
+    """``(rss, pss)`` in bytes; PSS is the RSS where the system does not let it be read (smaps)."""
+    try:
+        info = proc.memory_full_info()
+        return info.rss, getattr(info, "pss", info.rss)
+    except psutil.AccessDenied:
+        rss = proc.memory_info().rss
+        return rss, rss
 
 
 def _process_row(proc: psutil.Process, rss: int, pss: int) -> dict:

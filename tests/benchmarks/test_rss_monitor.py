@@ -53,3 +53,30 @@ def test_the_thread_polls_this_process_tree():
     monitor.stop()
     monitor.join(timeout=5)
     assert monitor.peak_total > 0 and monitor.peak_pss > 0 and monitor.top
+
+
+class _Guarded:
+    """A process whose smaps the system refuses (containers without ptrace rights)."""
+
+    pid = 4242
+
+    def memory_full_info(self):
+        raise psutil.AccessDenied(self.pid)
+
+    def memory_info(self):
+        return _Rss()
+
+    def cmdline(self):
+        return ["guarded"]
+
+
+class _Rss:
+    rss = 3 * 2**30
+
+
+def test_a_process_whose_pss_cannot_be_read_counts_its_rss():
+    monitor = RssMonitor()
+    monitor.sample([_Guarded()])
+    figures = monitor.figures()
+    assert figures["peak_rss_gib"] == figures["peak_pss_gib"] == 3.0
+    assert figures["peak_rss_top"] == [{"pid": 4242, "command": "guarded", "rss_gib": 3.0, "pss_gib": 3.0}]
