@@ -168,6 +168,8 @@ def run(args: argparse.Namespace, trl) -> dict:
     trainer.add_callback(StepTimes())
     gpu = GpuMemoryMonitor() if cuda else None
     rss = RssMonitor()
+    if args.warmup <= 0:
+        rss.mark_steady()
     for monitor in filter(None, (rss, gpu)):
         monitor.start()
     try:

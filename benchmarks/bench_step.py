@@ -63,13 +63,16 @@ class RssMonitor(threading.Thread):
     Summed RSS counts a page shared by several processes (a mapped library such as libtorch) once per
     process; PSS divides it among them, so summed PSS is what the tree really holds. Both are kept, as
     peaks over the whole run and over the steady part (from :meth:`mark_steady` on, after the warm-up
-    steps that compile). ``top`` lists the largest processes at the tree's RSS peak."""
+    steps that compile; None when it never began). Reading PSS walks each process's page map (~10 ms per
+    GiB held), so it is read on every :data:`PSS_EVERY`-th poll only. ``top`` lists the largest processes
+    at the tree's RSS peak."""
 
     TOP = 6
+    PSS_EVERY = 5
 
     def __init__(self, interval_s: float = 0.2):
         super().__init__(daemon=True)
-        self.interval_s, self._done, self._steady = interval_s, threading.Event(), False
+        self.interval_s, self._done, self._steady, self._polls = interval_s, threading.Event(), False, 0
         self._lock = threading.Lock()
         self.peak_total = self.peak_single = self.peak_pss = self.steady_total = self.steady_pss = 0
         self.top: list[dict] = []
@@ -80,48 +83,60 @@ class RssMonitor(threading.Thread):
 
     def run(self) -> None:
         while not self._done.wait(self.interval_s):
-            self.sample_tree()
+            self._polls += 1
+            self.sample_tree(pss=self._polls % self.PSS_EVERY == 1)
 
-    def sample_tree(self) -> None:
+    def sample_tree(self, pss: bool = True) -> None:
         """One poll of this process and its descendants."""
         root = psutil.Process()
-        self.sample([root, *root.children(recursive=True)])
+        self.sample([root, *root.children(recursive=True)], pss)
 
-    def sample(self, procs: Sequence[psutil.Process]) -> None:
-        """One poll of ``procs``: update the peaks (bytes)."""
-        with self._lock:
-            self._sample(procs)
-
-    def _sample(self, procs: Sequence[psutil.Process]) -> None:
+    def sample(self, procs: Sequence[psutil.Process], pss: bool = True) -> None:
+        """One poll of ``procs`` (their PSS too when ``pss``): update the peaks (bytes)."""
         rows = []
         for proc in procs:
             try:
-                rows.append((*_rss_pss(proc), proc))
+                rows.append((*_rss_pss(proc, pss), proc))
             except psutil.Error:  # the process ended between listing and reading it
                 pass
-        total, pss = sum(r[0] for r in rows), sum(r[1] for r in rows)
+        with self._lock:
+            self._update(rows, pss)
+
+    def _update(self, rows: list[tuple[int, Optional[int], psutil.Process]], with_pss: bool) -> None:
+        total = sum(r[0] for r in rows)
         if total > self.peak_total:
             self.top = [_process_row(proc, rss, p) for rss, p, proc in sorted(rows, key=lambda r: -r[0])[:self.TOP]]
-        self.peak_total, self.peak_pss = max(self.peak_total, total), max(self.peak_pss, pss)
+        self.peak_total = max(self.peak_total, total)
         self.peak_single = max(self.peak_single, max((r[0] for r in rows), default=0))
+        pss = sum(r[1] for r in rows) if with_pss else 0
+        self.peak_pss = max(self.peak_pss, pss)
         if self._steady:
             self.steady_total, self.steady_pss = max(self.steady_total, total), max(self.steady_pss, pss)
 
     def figures(self) -> dict:
         """The peaks in GiB and the largest processes at the RSS peak."""
-        gib = 2**30
-        return {"peak_rss_gib": self.peak_total / gib, "peak_rss_one_process_gib": self.peak_single / gib,
-                "peak_pss_gib": self.peak_pss / gib, "steady_rss_gib": self.steady_total / gib,
-                "steady_pss_gib": self.steady_pss / gib, "peak_rss_top": self.top}
+        def gib(n: int) -> Optional[float]:
+            return n / 2**30 if n else None
+
+        return {"peak_rss_gib": self.peak_total / 2**30, "peak_rss_one_process_gib": self.peak_single / 2**30,
+                "peak_pss_gib": gib(self.peak_pss), "steady_rss_gib": gib(self.steady_total),
+                "steady_pss_gib": gib(self.steady_pss), "peak_rss_top": self.top}
 
     def stop(self) -> None:
-        """A last poll (a short steady part may fall between two polls), then stop polling."""
-        self.sample_tree()
-        self._done.set()
+        """A last poll with PSS (a short steady part may fall between two polls); then the thread ends."""
+        try:
+            self.sample_tree()
+        finally:
+            self._done.set()
+            if self.is_alive():
+                self.join(timeout=30)
 
 
-def _rss_pss(proc: psutil.Process) -> tuple[int, int]:
-    """``(rss, pss)`` in bytes; PSS is the RSS where the system does not let it be read (smaps)."""
+def _rss_pss(proc: psutil.Process, pss: bool) -> tuple[int, Optional[int]]:
+    """``(rss, pss)`` in bytes (pss None unless asked); PSS is the RSS where the system does not let it
+    be read (smaps)."""
+    if not pss:
+        return proc.memory_info().rss, None
     try:
         info = proc.memory_full_info()
         return info.rss, getattr(info, "pss", info.rss)
@@ -130,13 +145,15 @@ def _rss_pss(proc: psutil.Process) -> tuple[int, int]:
         return rss, rss
 
 
-def _process_row(proc: psutil.Process, rss: int, pss: int) -> dict:
-    """One process at the RSS peak: pid, a short command line, RSS and PSS in GiB."""
+def _process_row(proc: psutil.Process, rss: int, pss: Optional[int]) -> dict:
+    """One process at the RSS peak: pid, a short command line, RSS and PSS in GiB (PSS None when that
+    poll did not read it)."""
     try:
         command = " ".join(proc.cmdline())[:120] or proc.name()
     except psutil.Error:
         command = "?"
-    return {"pid": proc.pid, "command": command, "rss_gib": rss / 2**30, "pss_gib": pss / 2**30}
+    return {"pid": proc.pid, "command": command, "rss_gib": rss / 2**30,
+            "pss_gib": None if pss is None else pss / 2**30}
 
 
 def step_figures(m: dict, sizes: tuple[int, int], rows: int, peaks: dict[str, Optional[float]],
@@ -298,9 +315,11 @@ def write_json(path: Optional[str], result: dict) -> None:
 def rss_line(result: dict) -> str:
     line = (f"peak RSS {result['peak_rss_gib']:.2f} GiB (process tree), largest process "
             f"{result['peak_rss_one_process_gib']:.2f} GiB")
-    if "peak_pss_gib" in result:
-        line += (f"; PSS {result['peak_pss_gib']:.2f} GiB; after the warm-up RSS {result['steady_rss_gib']:.2f}"
-                 f" GiB, PSS {result['steady_pss_gib']:.2f} GiB")
+    if result.get("peak_pss_gib") is not None:
+        line += f"; PSS {result['peak_pss_gib']:.2f} GiB"
+    if result.get("steady_rss_gib") is not None:
+        line += (f"; after the warm-up RSS {result['steady_rss_gib']:.2f} GiB, PSS "
+                 f"{result['steady_pss_gib'] or float('nan'):.2f} GiB")
     return line
 
 

@@ -287,9 +287,10 @@ def summary(name: str, figures: Optional[dict]) -> Optional[dict]:
     if "peak_rss_gib" in figures:
         out["host_rss_gib"] = figures["peak_rss_gib"]  # the process tree (compile workers too)
         out["largest_process_rss_gib"] = figures.get("peak_rss_one_process_gib")
-        for key in ("peak_pss_gib", "steady_rss_gib", "steady_pss_gib"):  # bench_step.RssMonitor
+        for key, name in (("peak_pss_gib", "host_pss_gib"), ("steady_rss_gib", "host_steady_rss_gib"),
+                          ("steady_pss_gib", "host_steady_pss_gib")):  # bench_step.RssMonitor
             if key in figures:
-                out[key.replace("peak_", "host_")] = figures[key]
+                out[name] = figures[key]
     if "gpu_mem_peak_gib" in figures:
         out["gpu_mem_peak_gib"] = figures["gpu_mem_peak_gib"]
     return out

@@ -68,6 +68,8 @@ def test_cpu_run_of_the_check_needs_no_ray_and_writes_its_table(tmp_path):
     assert all(sections[s]["rc"] == 0 for s in ("pytest", "ours", "mfu", "profile")), sections
     assert sections["trl"] == {"skipped": "not chosen (--sections)"}
     assert sections["ours"]["summary"]["step_s"] > 0 and sections["ours"]["figures"]["device"] == "cpu"
+    ours = sections["ours"]["summary"]  # the host memory figures of bench_step.RssMonitor
+    assert 0 < ours["host_steady_rss_gib"] <= ours["host_rss_gib"] and 0 < ours["host_pss_gib"]
     assert sections["profile"]["summary"]["update_actor_kernel_launches"] > 0
     table = (out / "gpu_check.md").read_text()
     assert "| ours | rc 0 |" in table and "| speedup_vs_trl | not measured |" in table

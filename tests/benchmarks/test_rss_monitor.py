@@ -25,7 +25,7 @@ def test_peaks_steady_part_and_top_processes():
     monitor = RssMonitor()
     monitor.sample([me])
     alone = monitor.peak_total
-    assert monitor.steady_total == 0  # not steady yet
+    assert monitor.figures()["steady_rss_gib"] is None  # not steady yet: no figure, not 0
     child = _child(300 * 2**20)
     try:
         monitor.sample([me, psutil.Process(child.pid)])
@@ -46,13 +46,28 @@ def test_peaks_steady_part_and_top_processes():
     assert figures["peak_rss_one_process_gib"] >= 300 / 1024
 
 
-def test_the_thread_polls_this_process_tree():
+def test_the_thread_polls_this_process_tree_and_reads_pss_every_fifth_poll(monkeypatch):
+    reads = []
+    real = psutil.Process.memory_full_info
+    monkeypatch.setattr(psutil.Process, "memory_full_info", lambda self: reads.append(1) or real(self))
     monitor = RssMonitor(interval_s=0.01)
     monitor.start()
-    time.sleep(0.1)
+    deadline = time.time() + 10
+    while monitor._polls < 10 and time.time() < deadline:
+        time.sleep(0.01)
+    assert monitor.peak_total > 0 and monitor.peak_pss > 0 and monitor.top  # by the thread, before stop()
+    polls, pss_reads = monitor._polls, len(reads)
     monitor.stop()
-    monitor.join(timeout=5)
-    assert monitor.peak_total > 0 and monitor.peak_pss > 0 and monitor.top
+    assert not monitor.is_alive()
+    assert pss_reads <= (polls + RssMonitor.PSS_EVERY - 1) // RssMonitor.PSS_EVERY + 1
+
+
+def test_a_poll_without_pss_keeps_rss_only():
+    monitor = RssMonitor()
+    monitor.sample([psutil.Process()], pss=False)
+    figures = monitor.figures()
+    assert figures["peak_rss_gib"] > 0 and figures["peak_pss_gib"] is None
+    assert figures["peak_rss_top"][0]["pss_gib"] is None
 
 
 class _Guarded:

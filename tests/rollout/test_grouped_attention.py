@@ -93,6 +93,24 @@ def test_other_attention_implementations_are_kept():
     assert model.config._attn_implementation == "eager"
 
 
+def test_a_model_outside_the_attention_interface_is_left_alone_without_a_warning():
+    import logging
+
+    from transformers import FalconConfig
+
+    model = AutoModelForCausalLM.from_config(FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                                                          num_attention_heads=4), attn_implementation="sdpa")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        assert not ga.use_grouped_decode_attention(model)
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert model.config._attn_implementation == "sdpa" and records == []
+
+
 def test_hf_rollout_decodes_with_the_grouped_attention(tiny_model_dir):
     from hybrid_rl.workers.model_loader import load_tokenizer
     from hybrid_rl.workers.rollout import RolloutConfig, build_rollout
@@ -102,7 +120,7 @@ def test_hf_rollout_decodes_with_the_grouped_attention(tiny_model_dir):
     assert rollout.model.config._attn_implementation == ga.GROUPED_DECODE_ATTENTION
 
 
-def test_compiled_static_cache_decode_traces_it_in_one_graph():
+def test_compiled_static_cache_decode_traces_it_in_one_graph(monkeypatch):
     """On CUDA transformers compiles the static-cache decode step with ``fullgraph=True``; the grouped
     attention must trace without a graph break (``aot_eager`` here: the same tracing, no kernels)."""
     from transformers import CompileConfig
@@ -118,6 +136,19 @@ def test_compiled_static_cache_decode_traces_it_in_one_graph():
     expected = model.generate(ids, disable_compile=True, **kwargs)
     compile_config = CompileConfig(backend="aot_eager", fullgraph=True)
     compile_config._compile_all_devices = True  # transformers compiles on CUDA only by default
+    folded = []
+    real = ga.foldable
+    monkeypatch.setattr(ga, "foldable", lambda *a: folded.append(real(*a)) or folded[-1])
     ga.use_grouped_decode_attention(model)
     assert torch.equal(model.generate(ids, compile_config=compile_config, **kwargs), expected)
     assert hasattr(model, "_compiled_call")  # the decode steps ran compiled
+    assert any(folded)  # and the traced graph is the folded one
+
+
+def test_a_value_head_size_other_than_the_query_s():
+    query, key, _, mask = _inputs()
+    value = torch.randn(B, H_KV, L, D // 2)
+    out, _ = ga.grouped_decode_attention_forward(MODULE, query, key, value, mask)
+    ref, _ = sdpa_attention_forward(MODULE, query, key, value, mask)
+    assert out.shape == ref.shape == (B, 1, H, D // 2)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)

@@ -58,17 +58,22 @@ def grouped_decode_attention_forward(module: nn.Module, query: torch.Tensor, key
     folded = query.reshape(batch, kv_heads, heads // kv_heads, dim)  # [B, H_kv, G, D]
     out = F.scaled_dot_product_attention(folded, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                          scale=scaling)  # [B, H_kv, G, D]; the mask broadcasts over G
-    return out.reshape(batch, 1, heads, dim), None
+    return out.reshape(batch, 1, heads, -1), None  # the value head size may differ from the query's
 
 
 def use_grouped_decode_attention(model: nn.Module) -> bool:
     """Switch an HF model from ``sdpa`` to :func:`grouped_decode_attention_forward` (other attention
-    implementations are kept). Returns whether the model now uses it."""
+    implementations are kept, and so are models whose attention does not go through transformers'
+    attention interface: transformers would refuse with a console warning). Returns whether the model
+    now uses it."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) not in ("sdpa", GROUPED_DECODE_ATTENTION):
         return False
+    can_set = getattr(model, "_can_set_attn_implementation", None)  # transformers' own test before switching
+    if can_set is not None and not can_set():
+        return False
     model.set_attn_implementation(GROUPED_DECODE_ATTENTION)
-    return True
+    return config._attn_implementation == GROUPED_DECODE_ATTENTION
 
 
 AttentionInterface.register(GROUPED_DECODE_ATTENTION, grouped_decode_attention_forward)
