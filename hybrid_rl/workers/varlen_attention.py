@@ -292,11 +292,14 @@ def use_varlen_attention(module: nn.Module, attn_implementation: Optional[str] =
     config = getattr(module, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) not in ("sdpa", VARLEN_ATTENTION):
         return False
+    can_set = getattr(module, "_can_set_attn_implementation", None)  # attention outside the interface (Falcon)
+    if can_set is not None and not can_set():
+        return False
     if attn_implementation is not None:
         device = torch.device(device) if device is not None else next(module.parameters()).device
         attention_backend.set_attention(attention_backend.resolve_attention(attn_implementation, device.type, key))
     module.set_attn_implementation(VARLEN_ATTENTION)
-    return True
+    return config._attn_implementation == VARLEN_ATTENTION
 
 
 AttentionInterface.register(VARLEN_ATTENTION, varlen_sdpa_attention_forward)

@@ -55,6 +55,17 @@ def test_non_sdpa_models_are_left_alone(tiny_model_dir):
     assert model.config._attn_implementation == "eager"
 
 
+def test_a_model_outside_the_attention_interface_is_not_claimed():
+    """Falcon computes attention in its own code: transformers refuses the switch (with a console
+    warning), so the packed layout would be ignored; the actor must not believe it was switched."""
+    from transformers import AutoModelForCausalLM, FalconConfig
+
+    model = AutoModelForCausalLM.from_config(FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                                                          num_attention_heads=4), attn_implementation="sdpa")
+    assert not varlen_attention.use_varlen_attention(model)
+    assert model.config._attn_implementation == "sdpa"
+
+
 def _blocks_and_inputs(dtype):
     """Three blocks tiling T = 12: causal (4), masked like a prompt group (6), causal (2)."""
     from hybrid_rl.workers.packing import group_mask
