@@ -11,7 +11,8 @@ REPO = os.path.join(os.path.dirname(__file__), "..", "..")
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 from bench_step import RssMonitor  # noqa: E402
 
-HOLD = "import sys, time; x = bytearray(int(sys.argv[1])); x[::4096] = b'1' * len(x[::4096]); print(1, flush=True); time.sleep(60)"
+HOLD = ("import sys, time; x = bytearray(int(sys.argv[1])); x[::4096] = b'1' * len(x[::4096]); "
+        "print(1, flush=True); time.sleep(60)")  # holds touched memory until killed
 
 
 def _child(nbytes: int) -> subprocess.Popen:

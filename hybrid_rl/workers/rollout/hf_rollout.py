@@ -158,8 +158,8 @@ class HFRollout(BaseRollout):
         # Greedy decoding takes no top_k: transformers warns on the console about a sampling-only flag.
         gen_config = GenerationConfig(
             max_new_tokens=params.response_length, do_sample=params.do_sample, temperature=1.0,
-            top_k=0 if params.do_sample else None, top_p=1.0, eos_token_id=list(params.eos_token_ids), pad_token_id=params.pad_token_id,
-            bos_token_id=None, use_cache=True, **self._cache_settings())
+            top_k=0 if params.do_sample else None, top_p=1.0, eos_token_id=list(params.eos_token_ids),
+            pad_token_id=params.pad_token_id, bos_token_id=None, use_cache=True, **self._cache_settings())
         output = self.model.generate(
             input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
             generation_config=gen_config,
