@@ -289,17 +289,24 @@ def use_varlen_attention(module: nn.Module, attn_implementation: Optional[str] =
     ``module``'s parameters are) (:func:`~hybrid_rl.workers.attention_backend.resolve_attention`). Returns whether the model
     now uses the varlen attention.
     """
-    config = getattr(module, "config", None)
-    if config is None or getattr(config, "_attn_implementation", None) not in ("sdpa", VARLEN_ATTENTION):
-        return False
-    can_set = getattr(module, "_can_set_attn_implementation", None)  # attention outside the interface (Falcon)
-    if can_set is not None and not can_set():
+    if not switchable_from_sdpa(module, VARLEN_ATTENTION):
         return False
     if attn_implementation is not None:
         device = torch.device(device) if device is not None else next(module.parameters()).device
         attention_backend.set_attention(attention_backend.resolve_attention(attn_implementation, device.type, key))
     module.set_attn_implementation(VARLEN_ATTENTION)
-    return config._attn_implementation == VARLEN_ATTENTION
+    return module.config._attn_implementation == VARLEN_ATTENTION
+
+
+def switchable_from_sdpa(module: nn.Module, name: str) -> bool:
+    """Whether the HF model ``module`` is on ``sdpa`` (or on ``name`` already) and may be switched to
+    the registered attention ``name``. transformers refuses (with a console warning) a model whose
+    attention is computed outside its attention interface (Falcon); such models keep their own."""
+    config = getattr(module, "config", None)
+    if config is None or getattr(config, "_attn_implementation", None) not in ("sdpa", name):
+        return False
+    can_set = getattr(module, "_can_set_attn_implementation", None)  # transformers' own test
+    return can_set is None or can_set()
 
 
 AttentionInterface.register(VARLEN_ATTENTION, varlen_sdpa_attention_forward)

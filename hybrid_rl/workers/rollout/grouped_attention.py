@@ -27,6 +27,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from hybrid_rl.workers.varlen_attention import switchable_from_sdpa
+
 GROUPED_DECODE_ATTENTION = "hybrid_rl_grouped_decode_sdpa"
 
 
@@ -66,14 +68,10 @@ def use_grouped_decode_attention(model: nn.Module) -> bool:
     implementations are kept, and so are models whose attention does not go through transformers'
     attention interface: transformers would refuse with a console warning). Returns whether the model
     now uses it."""
-    config = getattr(model, "config", None)
-    if config is None or getattr(config, "_attn_implementation", None) not in ("sdpa", GROUPED_DECODE_ATTENTION):
-        return False
-    can_set = getattr(model, "_can_set_attn_implementation", None)  # transformers' own test before switching
-    if can_set is not None and not can_set():
+    if not switchable_from_sdpa(model, GROUPED_DECODE_ATTENTION):
         return False
     model.set_attn_implementation(GROUPED_DECODE_ATTENTION)
-    return config._attn_implementation == GROUPED_DECODE_ATTENTION
+    return model.config._attn_implementation == GROUPED_DECODE_ATTENTION
 
 
 AttentionInterface.register(GROUPED_DECODE_ATTENTION, grouped_decode_attention_forward)
