@@ -8,8 +8,11 @@ like a real checkpoint.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from pathlib import Path
+from typing import Iterator
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -102,3 +105,17 @@ def build_tiny_model_dir(path: str | os.PathLike, seed: int = 0, **config_overri
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+@contextlib.contextmanager
+def library_warnings(logger: str = "transformers") -> Iterator[list[str]]:
+    """The messages of WARNING or above that ``logger`` (or a child) records inside the block, whatever
+    handlers and streams the library set up (they print to a stream captured before the test)."""
+    messages: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logging.getLogger(logger).addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logging.getLogger(logger).removeHandler(handler)

@@ -98,22 +98,15 @@ def test_greedy_is_deterministic_and_stops_at_eos(engine):
 def test_greedy_and_sampled_calls_warn_nothing(engine):
     """No library chatter: transformers warns (once per process, on the console) about a sampling-only
     flag (top_k) in a greedy call's generation config, so the engine must not pass one."""
-    import logging
-
     import transformers
 
+    from hybrid_rl.utils.testing import library_warnings
+
     transformers.logging.get_logger(__name__).warning_once.cache_clear()  # warned before in this process?
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    library = logging.getLogger("transformers")
-    library.addHandler(handler)
-    try:
+    with library_warnings() as warnings:
         engine.generate_sequences(_prompts(ROWS, do_sample=False))
         engine.generate_sequences(_prompts(ROWS))
-    finally:
-        library.removeHandler(handler)
-    assert [r.getMessage() for r in records if r.levelno >= logging.WARNING] == []
+    assert warnings == []
 
 
 def test_repeated_rows_give_different_samples_and_seed_reproduces(engine):

@@ -94,21 +94,15 @@ def test_other_attention_implementations_are_kept():
 
 
 def test_a_model_outside_the_attention_interface_is_left_alone_without_a_warning():
-    import logging
-
     from transformers import FalconConfig
+
+    from hybrid_rl.utils.testing import library_warnings
 
     model = AutoModelForCausalLM.from_config(FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
                                                           num_attention_heads=4), attn_implementation="sdpa")
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logging.getLogger("transformers").addHandler(handler)
-    try:
+    with library_warnings() as warnings:
         assert not ga.use_grouped_decode_attention(model)
-    finally:
-        logging.getLogger("transformers").removeHandler(handler)
-    assert model.config._attn_implementation == "sdpa" and records == []
+    assert model.config._attn_implementation == "sdpa" and warnings == []
 
 
 def test_hf_rollout_decodes_with_the_grouped_attention(tiny_model_dir):
