@@ -278,8 +278,12 @@ def summary(name: str, figures: Optional[dict]) -> Optional[dict]:
     if not figures:
         return None
     if name == "profile":
-        return {f"{p}_{k}": figures[p][k] for p in ("ref", "update_actor") if p in figures
-                for k in ("wall_s", "kernel_launches", "attention_frac", "host_gap_s") if k in figures[p]}
+        out = {f"{p}_{k}": figures[p][k] for p in ("ref", "update_actor") if p in figures
+               for k in ("wall_s", "kernel_launches", "attention_frac", "host_gap_s") if k in figures[p]}
+        for p in ("ref", "update_actor"):  # the two phases the GPU waited on longest
+            for phase, seconds in list(figures.get(p, {}).get("idle_by_phase_s", {}).items())[:2]:
+                out[f"{p}_idle_in_{phase}_s"] = seconds
+        return out
     keys = {"ours": ("step_s", "gen_s", "ref_s", "update_actor_s", "update_weights_s"),
             "trl": ("step_s", "generate_s", "logprob_s", "loss_fwd_s", "backward_s"),
             "mfu": ("step_s", "ref_s", "update_actor_s", "ref_mfu_bfloat16", "update_actor_mfu_bfloat16")}[name]

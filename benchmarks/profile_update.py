@@ -17,7 +17,14 @@ profiled pass of each under ``torch.profiler``. It prints and writes (``--json``
   (on the GPU timeline on CUDA, host time on CPU), and its share of the pass; attention's backward
   kernels run outside that range (see them in the trace);
 * ``device_busy_s`` and ``host_gap_s`` (CUDA only): the union of kernel intervals, and the wall
-  time the GPU sat idle waiting for the host.
+  time the GPU sat idle waiting for the host;
+* ``host_phases_s``: host time inside each phase range of :mod:`hybrid_rl.utils.profiling`
+  (``inputs``, ``model``, ``log_probs``, ``loss``, ``backward``, ``optimizer_step``, ``metrics``;
+  nested ranges count in their parents too);
+* ``idle_by_phase_s`` (CUDA only): the GPU's idle time split by the phase the host was in
+  meanwhile, the innermost range winning (``unlabelled``: outside every range);
+* ``runtime_calls`` (CUDA only): the eight CUDA runtime calls that took the most host time, with
+  their counts (a ``cudaStreamSynchronize`` or a blocking ``cudaMemcpy`` is the host waiting).
 
 ``--trace DIR`` also writes each pass's Chrome trace. This is issue #20's before/after profile
 (``--attn sdpa``, the CPU path, against ``--attn auto``).
@@ -32,6 +39,9 @@ import sys
 import time
 
 import torch
+
+from hybrid_rl.utils.profiling import PREFIX
+from hybrid_rl.workers.varlen_attention import PROFILE_LABEL
 
 
 def synthetic_rows(rows: int, n: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0):
@@ -56,24 +66,89 @@ def synthetic_rows(rows: int, n: int, prompt_len: int, response_len: int, vocab:
     return DataProto.from_dict(batch, meta_info={"temperature": 1.0})
 
 
+def union_busy(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of ``(start, end)`` intervals as disjoint sorted intervals."""
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def idle_intervals(busy: list[tuple[float, float]], start: float, end: float) -> list[tuple[float, float]]:
+    """The parts of ``[start, end]`` outside every ``busy`` interval (where the device sat idle)."""
+    gaps, cursor = [], start
+    for a, b in union_busy(busy):
+        if a > cursor:
+            gaps.append((cursor, min(a, end)))
+        cursor = max(cursor, b)
+        if cursor >= end:
+            break
+    if cursor < end:
+        gaps.append((cursor, end))
+    return [(a, b) for a, b in gaps if b > a]
+
+
+def attribute(gaps: list[tuple[float, float]], ranges: list[tuple[float, float, str]]) -> dict[str, float]:
+    """Length of ``gaps`` under each named range, the innermost (latest-starting) range winning where
+    ranges nest; ``"unlabelled"`` where none is open. Sorted by length, largest first."""
+    points = sorted({p for a, b in gaps for p in (a, b)} | {p for a, b, _ in ranges for p in (a, b)})
+    opens = sorted(ranges, key=lambda r: r[0])
+    gaps, totals, active, i, g = sorted(gaps), {}, [], 0, 0
+    for a, b in zip(points, points[1:]):
+        while i < len(opens) and opens[i][0] <= a:
+            active.append(opens[i])
+            i += 1
+        active = [r for r in active if r[1] > a]
+        while g < len(gaps) and gaps[g][1] <= a:
+            g += 1
+        if g < len(gaps) and gaps[g][0] <= a:  # the segment [a, b] lies in gap g
+            name = max(active, key=lambda r: (r[0], -r[1]))[2] if active else "unlabelled"
+            totals[name] = totals.get(name, 0.0) + (b - a)
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+def _host_figures(events: list) -> dict:
+    """Host time in each ``hybrid_rl/`` phase range (nested ranges count in their parents too) and,
+    on CUDA, the eight CUDA runtime calls that took the most host time (a ``cudaStreamSynchronize``
+    or ``cudaMemcpy`` there means the host waited on the GPU)."""
+    phases: dict[str, float] = {}
+    runtime: dict[str, list] = {}
+    for e in events:
+        if e.device_type.name != "CPU":
+            continue
+        if e.name.startswith(PREFIX):
+            phases[e.name[len(PREFIX):]] = phases.get(e.name[len(PREFIX):], 0.0) + e.time_range.elapsed_us() / 1e6
+        elif e.name.startswith("cuda"):
+            entry = runtime.setdefault(e.name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.time_range.elapsed_us() / 1e6
+    top = sorted(runtime.items(), key=lambda kv: -kv[1][1])[:8]
+    return {"host_phases_s": dict(sorted(phases.items(), key=lambda kv: -kv[1])),
+            **({"runtime_calls": {k: {"calls": n, "s": t} for k, (n, t) in top}} if runtime else {})}
+
+
 def summarize(prof, wall: float, cuda: bool) -> dict:
     """The figures of one profiled pass (see the module docstring)."""
-    from hybrid_rl.workers.varlen_attention import PROFILE_LABEL
-
     events = list(prof.events())
     ranges = [e for e in events if e.name == PROFILE_LABEL and (e.device_type.name == "CUDA") == cuda]
     attention = sum(e.time_range.elapsed_us() for e in ranges) / 1e6  # the packed-attention ranges
     figures = {"wall_s": wall, "attention_calls": len(ranges), "attention_s": attention,
-               "attention_frac": attention / wall}
+               "attention_frac": attention / wall, **_host_figures(events)}
     if not cuda:
         return {**figures, "kernel_launches": sum(e.name.startswith("aten::") for e in events)}
-    kernels = [e for e in events if e.device_type.name == "CUDA" and e.name != PROFILE_LABEL]
-    busy, end = 0.0, float("-inf")
-    for start, stop in sorted((e.time_range.start, e.time_range.end) for e in kernels):
-        busy += max(0.0, stop - max(start, end))  # union of kernel intervals, microseconds
-        end = max(end, stop)
-    return {**figures, "kernel_launches": len(kernels), "device_busy_s": busy / 1e6,
-            "host_gap_s": max(0.0, wall - busy / 1e6)}
+    kernels = [e for e in events if e.device_type.name == "CUDA" and not e.name.startswith(PREFIX)]
+    busy = union_busy([(e.time_range.start, e.time_range.end) for e in kernels])  # microseconds
+    busy_s = sum(b - a for a, b in busy) / 1e6
+    cpu = [e for e in events if e.device_type.name == "CPU"]
+    start = min(e.time_range.start for e in cpu)
+    end = max([e.time_range.end for e in cpu] + [b for _, b in busy[-1:]])
+    labelled = [(e.time_range.start, e.time_range.end, e.name[len(PREFIX):]) for e in cpu if e.name.startswith(PREFIX)]
+    idle = {k: v / 1e6 for k, v in attribute(idle_intervals(busy, start, end), labelled).items()}
+    return {**figures, "kernel_launches": len(kernels), "device_busy_s": busy_s,
+            "host_gap_s": max(0.0, wall - busy_s), "idle_by_phase_s": idle}
 
 
 def profiled(fn, device: torch.device, trace: str | None, name: str) -> dict:

@@ -21,6 +21,7 @@ from hybrid_rl.algorithms.distillation import distillation_loss_info
 from hybrid_rl.algorithms.rollout_correction import RolloutCorrectionConfig, bypass_policy_loss
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.utils.memory import grad_bytes
+from hybrid_rl.utils.profiling import phase
 from hybrid_rl.workers.batching import all_reduce_sum, restore_order, split_micro_batches
 from hybrid_rl.workers.config import ActorConfig
 from hybrid_rl.workers.distill_loss import add_distillation
@@ -224,24 +225,32 @@ class DataParallelPPOActor:
             groups = batch_prompt_groups(batch, self.group_prompts)
             self._count_tokens(batch, groups)
             loss, parts, micro_stats = self._micro_loss(batch, temperature, denoms, detach_old, groups)
-            # FSDP averages gradients over ranks; the global denominators need their sum.
-            (loss * self.dp_size).backward()
+            with phase("backward"):  # FSDP averages gradients over ranks; the global denominators need their sum.
+                (loss * self.dp_size).backward()
             totals += parts
             for name, value in micro_stats.items():
                 stats[name].append(value)
+        with phase("metrics"):
+            self._gather_metrics(metrics, stats, totals)
+        self.last_grad_bytes = grad_bytes(self.actor_module)  # held until the step clears them
+        with phase("optimizer_step"):
+            grad_norm, skipped = optimizer_step(self.actor_module, self.actor_optimizer, cfg.grad_clip, "actor")
+        self.num_skipped_steps += int(skipped)
+        metrics["actor/grad_norm"].append(grad_norm)
+
+    def _gather_metrics(self, metrics: dict[str, list[float]], stats: dict[str, list],
+                        totals: torch.Tensor) -> None:
+        """The mini-batch's metrics on the host: the micro-batches' statistics and the loss sums
+        ``totals`` ``[4]`` (pg, entropy, kl, distillation; summed over ranks here)."""
         extend_metrics(metrics, stats)
         totals = all_reduce_sum(totals, self.device)
         metrics["actor/pg_loss"].append(float(totals[0]))
         metrics["actor/entropy"].append(float(totals[1]))
-        if cfg.use_kl_loss:
+        if self.config.use_kl_loss:
             metrics["actor/kl_loss"].append(float(totals[2]))
-            metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
+            metrics["actor/kl_coef"].append(self.config.kl_loss_coef)
         if self.distillation is not None:
             metrics["actor/distillation/loss"].append(float(totals[3]))
-        self.last_grad_bytes = grad_bytes(self.actor_module)  # held until the step clears them
-        grad_norm, skipped = optimizer_step(self.actor_module, self.actor_optimizer, cfg.grad_clip, "actor")
-        self.num_skipped_steps += int(skipped)
-        metrics["actor/grad_norm"].append(grad_norm)
 
     def _micro_loss(self, batch: dict[str, torch.Tensor], temperature: float,
                     denoms: dict[str, torch.Tensor], detach_old: bool,
@@ -259,6 +268,14 @@ class DataParallelPPOActor:
                                                    self.use_remove_padding, calculate_entropy=True,
                                                    entropy_grad=cfg.entropy_coeff != 0, groups=groups,
                                                    device=self.device, fused_head=self.fused_head)
+        with phase("loss"):
+            return self._loss_terms(batch, log_prob, entropy, student_topk, denoms, detach_old)
+
+    def _loss_terms(self, batch: dict[str, torch.Tensor], log_prob: torch.Tensor, entropy: torch.Tensor,
+                    student_topk: Optional[torch.Tensor], denoms: dict[str, torch.Tensor],
+                    detach_old: bool) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """:meth:`_micro_loss` from the micro-batch's log-probs and entropies ``[b, R]``."""
+        cfg = self.config
         batch = {k: to_device(v, self.device) for k, v in batch.items() if k not in _MODEL_INPUTS}
         mask = batch["response_mask"]
         old_log_prob = log_prob.detach() if detach_old else batch["old_log_probs"]

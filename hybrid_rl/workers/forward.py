@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from hybrid_rl.algorithms import entropy_from_logits, logprobs_and_entropy_from_logits, logprobs_from_logits
+from hybrid_rl.utils.profiling import phase
 from hybrid_rl.workers.fused_head import entropy_mode, fusable_head, head_returns_log_probs
 from hybrid_rl.workers.fsdp_utils import to_device
 from hybrid_rl.workers.packing import PackedBatch, computed_tokens, first_valid_column, pack
@@ -126,7 +127,8 @@ def response_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temper
     """
     device = torch.device(device) if device is not None else batch["input_ids"].device
     shape = batch["responses"].shape
-    inputs, labels, index = response_inputs(module, batch, use_remove_padding, groups, device)
+    with phase("inputs"):
+        inputs, labels, index = response_inputs(module, batch, use_remove_padding, groups, device)
     if use_remove_padding:
         place = lambda values: _unpack(values, index, shape)  # noqa: E731
     else:
@@ -134,17 +136,20 @@ def response_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temper
     head = fusable_head(module) if fused_head else None
     mode = entropy_mode(calculate_entropy, entropy_grad)
     if head is not None:
-        with head_returns_log_probs(head, labels, temperature, mode, drop_last=not use_remove_padding):
+        with phase("model"), head_returns_log_probs(head, labels, temperature, mode,
+                                                    drop_last=not use_remove_padding):
             out = module(use_cache=False, **inputs).logits  # [1, N, k] packed, [B, R, k] padded
         out = out[0] if use_remove_padding else out
         return place(out[..., 0]), (place(out[..., 1]) if mode else None)
-    logits = module(use_cache=False, **inputs).logits
+    with phase("model"):
+        logits = module(use_cache=False, **inputs).logits
     logits = logits[0] if use_remove_padding else logits[:, :-1, :]  # [N, V] packed, [B, R, V] padded
-    if mode == "metric":  # the entropy from the log-probs' own pass, outside autograd
-        log_probs, entropy = logprobs_and_entropy_from_logits(logits, labels, temperature=temperature)
-        return place(log_probs), place(entropy)
-    log_probs = place(logprobs_from_logits(logits, labels, temperature=temperature))
-    entropy = place(entropy_from_logits(logits, temperature=temperature)) if mode == "grad" else None
+    with phase("log_probs"):
+        if mode == "metric":  # the entropy from the log-probs' own pass, outside autograd
+            log_probs, entropy = logprobs_and_entropy_from_logits(logits, labels, temperature=temperature)
+            return place(log_probs), place(entropy)
+        log_probs = place(logprobs_from_logits(logits, labels, temperature=temperature))
+        entropy = place(entropy_from_logits(logits, temperature=temperature)) if mode == "grad" else None
     return log_probs, entropy
 
 

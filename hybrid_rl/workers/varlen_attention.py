@@ -33,11 +33,12 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from hybrid_rl.utils.profiling import PREFIX, phase
 from hybrid_rl.workers import attention_backend
 
 VARLEN_ATTENTION = "hybrid_rl_varlen_sdpa"
 #: The profiler range around each packed attention call (one per layer and forward).
-PROFILE_LABEL = "hybrid_rl/packed_attention"
+PROFILE_LABEL = PREFIX + "packed_attention"
 
 #: Most attention scores (blocks x heads x L_max**2) one layer computes in the batched form: its
 #: scores and probabilities of one layer exist at once (2 bytes per score in bf16, ~16 MB), in the
@@ -237,7 +238,7 @@ def varlen_sdpa_attention_forward(module: nn.Module, query: torch.Tensor, key: t
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     assert query.shape[0] == 1, "packed sequences come as one row"
-    with torch.profiler.record_function(PROFILE_LABEL):  # benchmarks/profile_update.py reads this range
+    with phase("packed_attention"):  # benchmarks/profile_update.py reads this range
         return _packed_attention(query, key, value, packed_layout or PackedLayout.from_cu_seq_lens(cu_seq_lens_q),
                                  dropout, scaling)
 
