@@ -181,7 +181,8 @@ def section_commands(args: argparse.Namespace, models: dict[str, str], work: Pat
         "trl": [py, f"{bench}/bench_gpu_trl.py", *dev, *model, *steps, "--json", str(work / "trl.json")],
         "mfu": [py, f"{bench}/bench_gpu.py", *dev, *large, "--json", str(work / "mfu.json")],
         "profile": [py, f"{bench}/profile_update.py", "--device", args.device, "--dtype",
-                    "bfloat16" if args.device == "cuda" else "float32", *profile, "--json", str(work / "profile.json")],
+                    "bfloat16" if args.device == "cuda" else "float32", *profile, "--fsdp",
+                    "--json", str(work / "profile.json")],
     }
 
 
@@ -278,9 +279,10 @@ def summary(name: str, figures: Optional[dict]) -> Optional[dict]:
     if not figures:
         return None
     if name == "profile":
-        out = {f"{p}_{k}": figures[p][k] for p in ("ref", "update_actor") if p in figures
+        passes = ("ref", "update_actor", "update_actor_fsdp2")
+        out = {f"{p}_{k}": figures[p][k] for p in passes if p in figures
                for k in ("wall_s", "kernel_launches", "attention_frac", "host_gap_s") if k in figures[p]}
-        for p in ("ref", "update_actor"):  # the two phases the GPU waited on longest
+        for p in passes:  # the two phases the GPU waited on longest
             for phase, seconds in list(figures.get(p, {}).get("idle_by_phase_s", {}).items())[:2]:
                 out[f"{p}_idle_in_{phase}_s"] = seconds
         return out

@@ -26,6 +26,11 @@ profiled pass of each under ``torch.profiler``. It prints and writes (``--json``
 * ``runtime_calls`` (CUDA only): the eight CUDA runtime calls that took the most host time, with
   their counts (a ``cudaStreamSynchronize`` or a blocking ``cudaMemcpy`` is the host waiting).
 
+``--fsdp`` adds ``update_actor_fsdp2``: the same update of an fp32 model wrapped by FSDP2 in a
+one-rank group, computing in ``--dtype``, as the trainer's one-GPU actor runs (its reference is
+not wrapped on one rank). Its difference to ``update_actor`` is what FSDP2's per-layer hooks,
+copies and casts cost.
+
 ``--trace DIR`` also writes each pass's Chrome trace. This is issue #20's before/after profile
 (``--attn sdpa``, the CPU path, against ``--attn auto``).
 """
@@ -169,6 +174,26 @@ def profiled(fn, device: torch.device, trace: str | None, name: str) -> dict:
     return summarize(prof, wall, cuda)
 
 
+def fsdp2_model(path: str, dtype: str, device: torch.device) -> torch.nn.Module:
+    """The trainer's actor on one process: fp32 master weights under FSDP2 (a one-rank group),
+    computing in ``dtype`` (its mixed precision), gradients reduced in fp32."""
+    import torch.distributed as dist
+
+    from hybrid_rl.workers.config import FSDPConfig, MixedPrecisionConfig
+    from hybrid_rl.workers.fsdp_utils import apply_fsdp2, default_backend
+    from hybrid_rl.workers.model_loader import load_causal_lm
+
+    if not dist.is_initialized():
+        import socket
+
+        with socket.socket() as sock:  # a free port for the one-rank group's store
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        dist.init_process_group(default_backend(device), init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    config = FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype=dtype))
+    return apply_fsdp2(load_causal_lm(path, dtype="float32").to(device), config, device)
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -181,6 +206,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--response-len", type=int, default=256)
     parser.add_argument("--token-budget", type=int, default=32768)
     parser.add_argument("--prefix-grouper", action="store_true", help="actor.use_prefix_grouper=true")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="also profile the update of an fp32 model under FSDP2 on one process, as the trainer runs it")
     parser.add_argument("--json")
     parser.add_argument("--trace", help="folder for the Chrome traces")
     args = parser.parse_args(argv)
@@ -196,15 +223,21 @@ def main(argv=None) -> dict:
         path = build_tiny_model_dir(os.path.join(tempfile.gettempdir(), "hybrid_rl_tiny_model"))
     else:
         path = resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct" if args.model == "smollm2" else args.model)
-    model = load_causal_lm(path, dtype=args.dtype).to(device)
     cfg = ActorConfig(ppo_mini_batch_size=args.rows, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=args.token_budget,
                       use_kl_loss=True, kl_loss_coef=0.04, use_prefix_grouper=args.prefix_grouper,
                       optim=OptimConfig(lr=1e-6))
-    actor = DataParallelPPOActor(cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-6),
-                                 use_remove_padding=True, device=device, attn_implementation=args.attn)
-    data = synthetic_rows(args.rows, args.n, args.prompt_len, args.response_len, model.config.vocab_size)
+
+    def actor_of(model):
+        return DataParallelPPOActor(cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-6),
+                                    use_remove_padding=True, device=device, attn_implementation=args.attn)
+
+    actor = actor_of(load_causal_lm(path, dtype=args.dtype).to(device))
+    data = synthetic_rows(args.rows, args.n, args.prompt_len, args.response_len, actor.actor_module.config.vocab_size)
     data.meta_info.update(micro_batch_size=args.rows, use_dynamic_bsz=True, max_token_len=args.token_budget)
     passes = {"ref": lambda: actor.compute_log_prob(data), "update_actor": lambda: actor.update_policy(data)}
+    if args.fsdp:
+        sharded = actor_of(fsdp2_model(path, args.dtype, device))
+        passes["update_actor_fsdp2"] = lambda: sharded.update_policy(data)
     for fn in passes.values():  # warm-up: compilation, allocator growth
         fn()
     from hybrid_rl.workers.attention_backend import current_choice
@@ -217,6 +250,10 @@ def main(argv=None) -> dict:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    if args.fsdp:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
     return result
 
 
