@@ -279,7 +279,7 @@ def summary(name: str, figures: Optional[dict]) -> Optional[dict]:
     if not figures:
         return None
     if name == "profile":
-        passes = ("ref", "update_actor", "update_actor_fsdp2")
+        passes = ("ref", "update_actor", "update_actor_fsdp2_per_layer", "update_actor_fsdp2_root")
         out = {f"{p}_{k}": figures[p][k] for p in passes if p in figures
                for k in ("wall_s", "kernel_launches", "attention_frac", "host_gap_s") if k in figures[p]}
         for p in passes:  # the two phases the GPU waited on longest

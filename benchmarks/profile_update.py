@@ -26,10 +26,11 @@ profiled pass of each under ``torch.profiler``. It prints and writes (``--json``
 * ``runtime_calls`` (CUDA only): the eight CUDA runtime calls that took the most host time, with
   their counts (a ``cudaStreamSynchronize`` or a blocking ``cudaMemcpy`` is the host waiting).
 
-``--fsdp`` adds ``update_actor_fsdp2``: the same update of an fp32 model wrapped by FSDP2 in a
-one-rank group, computing in ``--dtype``, as the trainer's one-GPU actor runs (its reference is
-not wrapped on one rank). Its difference to ``update_actor`` is what FSDP2's per-layer hooks,
-copies and casts cost.
+``--fsdp`` adds ``update_actor_fsdp2_per_layer`` and ``update_actor_fsdp2_root``: the same update
+of an fp32 model under FSDP2 in a one-rank group, computing in ``--dtype``, its parameters grouped
+per decoder layer or on the root alone (``fsdp_config.layer_wrap``; the trainer's one-GPU actor
+takes ``root`` for a small model, its reference is not wrapped on one rank). Their differences to
+``update_actor`` are what FSDP2's hooks, copies and casts cost.
 
 ``--trace DIR`` also writes each pass's Chrome trace. This is issue #20's before/after profile
 (``--attn sdpa``, the CPU path, against ``--attn auto``).
@@ -174,9 +175,10 @@ def profiled(fn, device: torch.device, trace: str | None, name: str) -> dict:
     return summarize(prof, wall, cuda)
 
 
-def fsdp2_model(path: str, dtype: str, device: torch.device) -> torch.nn.Module:
+def fsdp2_model(path: str, dtype: str, device: torch.device, layer_wrap: str) -> torch.nn.Module:
     """The trainer's actor on one process: fp32 master weights under FSDP2 (a one-rank group),
-    computing in ``dtype`` (its mixed precision), gradients reduced in fp32."""
+    computing in ``dtype`` (its mixed precision), gradients reduced in fp32, the parameters grouped
+    per ``layer_wrap`` (``fsdp_config.layer_wrap``)."""
     import torch.distributed as dist
 
     from hybrid_rl.workers.config import FSDPConfig, MixedPrecisionConfig
@@ -190,7 +192,7 @@ def fsdp2_model(path: str, dtype: str, device: torch.device) -> torch.nn.Module:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         dist.init_process_group(default_backend(device), init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    config = FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype=dtype))
+    config = FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype=dtype), layer_wrap=layer_wrap)
     return apply_fsdp2(load_causal_lm(path, dtype="float32").to(device), config, device)
 
 
@@ -207,7 +209,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--token-budget", type=int, default=32768)
     parser.add_argument("--prefix-grouper", action="store_true", help="actor.use_prefix_grouper=true")
     parser.add_argument("--fsdp", action="store_true",
-                        help="also profile the update of an fp32 model under FSDP2 on one process, as the trainer runs it")
+                        help="also profile the update of an fp32 model under FSDP2 on one process (both groupings)")
     parser.add_argument("--json")
     parser.add_argument("--trace", help="folder for the Chrome traces")
     args = parser.parse_args(argv)
@@ -234,18 +236,18 @@ def main(argv=None) -> dict:
     actor = actor_of(load_causal_lm(path, dtype=args.dtype).to(device))
     data = synthetic_rows(args.rows, args.n, args.prompt_len, args.response_len, actor.actor_module.config.vocab_size)
     data.meta_info.update(micro_batch_size=args.rows, use_dynamic_bsz=True, max_token_len=args.token_budget)
-    passes = {"ref": lambda: actor.compute_log_prob(data), "update_actor": lambda: actor.update_policy(data)}
-    if args.fsdp:
-        sharded = actor_of(fsdp2_model(path, args.dtype, device))
-        passes["update_actor_fsdp2"] = lambda: sharded.update_policy(data)
+    passes = {"ref": actor.compute_log_prob, "update_actor": actor.update_policy}
+    for layer_wrap in ("per_layer", "root") if args.fsdp else ():
+        sharded = actor_of(fsdp2_model(path, args.dtype, device, layer_wrap))
+        passes[f"update_actor_fsdp2_{layer_wrap}"] = sharded.update_policy
     for fn in passes.values():  # warm-up: compilation, allocator growth
-        fn()
+        fn(data)
     from hybrid_rl.workers.attention_backend import current_choice
 
     result = {"device": str(device), "model": args.model, "attn": args.attn, "kernels": vars(current_choice()),
               "rows": args.rows, "torch": torch.__version__}
     for name, fn in passes.items():
-        result[name] = profiled(fn, device, args.trace, name)
+        result[name] = profiled(lambda: fn(data), device, args.trace, name)
     print(json.dumps(result, indent=1))
     if args.json:
         with open(args.json, "w") as f:

@@ -104,9 +104,28 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
+#: ``layer_wrap=auto`` wraps the root only when the whole model's compute-dtype copy is at most
+#: this share of the GPU's memory.
+ROOT_WRAP_MAX_MEMORY_FRAC = 0.05
+
+
+def wraps_layers(model: nn.Module, fsdp_config: FSDPConfig, device: torch.device, world_size: int) -> bool:
+    """Whether :func:`apply_fsdp2` gives each decoder layer its own group (``fsdp_config.layer_wrap``;
+    ``auto`` picks the root alone on one CUDA rank without param offload when the gathered
+    compute-dtype copy is at most :data:`ROOT_WRAP_MAX_MEMORY_FRAC` of the GPU's memory)."""
+    if fsdp_config.layer_wrap != "auto":
+        return fsdp_config.layer_wrap == "per_layer"
+    if world_size != 1 or device.type != "cuda" or param_offloaded(fsdp_config, device):
+        return True
+    itemsize = mixed_precision_policy(fsdp_config, device).param_dtype.itemsize
+    copy_bytes = sum(p.numel() for p in model.parameters()) * itemsize
+    return copy_bytes > ROOT_WRAP_MAX_MEMORY_FRAC * torch.cuda.get_device_properties(device).total_memory
+
+
 def apply_fsdp2(model: nn.Module, fsdp_config: FSDPConfig, device: torch.device,
                 mesh: Optional[DeviceMesh] = None) -> nn.Module:
-    """Shard ``model`` in place with ``fully_shard`` per decoder layer + root; returns it.
+    """Shard ``model`` in place with ``fully_shard`` per decoder layer + root, or on the root alone
+    (:func:`wraps_layers`); returns it. The two groupings compute the same numbers.
 
     Requires an initialised default process group. The model must already be on ``device`` (or on
     CPU when ``param_offload`` is used on GPU).
@@ -114,7 +133,9 @@ def apply_fsdp2(model: nn.Module, fsdp_config: FSDPConfig, device: torch.device,
     mesh = mesh or build_device_mesh(device, fsdp_config.fsdp_size)
     kwargs = dict(mesh=mesh, mp_policy=mixed_precision_policy(fsdp_config, device),
                   offload_policy=offload_policy(fsdp_config, device))
-    for layer in decoder_layers(model):
+    per_layer = wraps_layers(model, fsdp_config, device, mesh.size())
+    logger.info("FSDP2 groups: %s", "one per decoder layer + root" if per_layer else "the root alone")
+    for layer in decoder_layers(model) if per_layer else []:
         fully_shard(layer, reshard_after_forward=fsdp_config.reshard_after_forward, **kwargs)
     # reshard_after_forward left at None: FSDP2 keeps the root's parameters gathered after forward
     # because backward needs them first (LM head).

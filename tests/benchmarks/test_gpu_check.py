@@ -71,7 +71,7 @@ def test_cpu_run_of_the_check_needs_no_ray_and_writes_its_table(tmp_path):
     ours = sections["ours"]["summary"]  # the host memory figures of bench_step.RssMonitor
     assert 0 < ours["host_steady_rss_gib"] <= ours["host_rss_gib"] and 0 < ours["host_pss_gib"]
     assert sections["profile"]["summary"]["update_actor_kernel_launches"] > 0
-    assert sections["profile"]["summary"]["update_actor_fsdp2_wall_s"] > 0  # the trainer's FSDP2 actor too
+    assert sections["profile"]["summary"]["update_actor_fsdp2_root_wall_s"] > 0  # the trainer's FSDP2 actor too
     table = (out / "gpu_check.md").read_text()
     assert "| ours | rc 0 |" in table and "| speedup_vs_trl | not measured |" in table
     assert "===== ours:" in (out / "gpu_check.log").read_text()

@@ -17,7 +17,7 @@ def test_profile_smoke_run_counts_the_packed_attention_calls(tmp_path):
                    "--response-len", "8", "--attn", "sdpa", "--fsdp", "--json", str(tmp_path / "p.json"),
                    "--trace", str(tmp_path / "trace")])
     assert result["kernels"] == {"rows": "sdpa", "groups": "sdpa"}
-    for name in ("ref", "update_actor", "update_actor_fsdp2"):
+    for name in ("ref", "update_actor", "update_actor_fsdp2_per_layer", "update_actor_fsdp2_root"):
         figures = result[name]
         assert figures["attention_calls"] == 2  # the tiny model's 2 layers x one micro-batch, forward
         assert 0 < figures["attention_s"] < figures["wall_s"] and figures["kernel_launches"] > 0

@@ -1,0 +1,82 @@
+"""fsdp_config.layer_wrap: FSDP2 per decoder layer or on the root alone, the same numbers either way."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybrid_rl.workers.config import FSDPConfig, MixedPrecisionConfig
+from hybrid_rl.workers.fsdp_utils import ROOT_WRAP_MAX_MEMORY_FRAC, wraps_layers
+from tests.workers.dist_helpers import run_ranks
+
+
+def test_an_unknown_layer_wrap_is_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"fsdp_config.layer_wrap='layers' is invalid: must be one of "
+                                         r"\['auto', 'per_layer', 'root'\]. Fix: use auto"):
+        FSDPConfig(layer_wrap="layers")
+
+
+def _bf16(**kwargs) -> FSDPConfig:
+    return FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype="bfloat16"), **kwargs)
+
+
+def test_auto_wraps_the_root_alone_only_on_one_cuda_rank_with_a_small_gathered_copy(monkeypatch):
+    model = torch.nn.Linear(10, 10)  # 110 parameters: a 220-byte bf16 copy
+    memory = {"total": 0}
+
+    class Properties:
+        @property
+        def total_memory(self):
+            return memory["total"]
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Properties())
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    memory["total"] = 220 / ROOT_WRAP_MAX_MEMORY_FRAC  # the copy is exactly 5% of the GPU
+    assert not wraps_layers(model, _bf16(), cuda, world_size=1)
+    assert wraps_layers(model, _bf16(), cuda, world_size=2)  # sharding needs the layers
+    assert wraps_layers(model, _bf16(param_offload=True), cuda, world_size=1)
+    assert wraps_layers(model, _bf16(), cpu, world_size=1)  # host memory is the scarce thing there
+    memory["total"] = 219 / ROOT_WRAP_MAX_MEMORY_FRAC  # one byte too small a GPU
+    assert wraps_layers(model, _bf16(), cuda, world_size=1)
+    assert not wraps_layers(model, _bf16(layer_wrap="root"), cpu, world_size=4)  # as named
+    assert wraps_layers(model, _bf16(layer_wrap="per_layer"), cuda, world_size=1)
+
+
+def _train(model_dir: str, layer_wrap: str, param_dtype: str) -> tuple[dict, int]:
+    """Two optimizer steps of two micro-batches each; the full weights and FSDP2's group count."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from hybrid_rl.workers.fsdp_utils import apply_fsdp2
+    from hybrid_rl.workers.model_loader import load_causal_lm
+
+    torch.manual_seed(0)
+    model = load_causal_lm(model_dir, dtype="float32")
+    config = FSDPConfig(layer_wrap=layer_wrap, mixed_precision=MixedPrecisionConfig(param_dtype=param_dtype))
+    apply_fsdp2(model, config, torch.device("cpu"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(1))
+    for _ in range(2):
+        for micro in (ids[:1], ids[1:]):
+            model(input_ids=micro).logits.float().logsumexp(-1).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    weights = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+    return weights, sum(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def _compare(rank: int, world_size: int, model_dir: str) -> None:
+    from hybrid_rl.workers.fsdp_utils import decoder_layers
+    from hybrid_rl.workers.model_loader import load_causal_lm
+
+    layers = len(decoder_layers(load_causal_lm(model_dir, dtype="float32")))
+    for param_dtype in ("float32", "bfloat16"):
+        per_layer, groups = _train(model_dir, "per_layer", param_dtype)
+        assert groups == layers + 1
+        root, groups = _train(model_dir, "root", param_dtype)
+        assert groups == 1
+        assert per_layer.keys() == root.keys()
+        assert all(torch.equal(per_layer[k], root[k]) for k in root), param_dtype  # bit for bit
+
+
+def test_root_alone_trains_bit_for_bit_as_per_layer(tiny_model_dir):
+    run_ranks(_compare, 1, str(tiny_model_dir))
