@@ -186,7 +186,7 @@ class FSDPConfig:
     (veRL's wrapping): one layer's compute-dtype copy is gathered at a time, the least memory.
     ``root``: one group for the whole model: one gather per pass and no per-layer hooks (on CPU,
     about 1.7 ms less host time per layer and micro-batch), but the whole model's compute-dtype
-    copy is held through forward and backward; the same numbers either way. ``auto``: ``root`` on
+    copy is held from a forward until the next backward ends; the same numbers either way. ``auto``: ``root`` on
     one CUDA rank without param_offload when that copy is at most 5% of the GPU's memory (a
     host-bound one-GPU run of a small model), else ``per_layer``."""
 
