@@ -3,7 +3,7 @@
 On a lent GPU machine, after the payload (``scripts/gpu_payload.py``) is installed (docs/gpu.md has
 the one ``run`` call):
 
-    python3 benchmarks/gpu_check.py --out $OUT                 # one H100: about 5 minutes
+    python3 benchmarks/gpu_check.py --out $OUT                 # one H100: about 7-8 minutes
     python benchmarks/gpu_check.py --device cpu --tiny --out /tmp/check   # the same code paths on CPU (CI)
 
 Sections, each a child process with its own deadline (a crash or a hang costs its section, not the
@@ -330,7 +330,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="the tiny test model and smoke-sized work (CI)")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {','.join(SECTIONS)}")
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps of ours and TRL (default 3; 2 with --tiny)")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="the whole check's wall-clock budget")
+    parser.add_argument("--budget-s", type=float, default=480.0, help="the whole check's wall-clock budget")
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer folder of the random models (default: .gpu_payload/tokenizer if present, "
                              "else the embedded model's)")
