@@ -184,11 +184,12 @@ class FSDPConfig:
     layer_wrap: str = "auto"
     """How FSDP2 groups the parameters. ``per_layer``: one group per decoder layer plus the root
     (veRL's wrapping): one layer's compute-dtype copy is gathered at a time, the least memory.
-    ``root``: one group for the whole model: one gather per pass and no per-layer hooks (on CPU,
-    about 1.7 ms less host time per layer and micro-batch), but the whole model's compute-dtype
-    copy is held from a forward until the next backward ends; the same numbers either way. ``auto``: ``root`` on
-    one CUDA rank without param_offload when that copy is at most 5% of the GPU's memory (a
-    host-bound one-GPU run of a small model), else ``per_layer``."""
+    ``root``: one group for the whole model: one gather per pass and no per-layer hooks (on CPU
+    FSDP2 cost ~1.7 ms of host time per layer and micro-batch; the root alone saved most of it), but
+    the whole model's compute-dtype copy is held from a forward until the next backward ends; the
+    same numbers either way. ``auto``: ``root`` on one CUDA rank without param_offload when that
+    copy is at most 5% of the GPU's memory (a host-bound one-GPU run of a small model), else
+    ``per_layer``."""
 
     def __post_init__(self) -> None:
         _check(self.layer_wrap in LAYER_WRAPS, "fsdp_config.layer_wrap", self.layer_wrap,
