@@ -126,7 +126,8 @@ def _host_figures(events: list) -> dict:
         if e.device_type.name != "CPU":
             continue
         if e.name.startswith(PREFIX):
-            phases[e.name[len(PREFIX):]] = phases.get(e.name[len(PREFIX):], 0.0) + e.time_range.elapsed_us() / 1e6
+            name = e.name[len(PREFIX):]
+            phases[name] = phases.get(name, 0.0) + e.time_range.elapsed_us() / 1e6
         elif e.name.startswith("cuda"):
             entry = runtime.setdefault(e.name, [0, 0.0])
             entry[0] += 1
@@ -214,6 +215,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--trace", help="folder for the Chrome traces")
     args = parser.parse_args(argv)
     from hybrid_rl.workers.actor import DataParallelPPOActor
+    from hybrid_rl.workers.builders import build_optimizer
     from hybrid_rl.workers.config import ActorConfig, OptimConfig
     from hybrid_rl.workers.model_loader import load_causal_lm, resolve_model_path
 
@@ -230,7 +232,7 @@ def main(argv=None) -> dict:
                       optim=OptimConfig(lr=1e-6))
 
     def actor_of(model):
-        return DataParallelPPOActor(cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-6),
+        return DataParallelPPOActor(cfg, model, build_optimizer(model, cfg.optim),  # the trainer's (fused) AdamW
                                     use_remove_padding=True, device=device, attn_implementation=args.attn)
 
     actor = actor_of(load_causal_lm(path, dtype=args.dtype).to(device))
