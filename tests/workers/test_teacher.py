@@ -35,6 +35,7 @@ def teacher_dir(tmp_path_factory):
 
 
 def _group(student_dir, teachers, teacher_key="data_source", loss=None):
+    """Teachers compared with an fp32 forward name float32: ``auto`` is bf16 on a CPU where bf16 is fast."""
     config = ActorRolloutRefConfig()
     config.model.path = student_dir
     config.actor.ppo_mini_batch_size = 4
@@ -49,7 +50,7 @@ def _group(student_dir, teachers, teacher_key="data_source", loss=None):
 
 
 def test_teacher_log_probs_equal_a_plain_transformers_forward(tiny_model_dir, teacher_dir):
-    group = _group(tiny_model_dir, {"teacher_model": TeacherModelConfig(model_path=teacher_dir)})
+    group = _group(tiny_model_dir, {"teacher_model": TeacherModelConfig(model_path=teacher_dir, dtype="float32")})
     try:
         data = make_batch(num_rows=7, vocab=300)
         got = group.compute_teacher_log_prob(data).batch["teacher_log_prob"]
@@ -63,8 +64,8 @@ def test_teacher_log_probs_equal_a_plain_transformers_forward(tiny_model_dir, te
 
 
 def test_several_teachers_each_score_their_rows(tiny_model_dir, teacher_dir):
-    teachers = {"math": TeacherModelConfig(key="gsm8k", model_path=teacher_dir),
-                "self": TeacherModelConfig(key="arithmetic", model_path=tiny_model_dir)}
+    teachers = {"math": TeacherModelConfig(key="gsm8k", model_path=teacher_dir, dtype="float32"),
+                "self": TeacherModelConfig(key="arithmetic", model_path=tiny_model_dir, dtype="float32")}
     group = _group(tiny_model_dir, teachers)
     try:
         data = make_batch(num_rows=6, vocab=300)
@@ -141,7 +142,7 @@ def _hf_log_softmax(model, data, temperature):
 
 
 def test_teacher_topk_equals_a_plain_transformers_forward(tiny_model_dir, teacher_dir):
-    group = _group(tiny_model_dir, {"teacher_model": TeacherModelConfig(model_path=teacher_dir)},
+    group = _group(tiny_model_dir, {"teacher_model": TeacherModelConfig(model_path=teacher_dir, dtype="float32")},
                    loss=DistillationLossConfig(loss_mode="forward_kl_topk", topk=5))
     try:
         data = make_batch(num_rows=7, vocab=300)
