@@ -27,7 +27,7 @@ from hybrid_rl.workers.config import ActorConfig
 from hybrid_rl.workers.distill_loss import add_distillation
 from hybrid_rl.workers.distillation_config import DistillationLossConfig
 from hybrid_rl.workers.forward import padding_fraction, response_log_probs
-from hybrid_rl.workers.fsdp_utils import dp_world, to_device
+from hybrid_rl.workers.fsdp_utils import dp_world, release_gathered, to_device
 from hybrid_rl.workers.packing import batch_prompt_groups, computed_tokens
 from hybrid_rl.workers.topk_forward import response_log_probs_with_topk, response_topk
 from hybrid_rl.workers.varlen_attention import use_varlen_attention
@@ -136,6 +136,7 @@ class DataParallelPPOActor:
             groups = batch_prompt_groups(batch, self.group_prompts)
             self._count_tokens(batch, groups)
             outputs.append(forward(batch, groups, meta["temperature"]))
+        release_gathered(self.actor_module)
         # one copy back to the host per output and call, not one per micro-batch
         return tuple(None if parts[0] is None else restore_order(torch.cat(parts).cpu(), order)
                      for parts in zip(*outputs))

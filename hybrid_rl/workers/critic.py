@@ -20,7 +20,7 @@ from hybrid_rl.workers.batching import all_reduce_sum, restore_order, split_micr
 from hybrid_rl.workers.config import CriticConfig
 from hybrid_rl.workers.forward import response_values
 from hybrid_rl.workers.packing import batch_prompt_groups
-from hybrid_rl.workers.fsdp_utils import dp_world, to_device
+from hybrid_rl.workers.fsdp_utils import dp_world, release_gathered, to_device
 from hybrid_rl.workers.update_utils import check_mini_batch_rows, extend_metrics, mini_batches, optimizer_step
 from hybrid_rl.workers.varlen_attention import use_varlen_attention
 
@@ -78,6 +78,7 @@ class DataParallelPPOCritic:
             groups = batch_prompt_groups(batch, self.group_prompts)
             vpreds = response_values(self.critic_module, batch, self.use_remove_padding, groups, self.device)
             values.append(vpreds * to_device(batch["response_mask"], self.device))
+        release_gathered(self.critic_module)
         return restore_order(torch.cat(values).cpu(), order)
 
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:

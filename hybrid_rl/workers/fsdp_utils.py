@@ -1,8 +1,9 @@
 """FSDP2 helpers: device/backend choice, ``fully_shard`` wrapping, full-weight streaming, offload.
 
-Every decoder layer (the classes HF lists in ``model._no_split_modules``) becomes one FSDP2 unit
-and the root module (embeddings, final norm, LM/value head) another, so only one layer's full
-parameters are materialised at a time. The same code runs on CPU with gloo (each process plays one
+By default every decoder layer (the classes HF lists in ``model._no_split_modules``) becomes one
+FSDP2 unit and the root module (embeddings, final norm, LM/value head) another, so only one layer's
+full parameters are materialised at a time. ``fsdp_config.layer_wrap`` may instead put the whole
+model in one unit (:func:`wraps_layers`: one gather per pass, no per-layer hooks). The same code runs on CPU with gloo (each process plays one
 "device") and on GPU with NCCL. Verified on torch 2.13 with 2 processes: gloo implements
 ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` natively (fp32 and bf16), which is all
 FSDP2 needs; no fallback was required.
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from hybrid_rl.utils.precision import resolve_dtype
@@ -104,22 +105,34 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-#: ``layer_wrap=auto`` wraps the root only when the whole model's compute-dtype copy is at most
-#: this share of the GPU's memory.
+#: ``layer_wrap=auto`` wraps the root only when the whole model's transient bytes under one group
+#: (:func:`root_wrap_bytes`) are at most this share of the GPU's memory.
 ROOT_WRAP_MAX_MEMORY_FRAC = 0.05
+
+
+def root_wrap_bytes(model: nn.Module, fsdp_config: FSDPConfig, device: torch.device) -> int:
+    """Bytes one FSDP2 group over the whole model holds at once, beyond the sharded weights, grads
+    and optimizer state that every grouping keeps: at the end of backward the gathered
+    compute-dtype parameter copy, its unsharded gradients (compute dtype) and the gradient
+    reduction's input and output buffers (``reduce_dtype``), i.e.
+    ``numel * (2 * param_itemsize + 2 * reduce_itemsize)``. Per layer, each of these exists for one
+    layer at a time. (bf16 compute, fp32 reduce: 12 bytes per parameter, 1.6 GB for SmolLM2-135M.)"""
+    policy = mixed_precision_policy(fsdp_config, device)
+    reduce_dtype = policy.reduce_dtype or policy.param_dtype
+    numel = sum(p.numel() for p in model.parameters())
+    return numel * (2 * policy.param_dtype.itemsize + 2 * reduce_dtype.itemsize)
 
 
 def wraps_layers(model: nn.Module, fsdp_config: FSDPConfig, device: torch.device, world_size: int) -> bool:
     """Whether :func:`apply_fsdp2` gives each decoder layer its own group (``fsdp_config.layer_wrap``;
-    ``auto`` picks the root alone on one CUDA rank without param offload when the gathered
-    compute-dtype copy is at most :data:`ROOT_WRAP_MAX_MEMORY_FRAC` of the GPU's memory)."""
+    ``auto`` picks the root alone on one CUDA rank without param offload when
+    :func:`root_wrap_bytes` is at most :data:`ROOT_WRAP_MAX_MEMORY_FRAC` of the GPU's memory)."""
     if fsdp_config.layer_wrap != "auto":
         return fsdp_config.layer_wrap == "per_layer"
     if world_size != 1 or device.type != "cuda" or param_offloaded(fsdp_config, device):
         return True
-    itemsize = mixed_precision_policy(fsdp_config, device).param_dtype.itemsize
-    copy_bytes = sum(p.numel() for p in model.parameters()) * itemsize
-    return copy_bytes > ROOT_WRAP_MAX_MEMORY_FRAC * torch.cuda.get_device_properties(device).total_memory
+    total = torch.cuda.get_device_properties(device).total_memory
+    return root_wrap_bytes(model, fsdp_config, device) > ROOT_WRAP_MAX_MEMORY_FRAC * total
 
 
 def apply_fsdp2(model: nn.Module, fsdp_config: FSDPConfig, device: torch.device,
@@ -135,12 +148,23 @@ def apply_fsdp2(model: nn.Module, fsdp_config: FSDPConfig, device: torch.device,
                   offload_policy=offload_policy(fsdp_config, device))
     per_layer = wraps_layers(model, fsdp_config, device, mesh.size())
     logger.info("FSDP2 groups: %s", "one per decoder layer + root" if per_layer else "the root alone")
+    if not per_layer and fsdp_config.reshard_after_forward:
+        logger.info("fsdp_config.reshard_after_forward has no effect with one group over the whole "
+                    "model: its parameters stay gathered from a forward until the backward ends")
     for layer in decoder_layers(model) if per_layer else []:
         fully_shard(layer, reshard_after_forward=fsdp_config.reshard_after_forward, **kwargs)
     # reshard_after_forward left at None: FSDP2 keeps the root's parameters gathered after forward
     # because backward needs them first (LM head).
     fully_shard(model, **kwargs)
     return model
+
+
+def release_gathered(module: nn.Module) -> None:
+    """Free the parameter copies FSDP2 still holds gathered after a no-grad pass of ``module`` (the
+    root group keeps its copy after a forward for the backward that a no-grad pass never runs:
+    the whole model under ``layer_wrap=root``). Local, no collective; a no-op for other modules."""
+    if isinstance(module, FSDPModule):
+        module.reshard()
 
 
 def gather_full_tensor(tensor: DTensor) -> torch.Tensor:
