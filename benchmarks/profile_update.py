@@ -43,6 +43,7 @@ import json
 import os
 import sys
 import time
+from typing import Optional
 
 import torch
 
@@ -137,6 +138,14 @@ def _host_figures(events: list) -> dict:
             **({"runtime_calls": {k: {"calls": n, "s": t} for k, (n, t) in top}} if runtime else {})}
 
 
+def device_kernels(events: list) -> list:
+    """The GPU's own work among profiler ``events``: CUDA-side events less the ranges annotated on
+    the GPU's timeline (ours, ``hybrid_rl/...``, and torch's, ``FSDP::...``, ``Optimizer.step#...``),
+    which span kernels rather than being ones."""
+    return [e for e in events if e.device_type.name == "CUDA" and not getattr(e, "is_user_annotation", False)
+            and not e.name.startswith(PREFIX)]
+
+
 def summarize(prof, wall: float, cuda: bool) -> dict:
     """The figures of one profiled pass (see the module docstring)."""
     events = list(prof.events())
@@ -146,7 +155,7 @@ def summarize(prof, wall: float, cuda: bool) -> dict:
                "attention_frac": attention / wall, **_host_figures(events)}
     if not cuda:
         return {**figures, "kernel_launches": sum(e.name.startswith("aten::") for e in events)}
-    kernels = [e for e in events if e.device_type.name == "CUDA" and not e.name.startswith(PREFIX)]
+    kernels = device_kernels(events)
     busy = union_busy([(e.time_range.start, e.time_range.end) for e in kernels])  # microseconds
     busy_s = sum(b - a for a, b in busy) / 1e6
     cpu = [e for e in events if e.device_type.name == "CPU"]
@@ -176,28 +185,30 @@ def profiled(fn, device: torch.device, trace: str | None, name: str) -> dict:
     return summarize(prof, wall, cuda)
 
 
-def fsdp2_model(path: str, dtype: str, device: torch.device, layer_wrap: str) -> torch.nn.Module:
-    """The trainer's actor on one process: fp32 master weights under FSDP2 (a one-rank group),
-    computing in ``dtype`` (its mixed precision), gradients reduced in fp32, the parameters grouped
-    per ``layer_wrap`` (``fsdp_config.layer_wrap``)."""
+def trainer_model(path: str, dtype: str, device: torch.device, layer_wrap: Optional[str] = None) -> torch.nn.Module:
+    """The actor as the trainer builds it (``builders.build_causal_lm``: lean layers, fused head).
+    Without ``layer_wrap``: stored and computed in ``dtype``, no FSDP2. With it: fp32 master weights
+    under FSDP2 in a one-rank group (opened here if none is), computing in ``dtype`` (its mixed
+    precision), gradients reduced in fp32, the parameters grouped per ``layer_wrap``."""
     import torch.distributed as dist
 
-    from hybrid_rl.workers.config import FSDPConfig, MixedPrecisionConfig
-    from hybrid_rl.workers.fsdp_utils import apply_fsdp2, default_backend
-    from hybrid_rl.workers.model_loader import load_causal_lm
+    from hybrid_rl.workers.builders import build_causal_lm
+    from hybrid_rl.workers.config import FSDPConfig, MixedPrecisionConfig, ModelConfig
 
+    if layer_wrap is None:
+        if dist.is_initialized():
+            raise ValueError("trainer_model: build the plain model before any FSDP2 one (a process group is open)")
+        return build_causal_lm(ModelConfig(path=path, dtype=dtype), path, FSDPConfig(), device, trainable=True)
     if not dist.is_initialized():
-        import socket
+        from hybrid_rl.workers.fsdp_utils import default_backend
 
-        with socket.socket() as sock:  # a free port for the one-rank group's store
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        dist.init_process_group(default_backend(device), init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        # an in-process store: one rank needs no rendezvous port
+        dist.init_process_group(default_backend(device), store=dist.HashStore(), rank=0, world_size=1)
     config = FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype=dtype), layer_wrap=layer_wrap)
-    return apply_fsdp2(load_causal_lm(path, dtype="float32").to(device), config, device)
+    return build_causal_lm(ModelConfig(path=path, dtype="float32"), path, config, device, trainable=True)
 
 
-def main(argv=None) -> dict:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--model", default="smollm2", help="smollm2 | tiny | a local HF folder")
@@ -213,20 +224,27 @@ def main(argv=None) -> dict:
                         help="also profile the update of an fp32 model under FSDP2 on one process (both groupings)")
     parser.add_argument("--json")
     parser.add_argument("--trace", help="folder for the Chrome traces")
-    args = parser.parse_args(argv)
-    from hybrid_rl.workers.actor import DataParallelPPOActor
-    from hybrid_rl.workers.builders import build_optimizer
-    from hybrid_rl.workers.config import ActorConfig, OptimConfig
-    from hybrid_rl.workers.model_loader import load_causal_lm, resolve_model_path
+    return parser
 
-    device = torch.device(args.device)
-    if args.model == "tiny":
+
+def _model_path(model: str) -> str:
+    from hybrid_rl.workers.model_loader import resolve_model_path
+
+    if model == "tiny":
         import tempfile
 
         from hybrid_rl.utils.testing import build_tiny_model_dir
-        path = build_tiny_model_dir(os.path.join(tempfile.gettempdir(), "hybrid_rl_tiny_model"))
-    else:
-        path = resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct" if args.model == "smollm2" else args.model)
+        return build_tiny_model_dir(os.path.join(tempfile.gettempdir(), "hybrid_rl_tiny_model"))
+    return resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct" if model == "smollm2" else model)
+
+
+def _passes(args, path: str, device: torch.device) -> tuple[dict, object]:
+    """``{name: pass}`` (each takes the batch) and the batch: the plain model's ``ref`` and
+    ``update_actor``, and with ``--fsdp`` the update under each FSDP2 grouping."""
+    from hybrid_rl.workers.actor import DataParallelPPOActor
+    from hybrid_rl.workers.builders import build_optimizer
+    from hybrid_rl.workers.config import ActorConfig, OptimConfig
+
     cfg = ActorConfig(ppo_mini_batch_size=args.rows, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=args.token_budget,
                       use_kl_loss=True, kl_loss_coef=0.04, use_prefix_grouper=args.prefix_grouper,
                       optim=OptimConfig(lr=1e-6))
@@ -235,29 +253,37 @@ def main(argv=None) -> dict:
         return DataParallelPPOActor(cfg, model, build_optimizer(model, cfg.optim),  # the trainer's (fused) AdamW
                                     use_remove_padding=True, device=device, attn_implementation=args.attn)
 
-    actor = actor_of(load_causal_lm(path, dtype=args.dtype).to(device))
+    actor = actor_of(trainer_model(path, args.dtype, device))
     data = synthetic_rows(args.rows, args.n, args.prompt_len, args.response_len, actor.actor_module.config.vocab_size)
     data.meta_info.update(micro_batch_size=args.rows, use_dynamic_bsz=True, max_token_len=args.token_budget)
     passes = {"ref": actor.compute_log_prob, "update_actor": actor.update_policy}
     for layer_wrap in ("per_layer", "root") if args.fsdp else ():
-        sharded = actor_of(fsdp2_model(path, args.dtype, device, layer_wrap))
-        passes[f"update_actor_fsdp2_{layer_wrap}"] = sharded.update_policy
-    for fn in passes.values():  # warm-up: compilation, allocator growth
-        fn(data)
-    from hybrid_rl.workers.attention_backend import current_choice
+        passes[f"update_actor_fsdp2_{layer_wrap}"] = actor_of(trainer_model(path, args.dtype, device, layer_wrap)).update_policy
+    return passes, data
 
-    result = {"device": str(device), "model": args.model, "attn": args.attn, "kernels": vars(current_choice()),
-              "rows": args.rows, "torch": torch.__version__}
-    for name, fn in passes.items():
-        result[name] = profiled(lambda: fn(data), device, args.trace, name)
+
+def main(argv=None) -> dict:
+    args = _parser().parse_args(argv)
+    import torch.distributed as dist
+
+    device = torch.device(args.device)
+    try:
+        passes, data = _passes(args, _model_path(args.model), device)
+        for fn in passes.values():  # warm-up: compilation, allocator growth
+            fn(data)
+        from hybrid_rl.workers.attention_backend import current_choice
+
+        result = {"device": str(device), "model": args.model, "attn": args.attn, "kernels": vars(current_choice()),
+                  "rows": args.rows, "torch": torch.__version__}
+        for name, fn in passes.items():
+            result[name] = profiled(lambda: fn(data), device, args.trace, name)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
     print(json.dumps(result, indent=1))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
-    if args.fsdp:
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
     return result
 
 

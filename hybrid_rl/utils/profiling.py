@@ -20,13 +20,14 @@ PHASES = {
     "log_probs": "log-probs (and entropy) of the response tokens from the logits",
     "loss": "the policy loss and its terms from the log-probs",
     "backward": "autograd's backward of one micro-batch's loss",
-    "optimizer_step": "gradient clipping, the finiteness check and the optimizer's step",
     "metrics": "the mini-batch's loss sums and metrics brought to the host",
+    "optimizer_step": "gradient clipping, the finiteness check and the optimizer's step",
 }
 
 
 def phase(name: str) -> torch.profiler.record_function:
-    """The profiler range of phase ``name`` (a key of :data:`PHASES`), used as a context manager."""
+    """The profiler range of phase ``name`` (a key of :data:`PHASES`, listed in the order a pass runs them), used as a context manager."""
     if name not in PHASES:
-        raise ValueError(f"unknown profiler phase {name!r}; known: {sorted(PHASES)}")
+        raise ValueError(f"unknown profiler phase {name!r}; known: {list(PHASES)}. "
+                         "Fix: use one of them, or add the new phase to PHASES with its description.")
     return torch.profiler.record_function(PREFIX + name)

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 
-from profile_update import attribute, idle_intervals, main, union_busy  # noqa: E402
+from profile_update import attribute, device_kernels, idle_intervals, main, union_busy  # noqa: E402
 
 
 def test_profile_smoke_run_counts_the_packed_attention_calls(tmp_path):
@@ -28,6 +28,18 @@ def test_profile_smoke_run_counts_the_packed_attention_calls(tmp_path):
     assert {"loss", "backward", "optimizer_step", "metrics"} <= set(result["update_actor"]["host_phases_s"])
     assert "backward" not in result["ref"]["host_phases_s"]
     assert (tmp_path / "p.json").is_file()
+
+
+def test_gpu_annotations_are_not_counted_as_kernels():
+    from types import SimpleNamespace
+
+    def event(name, device, annotation=False):
+        return SimpleNamespace(name=name, device_type=SimpleNamespace(name=device), is_user_annotation=annotation)
+
+    events = [event("ampere_bf16_gemm", "CUDA"), event("FSDP::post_backward_reduce", "CUDA", True),
+              event("Optimizer.step#AdamW.step", "CUDA", True), event("hybrid_rl/model", "CUDA"),
+              event("aten::mm", "CPU"), event("flash_fwd_kernel", "CUDA")]
+    assert [e.name for e in device_kernels(events)] == ["ampere_bf16_gemm", "flash_fwd_kernel"]
 
 
 def test_busy_intervals_merge_and_idle_is_their_complement():
