@@ -23,8 +23,8 @@ profiled pass of each under ``torch.profiler``. It prints and writes (``--json``
   nested ranges count in their parents too);
 * ``idle_by_phase_s`` (CUDA only): the GPU's idle time split by the phase the host was in
   meanwhile, the innermost range winning (``unlabelled``: outside every range);
-* ``runtime_calls`` (CUDA only): the eight CUDA runtime calls that took the most host time, with
-  their counts (a ``cudaStreamSynchronize`` or a blocking ``cudaMemcpy`` is the host waiting).
+* ``runtime_calls`` (CUDA only): the eight CUDA runtime and driver calls that took the most host
+  time, with their counts (a ``cudaStreamSynchronize`` or a blocking ``cudaMemcpy`` is the host waiting).
 
 ``--fsdp`` adds ``update_actor_fsdp2_per_layer`` and ``update_actor_fsdp2_root``: the same update
 of an fp32 model under FSDP2 in a one-rank group, computing in ``--dtype``, its parameters grouped
@@ -119,8 +119,8 @@ def attribute(gaps: list[tuple[float, float]], ranges: list[tuple[float, float, 
 
 def _host_figures(events: list) -> dict:
     """Host time in each ``hybrid_rl/`` phase range (nested ranges count in their parents too) and,
-    on CUDA, the eight CUDA runtime calls that took the most host time (a ``cudaStreamSynchronize``
-    or ``cudaMemcpy`` there means the host waited on the GPU)."""
+    on CUDA, the eight CUDA runtime and driver calls that took the most host time (a
+    ``cudaStreamSynchronize`` or ``cudaMemcpy`` there means the host waited on the GPU)."""
     phases: dict[str, float] = {}
     runtime: dict[str, list] = {}
     for e in events:
@@ -129,7 +129,7 @@ def _host_figures(events: list) -> dict:
         if e.name.startswith(PREFIX):
             name = e.name[len(PREFIX):]
             phases[name] = phases.get(name, 0.0) + e.time_range.elapsed_us() / 1e6
-        elif e.name.startswith("cuda"):
+        elif e.name.startswith("cu"):  # runtime (cuda*) and driver (cu*) calls
             entry = runtime.setdefault(e.name, [0, 0.0])
             entry[0] += 1
             entry[1] += e.time_range.elapsed_us() / 1e6
@@ -258,7 +258,8 @@ def _passes(args, path: str, device: torch.device) -> tuple[dict, object]:
     data.meta_info.update(micro_batch_size=args.rows, use_dynamic_bsz=True, max_token_len=args.token_budget)
     passes = {"ref": actor.compute_log_prob, "update_actor": actor.update_policy}
     for layer_wrap in ("per_layer", "root") if args.fsdp else ():
-        passes[f"update_actor_fsdp2_{layer_wrap}"] = actor_of(trainer_model(path, args.dtype, device, layer_wrap)).update_policy
+        sharded = actor_of(trainer_model(path, args.dtype, device, layer_wrap))
+        passes[f"update_actor_fsdp2_{layer_wrap}"] = sharded.update_policy
     return passes, data
 
 
