@@ -26,7 +26,8 @@ PHASES = {
 
 
 def phase(name: str) -> torch.profiler.record_function:
-    """The profiler range of phase ``name`` (a key of :data:`PHASES`, listed in the order a pass runs them), used as a context manager."""
+    """The profiler range of phase ``name`` (a key of :data:`PHASES`, listed in the order a pass
+    runs them), used as a context manager."""
     if name not in PHASES:
         raise ValueError(f"unknown profiler phase {name!r}; known: {list(PHASES)}. "
                          "Fix: use one of them, or add the new phase to PHASES with its description.")

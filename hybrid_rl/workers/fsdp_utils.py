@@ -3,14 +3,15 @@
 By default every decoder layer (the classes HF lists in ``model._no_split_modules``) becomes one
 FSDP2 unit and the root module (embeddings, final norm, LM/value head) another, so only one layer's
 full parameters are materialised at a time. ``fsdp_config.layer_wrap`` may instead put the whole
-model in one unit (:func:`wraps_layers`: one gather per pass, no per-layer hooks). The same code runs on CPU with gloo (each process plays one
-"device") and on GPU with NCCL. Verified on torch 2.13 with 2 processes: gloo implements
-``all_gather_into_tensor`` and ``reduce_scatter_tensor`` natively (fp32 and bf16), which is all
-FSDP2 needs; no fallback was required.
+model in one unit (:func:`wraps_layers`: one gather per pass, no per-layer hooks). The same code
+runs on CPU with gloo (each process plays one "device") and on GPU with NCCL. Verified on torch
+2.13 with 2 processes: gloo implements ``all_gather_into_tensor`` and ``reduce_scatter_tensor``
+natively (fp32 and bf16), which is all FSDP2 needs; no fallback was required.
 
 Mixed precision follows FSDP2's ``MixedPrecisionPolicy``: the sharded master weights keep the
-dtype the model was loaded in (fp32), forward/backward run in ``param_dtype`` (``auto``: bf16 where the device computes it natively) and
-gradients are reduced in ``reduce_dtype`` (fp32) before the optimizer sees them.
+dtype the model was loaded in (fp32), forward/backward run in ``param_dtype`` (``auto``: bf16 where
+the device computes it natively) and gradients are reduced in ``reduce_dtype`` (fp32) before the
+optimizer sees them.
 """
 
 from __future__ import annotations
