@@ -48,9 +48,14 @@ def to_text(value: Any) -> Any:
     return value if isinstance(value, (bool, str)) else format_value(value)
 
 
+def _specs_by_key() -> dict[str, FieldSpec]:
+    """Each config field's spec by its dotted key, from :func:`config_schema`."""
+    return {f.key: f for f in config_schema()[0]}
+
+
 def typed_values(texts: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """``(values, errors)`` of the page's texts: unknown keys and unreadable list or mapping text are errors."""
-    specs = {f.key: f for f in config_schema()[0]}
+    specs = _specs_by_key()
     values, errors = {}, {}
     for key, text in texts.items():
         if key not in specs:
@@ -79,7 +84,7 @@ def schema_json() -> dict[str, Any]:
 def paths_json(texts: Mapping[str, Any]) -> dict[str, Any]:
     """``{key: {"state", "message"}}`` for the path fields among ``texts`` (whether what each names
     exists; :func:`hybrid_rl.studio.fields.describe_path`); unset or unreadable fields are left out."""
-    specs = {f.key: f for f in config_schema()[0]}
+    specs = _specs_by_key()
     out = {}
     for key, text in texts.items():
         spec = specs.get(key)
