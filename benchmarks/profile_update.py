@@ -19,7 +19,7 @@ profiled pass of each under ``torch.profiler``. It prints and writes (``--json``
 * ``device_busy_s`` and ``host_gap_s`` (CUDA only): the union of kernel intervals, and the wall
   time the GPU sat idle waiting for the host;
 * ``host_phases_s``: host time inside each phase range of :mod:`hybrid_rl.utils.profiling`
-  (``inputs``, ``model``, ``log_probs``, ``loss``, ``backward``, ``optimizer_step``, ``metrics``;
+  (``inputs``, ``model``, ``log_probs``, ``loss``, ``backward``, ``metrics``, ``optimizer_step``;
   nested ranges count in their parents too);
 * ``idle_by_phase_s`` (CUDA only): the GPU's idle time split by the phase the host was in
   meanwhile, the innermost range winning (``unlabelled``: outside every range);
@@ -186,7 +186,8 @@ def profiled(fn, device: torch.device, trace: str | None, name: str) -> dict:
 
 
 def trainer_model(path: str, dtype: str, device: torch.device, layer_wrap: Optional[str] = None) -> torch.nn.Module:
-    """The actor as the trainer builds it (``builders.build_causal_lm``: lean layers, fused head).
+    """The actor as the trainer builds it (``builders.build_causal_lm``: lean layers; the fused
+    head is the actor's switch, on in :func:`_passes` as in the trainer).
     Without ``layer_wrap``: stored and computed in ``dtype``, no FSDP2. With it: fp32 master weights
     under FSDP2 in a one-rank group (opened here if none is), computing in ``dtype`` (its mixed
     precision), gradients reduced in fp32, the parameters grouped per ``layer_wrap``."""
@@ -197,7 +198,8 @@ def trainer_model(path: str, dtype: str, device: torch.device, layer_wrap: Optio
 
     if layer_wrap is None:
         if dist.is_initialized():
-            raise ValueError("trainer_model: build the plain model before any FSDP2 one (a process group is open)")
+            raise ValueError("trainer_model: a process group is open, so the plain model would not be the "
+                             "plain one. Fix: build it (layer_wrap=None) before any FSDP2 model.")
         return build_causal_lm(ModelConfig(path=path, dtype=dtype), path, FSDPConfig(), device, trainable=True)
     if not dist.is_initialized():
         from hybrid_rl.workers.fsdp_utils import default_backend
@@ -243,7 +245,7 @@ def _passes(args, path: str, device: torch.device) -> tuple[dict, object]:
     ``update_actor``, and with ``--fsdp`` the update under each FSDP2 grouping."""
     from hybrid_rl.workers.actor import DataParallelPPOActor
     from hybrid_rl.workers.builders import build_optimizer
-    from hybrid_rl.workers.config import ActorConfig, OptimConfig
+    from hybrid_rl.workers.config import ActorConfig, ModelConfig, OptimConfig
 
     cfg = ActorConfig(ppo_mini_batch_size=args.rows, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=args.token_budget,
                       use_kl_loss=True, kl_loss_coef=0.04, use_prefix_grouper=args.prefix_grouper,
@@ -251,7 +253,8 @@ def _passes(args, path: str, device: torch.device) -> tuple[dict, object]:
 
     def actor_of(model):
         return DataParallelPPOActor(cfg, model, build_optimizer(model, cfg.optim),  # the trainer's (fused) AdamW
-                                    use_remove_padding=True, device=device, attn_implementation=args.attn)
+                                    use_remove_padding=True, device=device, attn_implementation=args.attn,
+                                    fused_head=ModelConfig().use_fused_kernels)  # the trainer's default
 
     actor = actor_of(trainer_model(path, args.dtype, device))
     data = synthetic_rows(args.rows, args.n, args.prompt_len, args.response_len, actor.actor_module.config.vocab_size)
@@ -268,6 +271,7 @@ def main(argv=None) -> dict:
     import torch.distributed as dist
 
     device = torch.device(args.device)
+    owned = not dist.is_initialized()  # a group this run opens (--fsdp) is closed by it, whatever happens
     try:
         passes, data = _passes(args, _model_path(args.model), device)
         for fn in passes.values():  # warm-up: compilation, allocator growth
@@ -279,7 +283,7 @@ def main(argv=None) -> dict:
         for name, fn in passes.items():
             result[name] = profiled(lambda: fn(data), device, args.trace, name)
     finally:
-        if dist.is_initialized():
+        if owned and dist.is_initialized():
             dist.destroy_process_group()
     print(json.dumps(result, indent=1))
     if args.json:

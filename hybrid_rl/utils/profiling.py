@@ -17,7 +17,8 @@ PHASES = {
     "inputs": "pack the micro-batch on the host and copy it to the device",
     "model": "the model's forward (its attention calls are the nested packed_attention ranges)",
     "packed_attention": "one layer's packed attention call, inside model",
-    "log_probs": "log-probs (and entropy) of the response tokens from the logits",
+    "log_probs": "log-probs (and entropy) of the response tokens: from the logits, or from the LM head's "
+                 "input inside model (the fused head)",
     "loss": "the policy loss and its terms from the log-probs",
     "backward": "autograd's backward of one micro-batch's loss",
     "metrics": "the mini-batch's loss sums and metrics brought to the host",

@@ -188,9 +188,10 @@ class FSDPConfig:
     FSDP2 cost ~1.7 ms of host time per layer and micro-batch; the root alone saved most of it), but
     the whole model's compute-dtype copy is held from a forward until the next backward ends; the
     same numbers either way, and ``reshard_after_forward`` has no effect. ``auto``: ``root`` on one
-    CUDA rank without param_offload when that copy, its gradients and the reduce buffers (12 bytes
-    per parameter with bf16 compute and fp32 reduce) are at most 5% of the GPU's memory (a
-    host-bound one-GPU run of a small model), else ``per_layer``."""
+    CUDA rank without param_offload when an upper bound on what the group needs (that copy, the
+    trainable parameters' gradients and reduce buffers: 12 bytes per parameter with bf16 compute
+    and fp32 reduce) is at most 5% of the GPU's memory (a host-bound one-GPU run of a small
+    model), else ``per_layer``."""
 
     def __post_init__(self) -> None:
         _check(self.layer_wrap in LAYER_WRAPS, "fsdp_config.layer_wrap", self.layer_wrap,

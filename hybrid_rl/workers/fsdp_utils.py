@@ -112,16 +112,21 @@ ROOT_WRAP_MAX_MEMORY_FRAC = 0.05
 
 
 def root_wrap_bytes(model: nn.Module, fsdp_config: FSDPConfig, device: torch.device) -> int:
-    """Bytes one FSDP2 group over the whole model holds at once, beyond the sharded weights, grads
-    and optimizer state that every grouping keeps: at the end of backward the gathered
-    compute-dtype parameter copy, its unsharded gradients (compute dtype) and the gradient
-    reduction's input and output buffers (``reduce_dtype``), i.e.
-    ``numel * (2 * param_itemsize + 2 * reduce_itemsize)``. Per layer, each of these exists for one
-    layer at a time. (bf16 compute, fp32 reduce: 12 bytes per parameter, 1.6 GB for SmolLM2-135M.)"""
+    """An upper bound on the bytes one FSDP2 group over the whole model needs beyond the sharded
+    weights, gradients and optimizer state that every grouping keeps: the gathered compute-dtype
+    copy of every parameter, and for the trainable ones their unsharded gradients (compute dtype)
+    and the gradient reduction's input and output buffers (``reduce_dtype``):
+    ``numel * p + trainable_numel * (p + 2 * r)`` for itemsizes ``p`` and ``r``. FSDP2 frees the
+    copy and the gradients as it fills the reduce buffers (allocated peak ``max(2p, p + r, 2r)``
+    per parameter), but the caching allocator keeps the freed blocks reserved, so the sum is what
+    the GPU loses. Per layer these exist for one layer (and the root's embeddings and head) at a
+    time. bf16 compute, fp32 reduce, all trainable: 12 bytes per parameter, 1.6 GB for SmolLM2-135M."""
     policy = mixed_precision_policy(fsdp_config, device)
-    reduce_dtype = policy.reduce_dtype or policy.param_dtype
-    numel = sum(p.numel() for p in model.parameters())
-    return numel * (2 * policy.param_dtype.itemsize + 2 * reduce_dtype.itemsize)
+    p = policy.param_dtype.itemsize
+    r = (policy.reduce_dtype or policy.param_dtype).itemsize
+    numel = sum(t.numel() for t in model.parameters())
+    trainable = sum(t.numel() for t in model.parameters() if t.requires_grad)
+    return numel * p + trainable * (p + 2 * r)
 
 
 def wraps_layers(model: nn.Module, fsdp_config: FSDPConfig, device: torch.device, world_size: int) -> bool:
@@ -150,7 +155,7 @@ def apply_fsdp2(model: nn.Module, fsdp_config: FSDPConfig, device: torch.device,
     per_layer = wraps_layers(model, fsdp_config, device, mesh.size())
     logger.info("FSDP2 groups: %s", "one per decoder layer + root" if per_layer else "the root alone")
     if not per_layer and fsdp_config.reshard_after_forward:
-        logger.info("fsdp_config.reshard_after_forward has no effect with one group over the whole "
+        logger.debug("fsdp_config.reshard_after_forward has no effect with one group over the whole "
                     "model: its parameters stay gathered from a forward until the backward ends")
     for layer in decoder_layers(model) if per_layer else []:
         fully_shard(layer, reshard_after_forward=fsdp_config.reshard_after_forward, **kwargs)
@@ -162,10 +167,13 @@ def apply_fsdp2(model: nn.Module, fsdp_config: FSDPConfig, device: torch.device,
 
 def release_gathered(module: nn.Module) -> None:
     """Free the parameter copies FSDP2 still holds gathered after a no-grad pass of ``module`` (the
-    root group keeps its copy after a forward for the backward that a no-grad pass never runs:
-    the whole model under ``layer_wrap=root``). Local, no collective; a no-op for other modules."""
-    if isinstance(module, FSDPModule):
-        module.reshard()
+    root group keeps its copy after a forward for the backward that a no-grad pass never runs: the
+    whole model under ``layer_wrap=root``; every layer's too with ``reshard_after_forward=false``).
+    Every group of the module, since ``FSDPModule.reshard`` is not recursive; local, no collective;
+    a no-op for groups already sharded and for modules FSDP2 does not manage."""
+    for group in module.modules():
+        if isinstance(group, FSDPModule):
+            group.reshard()
 
 
 def gather_full_tensor(tensor: DTensor) -> torch.Tensor:

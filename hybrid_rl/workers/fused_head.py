@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from hybrid_rl.algorithms.linear_logits import linear_logprobs_and_entropy
+from hybrid_rl.utils.profiling import phase
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +55,12 @@ def head_returns_log_probs(head: nn.Linear, labels: torch.Tensor, temperature: f
         if drop_last:
             hidden = hidden[:, :-1]
         flat = hidden.reshape(-1, hidden.shape[-1])  # [B * L', H]
-        log_probs, ent = linear_logprobs_and_entropy(flat, head.weight, labels.reshape(-1),
-                                                     temperature=temperature, entropy=entropy)
+        with phase("log_probs"):  # nested in the model's range
+            log_probs, ent = linear_logprobs_and_entropy(flat, head.weight, labels.reshape(-1),
+                                                         temperature=temperature, entropy=entropy)
         columns = [log_probs] if ent is None else [log_probs, ent]
-        return torch.stack(columns, dim=-1).view(*hidden.shape[:-1], len(columns))
+        # stacked last, so the output is no view (FSDP2 warns when a wrapped model returns a view)
+        return torch.stack([c.view(hidden.shape[:-1]) for c in columns], dim=-1)
 
     own = head.__dict__.get("forward")  # an instance forward set by someone else comes back too
     head.forward = forward  # an instance attribute shadows the class's forward; removed below

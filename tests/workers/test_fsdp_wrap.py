@@ -26,6 +26,8 @@ def test_root_wrap_bytes_count_the_copy_its_gradients_and_the_reduce_buffers():
     assert root_wrap_bytes(model, _bf16(), cuda) == 110 * (2 * 2 + 2 * 4)  # bf16 copy + grads, fp32 reduce in/out
     fp32 = FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype="float32"))
     assert root_wrap_bytes(model, fp32, cuda) == 110 * 16
+    model.weight.requires_grad_(False)  # a frozen base (LoRA): its copy only, no gradient or reduce buffers
+    assert root_wrap_bytes(model, _bf16(), cuda) == 110 * 2 + 10 * (2 + 2 * 4)
 
 
 def test_auto_wraps_the_root_alone_only_on_one_cuda_rank_with_a_small_transient(monkeypatch):
@@ -119,7 +121,11 @@ def _no_grad_passes_release(rank: int, world_size: int, model_dir: str) -> None:
                                    critic_model)
     critic.compute_values(make_batch())
     assert _gathered(critic_model) == 0
+    kept = FSDPConfig(layer_wrap="per_layer", reshard_after_forward=False)  # every layer keeps its copy
+    layered = apply_fsdp2(load_causal_lm(model_dir, dtype="float32"), kept, torch.device("cpu"))
+    DataParallelPPOActor(actor_config(), layered).compute_log_prob(data)
+    assert _gathered(layered) == 0
 
 
-def test_no_grad_passes_release_the_root_groups_copy(tiny_model_dir):
+def test_no_grad_passes_release_every_gathered_copy(tiny_model_dir):
     run_ranks(_no_grad_passes_release, 1, str(tiny_model_dir))

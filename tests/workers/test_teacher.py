@@ -35,7 +35,8 @@ def teacher_dir(tmp_path_factory):
 
 
 def _group(student_dir, teachers, teacher_key="data_source", loss=None):
-    """Teachers compared with an fp32 forward name float32: ``auto`` is bf16 on a CPU where bf16 is fast."""
+    """Callers comparing a teacher with an fp32 forward give it ``dtype="float32"``: ``auto`` is
+    bf16 on a CPU where bf16 is fast."""
     config = ActorRolloutRefConfig()
     config.model.path = student_dir
     config.actor.ppo_mini_batch_size = 4
