@@ -19,6 +19,7 @@ from typing import Any, Iterable, Optional, Union
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from hybrid_rl.trainer.config.error_paths import qualify_error
 from hybrid_rl.trainer.config.schema import PPOConfig
 from hybrid_rl.trainer.config.supervised import RMConfig, SFTConfig
 
@@ -167,7 +168,13 @@ def to_typed_config(cfg: Any, cls: type) -> Any:
     if "hydra" in cfg:
         with _open(cfg):
             cfg.pop("hydra")
-    typed = OmegaConf.to_object(cfg)
+    try:
+        typed = OmegaConf.to_object(cfg)
+    except ValueError as error:
+        qualified = qualify_error(cfg, error)
+        if qualified is error:
+            raise
+        raise qualified from None
     if not isinstance(typed, cls):
         raise ValueError(f"the YAML config does not name its schema, so its keys are not checked as {cls.__name__}'s: "
                          "start it with the entry point's schema, e.g. 'defaults: [sft_trainer_schema, _self_]' "

@@ -1,0 +1,78 @@
+"""Full dotted keys in the one-line errors of nested config sections.
+
+A section's own check (``__post_init__``) names its keys relative to itself: ``FSDPConfig`` says
+``fsdp_config.layer_wrap='layers' is invalid: ...`` whether it sits under the actor, the reference or
+the critic. When such an error comes out of a composed config, :func:`qualify_error` finds the
+deepest section that fails on its own and completes the key from the section's place in the tree
+(``actor_rollout_ref.actor.fsdp_config.layer_wrap=...``), so a YAML with several such sections names
+the one to fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+
+def failing_section(cfg: DictConfig, message: str) -> str:
+    """The dotted path of the deepest section under ``cfg`` whose own conversion to its dataclass
+    raises a ``ValueError`` reading ``message`` ("" when only ``cfg`` itself does)."""
+    path: list[str] = []
+    node = cfg
+    while (child := _failing_child(node, message)) is not None:
+        path.append(child[0])
+        node = child[1]
+    return ".".join(path)
+
+
+def _failing_child(node: DictConfig, message: str) -> Optional[tuple[str, DictConfig]]:
+    for key in node.keys():
+        try:
+            child = node[key]
+        except Exception:  # noqa: BLE001 - a missing or unresolvable value is not this error's section
+            continue
+        if not isinstance(child, DictConfig) or not dataclasses.is_dataclass(OmegaConf.get_type(child)):
+            continue
+        try:
+            OmegaConf.to_object(child)
+        except ValueError as error:
+            if str(error) == message:
+                return str(key), child
+    return None
+
+
+def qualified_key(key: str, section: str, fields: tuple[str, ...] = ()) -> str:
+    """``key`` (relative to a section at dotted ``section``) completed from the tree's root.
+
+    The key's leading segments overlap the section path's trailing ones (``optim.lr`` in
+    ``critic.optim`` -> ``critic.optim.lr``); a key starting with one of the section's own
+    ``fields`` sits right under it. A key already full, or one that fits neither way, is kept."""
+    parts, place = key.split("."), section.split(".") if section else []
+    if not place or key.startswith(section + "."):
+        return key
+    for n in range(min(len(place), len(parts) - 1), 0, -1):
+        if place[-n:] == parts[:n]:
+            return ".".join(place[:-n] + parts)
+    return f"{section}.{key}" if parts[0] in fields else key
+
+
+def qualify_error(cfg: DictConfig, error: ValueError) -> ValueError:
+    """``error`` with the key it opens with (``<key>=<value> is invalid: ...``) completed by
+    :func:`qualified_key` for the section of ``cfg`` that raised it; ``error`` itself when its
+    message names no key or comes from the root."""
+    message = str(error)
+    key, sep, rest = message.partition("=")
+    if not sep or not key or " " in key:
+        return error
+    section = failing_section(cfg, message)
+    if not section:
+        return error
+    full = qualified_key(key, section, _field_names(OmegaConf.select(cfg, section)))
+    return error if full == key else ValueError(full + sep + rest)
+
+
+def _field_names(node: Any) -> tuple[str, ...]:
+    kind = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    return tuple(f.name for f in dataclasses.fields(kind)) if kind and dataclasses.is_dataclass(kind) else ()

@@ -1,0 +1,82 @@
+"""Nested config sections' one-line errors name the full dotted key (trainer/config/error_paths.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from omegaconf import OmegaConf
+
+from hybrid_rl.trainer.config.error_paths import qualified_key, qualify_error
+from hybrid_rl.trainer.config.loader import RM_SCHEMA, get_config, to_ppo_config, to_typed_config
+
+
+def test_a_relative_key_is_completed_from_its_sections_place():
+    assert qualified_key("optim.lr", "critic.optim") == "critic.optim.lr"
+    assert qualified_key("fsdp_config.layer_wrap", "actor_rollout_ref.actor.fsdp_config") == \
+        "actor_rollout_ref.actor.fsdp_config.layer_wrap"
+    assert qualified_key("actor.kl_loss_type", "actor_rollout_ref.actor") == "actor_rollout_ref.actor.kl_loss_type"
+    assert qualified_key("lr", "critic.optim", fields=("lr", "betas")) == "critic.optim.lr"  # a field of the section
+    assert qualified_key("critic.optim.lr", "critic.optim") == "critic.optim.lr"  # already full
+    assert qualified_key("other.key", "critic.optim", fields=("lr",)) == "other.key"  # fits neither way: kept
+    assert qualified_key("optim.lr", "") == "optim.lr"
+
+
+@pytest.mark.parametrize("override, full_key", [
+    ("actor_rollout_ref.actor.fsdp_config.layer_wrap=layers", "actor_rollout_ref.actor.fsdp_config.layer_wrap"),
+    ("actor_rollout_ref.ref.fsdp_config.layer_wrap=layers", "actor_rollout_ref.ref.fsdp_config.layer_wrap"),
+    ("critic.model.fsdp_config.layer_wrap=layers", "critic.model.fsdp_config.layer_wrap"),
+    ("critic.model.fsdp_config.mixed_precision.param_dtype=fp8",
+     "critic.model.fsdp_config.mixed_precision.param_dtype"),
+    ("critic.optim.lr=-1", "critic.optim.lr"),
+    ("actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr"),
+    ("actor_rollout_ref.rollout.name=foo", "actor_rollout_ref.rollout.name"),
+])
+def test_the_error_of_a_nested_section_names_the_full_key(override, full_key):
+    with pytest.raises(ValueError) as caught:
+        to_ppo_config(get_config([override]))
+    message = str(caught.value)
+    assert message.startswith(f"{full_key}=") and " is invalid: " in message and "Fix: " in message
+    assert "\n" not in message
+
+
+@dataclass
+class _Inner:
+    x: int = 0
+
+    def __post_init__(self):
+        if self.x < 0:
+            raise ValueError(f"x={self.x} is invalid: must be >= 0. Fix: use 0.")
+
+
+@dataclass
+class _Outer:
+    inner: _Inner = field(default_factory=_Inner)
+    y: int = 0
+
+    def __post_init__(self):
+        if self.y < 0:
+            raise ValueError(f"y={self.y} is invalid: must be >= 0. Fix: use 0.")
+
+
+def _error(cfg) -> ValueError:
+    with pytest.raises(ValueError) as caught:
+        OmegaConf.to_object(cfg)
+    return caught.value
+
+
+def test_a_sections_own_field_is_prefixed_and_root_errors_are_kept():
+    nested = OmegaConf.structured(_Outer)
+    nested.inner.x = -1
+    assert str(qualify_error(nested, _error(nested))) == "inner.x=-1 is invalid: must be >= 0. Fix: use 0."
+    root = OmegaConf.structured(_Outer)
+    root.y = -2
+    error = _error(root)
+    assert qualify_error(root, error) is error
+    other = ValueError("something else went wrong")
+    assert qualify_error(root, other) is other
+
+
+def test_the_other_entry_points_name_full_keys_too():
+    with pytest.raises(ValueError, match=r"^model\.fsdp_config\.layer_wrap='layers' is invalid"):
+        to_typed_config(get_config(["model.fsdp_config.layer_wrap=layers"], RM_SCHEMA), RM_SCHEMA.node)
