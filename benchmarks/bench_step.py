@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import psutil
@@ -243,6 +245,55 @@ def reexec_like_command(overrides: list[str]) -> None:
         reexec_for_single_process(cfg)
 
 
+#: What the workers chose at start-up, as their logs say it.
+CHOICE_MARKERS = ("precision on ", "packed attention: ", "FSDP2 groups: ")
+
+
+def _choice(message: str) -> Optional[str]:
+    """``message`` from its first :data:`CHOICE_MARKERS` marker on, or None."""
+    for marker in CHOICE_MARKERS:
+        if marker in message:
+            return message[message.index(marker):].strip()
+    return None
+
+
+class ChoiceLog(logging.Handler):
+    """Collects the choice lines logged in this process (the driver and a worker it hosts, which
+    log to no file under a benchmark) while attached to the ``hybrid_rl`` logger at INFO."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: dict[str, None] = {}
+        self._logger, self._level = logging.getLogger("hybrid_rl"), logging.NOTSET
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = _choice(record.getMessage())
+        if line:
+            self.lines[line] = None
+
+    def __enter__(self) -> "ChoiceLog":
+        self._level = self._logger.level
+        self._logger.setLevel(min(self._level or logging.WARNING, logging.INFO))
+        self._logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._level)
+
+
+def worker_choices(run_dir: str, logged: Sequence[str] = ()) -> list[str]:
+    """The distinct lines that report a worker's choices (the compute dtype, the packed-attention
+    kernel, the FSDP2 grouping): ``logged`` in this process, then those of the Ray workers' log
+    files under ``run_dir/logs/``, in the order first seen."""
+    found = dict.fromkeys(logged)
+    for path in sorted(Path(run_dir, "logs").glob("*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if (choice := _choice(line)) is not None:
+                found[choice] = None
+    return list(found)
+
+
 def measure_steps(overrides: list[str], warmup: int, peak_size: int = 2048,
                   monitors: Sequence[threading.Thread] = (), on_step: Optional[Callable[[dict], None]] = None) -> dict:
     """Run the trainer with ``overrides`` and return every step's :func:`step_figures`, the matmul peaks
@@ -268,24 +319,26 @@ def measure_steps(overrides: list[str], warmup: int, peak_size: int = 2048,
             if on_step is not None:
                 on_step(metrics)
 
-    trainer = build_trainer(cfg, Recording)
-    plan = make_run_plan(trainer.config)
-    torch.set_num_threads(plan.threads_per_worker)
-    dtype = trainer.actor_compute_dtype
-    peaks = {d: measure_peak_flops(plan.device, 1.0, d, size=peak_size)
-             for d in dict.fromkeys(("float32", "bfloat16", dtype))}
-    if plan.device == "cuda":
-        torch.cuda.empty_cache()  # the driver keeps no matmul buffers on the workers' GPU
-    sizes = model_param_split(trainer.config.actor_rollout_ref.model)
-    rows = trainer.config.data.train_batch_size * trainer.config.actor_rollout_ref.rollout.n
-    if warmup <= 0:
-        monitor.mark_steady()
-    wall_s = fit_monitored(trainer, monitor, *monitors)
+    with ChoiceLog() as choices:  # the workers' start-up choices, logged while the trainer is built and fits
+        trainer = build_trainer(cfg, Recording)
+        plan = make_run_plan(trainer.config)
+        torch.set_num_threads(plan.threads_per_worker)
+        dtype = trainer.actor_compute_dtype
+        peaks = {d: measure_peak_flops(plan.device, 1.0, d, size=peak_size)
+                 for d in dict.fromkeys(("float32", "bfloat16", dtype))}
+        if plan.device == "cuda":
+            torch.cuda.empty_cache()  # the driver keeps no matmul buffers on the workers' GPU
+        sizes = model_param_split(trainer.config.actor_rollout_ref.model)
+        rows = trainer.config.data.train_batch_size * trainer.config.actor_rollout_ref.rollout.n
+        if warmup <= 0:
+            monitor.mark_steady()
+        wall_s = fit_monitored(trainer, monitor, *monitors)
     epochs = trainer.config.actor_rollout_ref.actor.ppo_epochs
     figures = [step_figures(m, sizes, rows, peaks, epochs, dtype) for m in steps]
     return {"overrides": overrides, "peak_flops": peaks, "compute_dtype": dtype, "device": plan.device,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads_per_worker": plan.threads_per_worker,
             "params": {"body": sizes[0], "head": sizes[1]}, "steps": figures, "wall_s": wall_s,
+            "worker_choices": worker_choices(trainer.config.trainer.default_local_dir, list(choices.lines)),
             **monitor.figures(), "load_avg": os.getloadavg(), "warmup": warmup}
 
 

@@ -271,7 +271,18 @@ def markdown(report: dict[str, Any]) -> str:
     for name, t in report["targets"].items():
         holds = "not measured" if t["holds"] is None else ("yes" if t["holds"] else "**no**")
         lines.append(f"| {name} | {_fmt(t['value'])} | {t['target']} | {holds} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _choice_lines(report)) + "\n"
+
+
+def _choice_lines(report: dict[str, Any]) -> list[str]:
+    """What the trainer's workers chose in each section that ran it (dtype, attention kernel, FSDP2
+    grouping: ``bench_step.worker_choices``)."""
+    lines = []
+    for name in SECTIONS:
+        choices = (report["sections"][name].get("figures") or {}).get("worker_choices")
+        if choices:
+            lines += ["", f"Worker choices in `{name}`:", *(f"- {c}" for c in choices)]
+    return lines
 
 
 def summary(name: str, figures: Optional[dict]) -> Optional[dict]:

@@ -74,6 +74,9 @@ def test_cpu_run_of_the_check_needs_no_ray_and_writes_its_table(tmp_path):
     assert sections["profile"]["summary"]["update_actor_fsdp2_root_wall_s"] > 0  # the trainer's FSDP2 actor too
     table = (out / "gpu_check.md").read_text()
     assert "| ours | rc 0 |" in table and "| speedup_vs_trl | not measured |" in table
+    choices = sections["ours"]["figures"]["worker_choices"]  # what the workers logged at start-up
+    assert any(c.startswith("FSDP2 groups: ") for c in choices) and any(c.startswith("precision on cpu") for c in choices)
+    assert "Worker choices in `ours`:" in table and "- packed attention: rows by sdpa" in table
     assert "===== ours:" in (out / "gpu_check.log").read_text()
 
 
