@@ -259,37 +259,62 @@ def _choice(message: str) -> Optional[str]:
 
 class ChoiceLog(logging.Handler):
     """Collects the choice lines logged in this process (the driver and a worker it hosts, which
-    log to no file under a benchmark) while attached to the ``hybrid_rl`` logger at INFO."""
+    log to no file under a benchmark) while attached to the ``hybrid_rl`` logger. That logger is
+    lowered to INFO for the while and stops propagating; every record the logger would have let
+    through before goes on to the root's handlers (``logging.lastResort`` when there are none), so
+    what reaches the console does not change."""
 
     def __init__(self) -> None:
-        super().__init__(logging.INFO)
+        super().__init__(logging.NOTSET)
         self.lines: dict[str, None] = {}
-        self._logger, self._level = logging.getLogger("hybrid_rl"), logging.NOTSET
+        self._logger = logging.getLogger("hybrid_rl")
+        self._saved = (self._logger.level, self._logger.propagate)
+        self._passes = logging.WARNING
 
     def emit(self, record: logging.LogRecord) -> None:
         line = _choice(record.getMessage())
         if line:
             self.lines[line] = None
+        if self._saved[1] and record.levelno >= self._passes:
+            logging.getLogger().handle(record)
 
     def __enter__(self) -> "ChoiceLog":
-        self._level = self._logger.level
-        self._logger.setLevel(min(self._level or logging.WARNING, logging.INFO))
+        self._saved = (self._logger.level, self._logger.propagate)
+        self._passes = self._logger.getEffectiveLevel()
+        self._logger.setLevel(min(self._passes, logging.INFO))
+        self._logger.propagate = False
         self._logger.addHandler(self)
         return self
 
     def __exit__(self, *exc) -> None:
         self._logger.removeHandler(self)
-        self._logger.setLevel(self._level)
+        self._logger.setLevel(self._saved[0])
+        self._logger.propagate = self._saved[1]
 
 
-def worker_choices(run_dir: str, logged: Sequence[str] = ()) -> list[str]:
+_STAMP = "%Y-%m-%d %H:%M:%S"
+
+
+def _logged_since(line: str, since: Optional[float]) -> bool:
+    """Whether a log-file ``line`` (``YYYY-MM-DD HH:MM:SS,mmm ...``) was written at ``since`` or
+    later; lines without a time stamp count."""
+    if since is None:
+        return True
+    try:
+        return time.mktime(time.strptime(line[:19], _STAMP)) >= int(since)
+    except ValueError:
+        return True
+
+
+def worker_choices(run_dir: str, logged: Sequence[str] = (), since: Optional[float] = None) -> list[str]:
     """The distinct lines that report a worker's choices (the compute dtype, the packed-attention
     kernel, the FSDP2 grouping): ``logged`` in this process, then those of the Ray workers' log
-    files under ``run_dir/logs/``, in the order first seen."""
+    files anywhere under ``run_dir/logs/`` (the rollout and teacher pools log in subfolders) written
+    at ``since`` (a ``time.time()``) or later, in the order first seen."""
     found = dict.fromkeys(logged)
-    for path in sorted(Path(run_dir, "logs").glob("*.log")):
+    for path in sorted(Path(run_dir, "logs").rglob("*.log")):
         for line in path.read_text(errors="replace").splitlines():
-            if (choice := _choice(line)) is not None:
+            if (choice := _choice(line)) is not None and _logged_since(line, since):
                 found[choice] = None
     return list(found)
 
@@ -319,6 +344,7 @@ def measure_steps(overrides: list[str], warmup: int, peak_size: int = 2048,
             if on_step is not None:
                 on_step(metrics)
 
+    started = time.time()
     with ChoiceLog() as choices:  # the workers' start-up choices, logged while the trainer is built and fits
         trainer = build_trainer(cfg, Recording)
         plan = make_run_plan(trainer.config)
@@ -338,7 +364,7 @@ def measure_steps(overrides: list[str], warmup: int, peak_size: int = 2048,
     return {"overrides": overrides, "peak_flops": peaks, "compute_dtype": dtype, "device": plan.device,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads_per_worker": plan.threads_per_worker,
             "params": {"body": sizes[0], "head": sizes[1]}, "steps": figures, "wall_s": wall_s,
-            "worker_choices": worker_choices(trainer.config.trainer.default_local_dir, list(choices.lines)),
+            "worker_choices": worker_choices(trainer.run_dir, list(choices.lines), since=started),
             **monitor.figures(), "load_avg": os.getloadavg(), "warmup": warmup}
 
 

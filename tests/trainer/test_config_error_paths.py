@@ -59,6 +59,12 @@ class _Outer:
             raise ValueError(f"y={self.y} is invalid: must be >= 0. Fix: use 0.")
 
 
+@dataclass
+class _Pool:
+    members: dict[str, _Inner] = field(default_factory=dict)
+    order: list[_Inner] = field(default_factory=list)
+
+
 def _error(cfg) -> ValueError:
     with pytest.raises(ValueError) as caught:
         OmegaConf.to_object(cfg)
@@ -80,3 +86,15 @@ def test_a_sections_own_field_is_prefixed_and_root_errors_are_kept():
 def test_the_other_entry_points_name_full_keys_too():
     with pytest.raises(ValueError, match=r"^model\.fsdp_config\.layer_wrap='layers' is invalid"):
         to_typed_config(get_config(["model.fsdp_config.layer_wrap=layers"], RM_SCHEMA), RM_SCHEMA.node)
+
+
+def test_sections_under_a_mapping_or_a_list_are_found_with_their_name():
+    pool = OmegaConf.structured(_Pool)
+    pool.members["t"] = OmegaConf.structured(_Inner)
+    pool.members.t.x = -1
+    assert str(qualify_error(pool, _error(pool))).startswith("members.t.x=-1 is invalid")
+    listed = OmegaConf.structured(_Pool)
+    listed.order.append(OmegaConf.structured(_Inner))
+    listed.order.append(OmegaConf.structured(_Inner))
+    listed.order[1].x = -3
+    assert str(qualify_error(listed, _error(listed))).startswith("order.1.x=-3 is invalid")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 
 def failing_section(cfg: DictConfig, message: str) -> str:
@@ -27,20 +27,32 @@ def failing_section(cfg: DictConfig, message: str) -> str:
     return ".".join(path)
 
 
-def _failing_child(node: DictConfig, message: str) -> Optional[tuple[str, DictConfig]]:
-    for key in node.keys():
+def _failing_child(node: Any, message: str) -> Optional[tuple[str, DictConfig]]:
+    """``(relative dotted path, section)`` of the first typed section under ``node`` whose own
+    conversion raises ``message``; plain mappings and lists on the way are looked through (a
+    section under ``teacher_models.<name>`` is found with its name in the path)."""
+    keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+    for key in keys:
         try:
             child = node[key]
         except Exception:  # noqa: BLE001 - a missing or unresolvable value is not this error's section
             continue
-        if not isinstance(child, DictConfig) or not dataclasses.is_dataclass(OmegaConf.get_type(child)):
-            continue
-        try:
-            OmegaConf.to_object(child)
-        except ValueError as error:
-            if str(error) == message:
+        if isinstance(child, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(child)):
+            if _raises(child, message):
                 return str(key), child
+        elif isinstance(child, (DictConfig, ListConfig)):
+            inner = _failing_child(child, message)
+            if inner is not None:
+                return f"{key}.{inner[0]}", inner[1]
     return None
+
+
+def _raises(section: DictConfig, message: str) -> bool:
+    try:
+        OmegaConf.to_object(section)
+    except Exception as error:  # noqa: BLE001 - another error is not the one being placed
+        return isinstance(error, ValueError) and str(error) == message
+    return False
 
 
 def qualified_key(key: str, section: str, fields: tuple[str, ...] = ()) -> str:

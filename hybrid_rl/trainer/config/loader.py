@@ -171,7 +171,10 @@ def to_typed_config(cfg: Any, cls: type) -> Any:
     try:
         typed = OmegaConf.to_object(cfg)
     except ValueError as error:
-        qualified = qualify_error(cfg, error)
+        try:
+            qualified = qualify_error(cfg, error)
+        except Exception:  # noqa: BLE001 - placing the key is a courtesy; the error itself must come out
+            raise error from None
         if qualified is error:
             raise
         raise qualified from None
