@@ -15,7 +15,7 @@ from hybrid_rl.utils.bounds import bounded, check_bounds
 __all__ = ["AgentLoopConfig", "MultiTurnConfig", "TRUNCATE_SIDES", "agent_rollout_enabled"]
 
 TRUNCATE_SIDES = ("left", "middle", "right")
-_PREFIX = "actor_rollout_ref.rollout.multi_turn"
+_PREFIX = "rollout.multi_turn"  # the loader completes it (actor_rollout_ref. under PPO)
 
 
 def _check(ok: bool, key: str, value: Any, rule: str, fix: str) -> None:
@@ -92,7 +92,7 @@ class AgentLoopConfig:
     agent holds every other row back until its timeout."""
 
     def __post_init__(self) -> None:
-        prefix = "actor_rollout_ref.rollout.agent"
+        prefix = "rollout.agent"  # completed by the loader, as _PREFIX
         check_bounds(self, prefix)
         if not isinstance(self.timeout_s, (int, float)):
             raise ValueError(f"{prefix}.timeout_s={self.timeout_s!r} is invalid: must be a number of seconds. "

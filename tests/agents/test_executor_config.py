@@ -116,7 +116,7 @@ def test_multi_turn_config_checks():
         MultiTurnConfig(enable=True, max_assistant_turns=0)
     with pytest.raises(ValueError, match="tool_response_truncate_side='top'"):
         MultiTurnConfig(tool_response_truncate_side="top")
-    with pytest.raises(ValueError, match="set actor_rollout_ref.rollout.multi_turn.enable=true"):
+    with pytest.raises(ValueError, match="set rollout.multi_turn.enable=true"):
         MultiTurnConfig(tool_config_path="t.yaml")
 
 

@@ -7,8 +7,15 @@ from dataclasses import dataclass, field
 import pytest
 from omegaconf import OmegaConf
 
-from hybrid_rl.trainer.config.error_paths import qualified_key, qualify_error
+from hybrid_rl.trainer.config.error_paths import complete_keys, qualified_key, qualify_error
 from hybrid_rl.trainer.config.loader import RM_SCHEMA, get_config, to_ppo_config, to_typed_config
+
+
+def test_the_keys_a_fix_names_are_completed_from_the_same_start():
+    text = " is invalid. Fix: set rollout.do_sample=false, not a.rollout.x or rollouts."
+    assert complete_keys(text, "rollout.temperature", "actor_rollout_ref.") == (
+        " is invalid. Fix: set actor_rollout_ref.rollout.do_sample=false, not a.rollout.x or rollouts.")
+    assert complete_keys(" Fix: use lr.", "lr", "critic.optim.") == " Fix: use lr."
 
 
 def test_a_relative_key_is_completed_from_its_sections_place():
@@ -81,6 +88,20 @@ def test_a_sections_own_field_is_prefixed_and_root_errors_are_kept():
     assert qualify_error(root, error) is error
     other = ValueError("something else went wrong")
     assert qualify_error(root, other) is other
+
+
+@pytest.mark.parametrize("schema, prefix", [("ppo", "actor_rollout_ref.rollout"), ("sft", "rollout")])
+def test_the_agent_sections_are_named_where_each_entry_point_has_them(schema, prefix):
+    from hybrid_rl.trainer.config.loader import PPO_SCHEMA, SFT_SCHEMA
+
+    chosen = {"ppo": PPO_SCHEMA, "sft": SFT_SCHEMA}[schema]
+    for key, value in (("multi_turn.format", "foo"), ("agent.batch_window_s", "-1"),
+                       ("multi_turn.tool_config_path", "t.yaml")):
+        with pytest.raises(ValueError) as caught:
+            to_typed_config(get_config([f"{prefix}.{key}={value}"], chosen), chosen.node)
+        message = str(caught.value)
+        assert message.startswith(f"{prefix}.") and f".{key.split('.')[0]}." in message, message
+    assert f"Fix: set {prefix}.multi_turn.enable=true" in message  # the fix's own key completed too
 
 
 def test_the_other_entry_points_name_full_keys_too():

@@ -5,12 +5,15 @@ A section's own check (``__post_init__``) names its keys relative to itself: ``F
 the critic. When such an error comes out of a composed config, :func:`qualify_error` finds the
 deepest section that fails on its own and completes the key from the section's place in the tree
 (``actor_rollout_ref.actor.fsdp_config.layer_wrap=...``), so a YAML with several such sections names
-the one to fix.
+the one to fix; keys the fix names from the same start are completed too. The agent sections
+(``rollout.multi_turn``, ``rollout.agent``) rely on it: they sit under ``actor_rollout_ref.`` in
+PPO and at the root in SFT.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -82,7 +85,20 @@ def qualify_error(cfg: DictConfig, error: ValueError) -> ValueError:
     if not section:
         return error
     full = qualified_key(key, section, _field_names(OmegaConf.select(cfg, section)))
-    return error if full == key else ValueError(full + sep + rest)
+    if full == key or not full.endswith("." + key):
+        return error
+    return ValueError(full + sep + complete_keys(rest, key, full[: -len(key)]))
+
+
+def complete_keys(text: str, key: str, head: str) -> str:
+    """``text`` (the rest of a message) with the other keys it names from the same relative start
+    as ``key`` (``Fix: set rollout.multi_turn.enable=true``) completed by ``head``
+    (``actor_rollout_ref.``), as the message's own key was. A one-segment key names nothing to
+    complete."""
+    first, dot, _ = key.partition(".")
+    if not dot:
+        return text
+    return re.sub(rf"(?<![\w.]){re.escape(first)}\.", lambda m: head + m.group(0), text)
 
 
 def _field_names(node: Any) -> tuple[str, ...]:
