@@ -322,7 +322,8 @@ def worker_choices(run_dir: str, logged: Sequence[str] = (), since: Optional[flo
 def measure_steps(overrides: list[str], warmup: int, peak_size: int = 2048,
                   monitors: Sequence[threading.Thread] = (), on_step: Optional[Callable[[dict], None]] = None) -> dict:
     """Run the trainer with ``overrides`` and return every step's :func:`step_figures`, the matmul peaks
-    (``peak_size``-square matmuls on the run's device) and the peak RSS of the process tree.
+    (``peak_size``-square matmuls on the run's device), the peak RSS of the process tree and the
+    workers' start-up choices (:func:`worker_choices`).
     ``monitors`` (threads with a ``stop()``) poll during the fit beside the RSS monitor; ``on_step`` is
     called with each step's logged metrics."""
     import torch

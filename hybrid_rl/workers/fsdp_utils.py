@@ -106,8 +106,8 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-#: ``layer_wrap=auto`` wraps the root only when the whole model's transient bytes under one group
-#: (:func:`root_wrap_bytes`) are at most this share of the GPU's memory.
+#: ``layer_wrap=auto`` wraps the root only when the bound on what one group over the whole model
+#: needs (:func:`root_wrap_bytes`) is at most this share of the GPU's memory.
 ROOT_WRAP_MAX_MEMORY_FRAC = 0.05
 
 
@@ -156,7 +156,7 @@ def apply_fsdp2(model: nn.Module, fsdp_config: FSDPConfig, device: torch.device,
     logger.info("FSDP2 groups: %s", "one per decoder layer + root" if per_layer else "the root alone")
     if not per_layer and fsdp_config.reshard_after_forward:
         logger.debug("fsdp_config.reshard_after_forward has no effect with one group over the whole "
-                    "model: its parameters stay gathered from a forward until the backward ends")
+                     "model: its parameters stay gathered from a forward until the backward ends")
     for layer in decoder_layers(model) if per_layer else []:
         fully_shard(layer, reshard_after_forward=fsdp_config.reshard_after_forward, **kwargs)
     # reshard_after_forward left at None: FSDP2 keeps the root's parameters gathered after forward
