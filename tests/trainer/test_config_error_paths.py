@@ -47,13 +47,17 @@ def test_the_error_of_a_nested_section_names_the_full_key(override, full_key):
     assert "\n" not in message
 
 
+def _non_negative(key: str, value: int) -> None:
+    if value < 0:
+        raise ValueError(f"{key}={value} is invalid: must be >= 0. Fix: use 0.")
+
+
 @dataclass
 class _Inner:
     x: int = 0
 
     def __post_init__(self):
-        if self.x < 0:
-            raise ValueError(f"x={self.x} is invalid: must be >= 0. Fix: use 0.")
+        _non_negative("x", self.x)
 
 
 @dataclass
@@ -62,8 +66,7 @@ class _Outer:
     y: int = 0
 
     def __post_init__(self):
-        if self.y < 0:
-            raise ValueError(f"y={self.y} is invalid: must be >= 0. Fix: use 0.")
+        _non_negative("y", self.y)
 
 
 @dataclass

@@ -19,15 +19,15 @@ from typing import Any, Optional
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 
-def failing_section(cfg: DictConfig, message: str) -> str:
-    """The dotted path of the deepest section under ``cfg`` whose own conversion to its dataclass
-    raises a ``ValueError`` reading ``message`` ("" when only ``cfg`` itself does)."""
+def failing_section(cfg: DictConfig, message: str) -> tuple[str, DictConfig]:
+    """The dotted path and node of the deepest section under ``cfg`` whose own conversion to its
+    dataclass raises a ``ValueError`` reading ``message`` (``("", cfg)`` when only ``cfg`` does)."""
     path: list[str] = []
     node = cfg
     while (child := _failing_child(node, message)) is not None:
         path.append(child[0])
         node = child[1]
-    return ".".join(path)
+    return ".".join(path), node
 
 
 def _failing_child(node: Any, message: str) -> Optional[tuple[str, DictConfig]]:
@@ -81,10 +81,10 @@ def qualify_error(cfg: DictConfig, error: ValueError) -> ValueError:
     key, sep, rest = message.partition("=")
     if not sep or not key or " " in key:
         return error
-    section = failing_section(cfg, message)
+    section, node = failing_section(cfg, message)
     if not section:
         return error
-    full = qualified_key(key, section, _field_names(OmegaConf.select(cfg, section)))
+    full = qualified_key(key, section, _field_names(node))
     if full == key or not full.endswith("." + key):
         return error
     return ValueError(full + sep + complete_keys(rest, key, full[: -len(key)]))
@@ -101,6 +101,5 @@ def complete_keys(text: str, key: str, head: str) -> str:
     return re.sub(rf"(?<![\w.]){re.escape(first)}\.", lambda m: head + m.group(0), text)
 
 
-def _field_names(node: Any) -> tuple[str, ...]:
-    kind = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
-    return tuple(f.name for f in dataclasses.fields(kind)) if kind and dataclasses.is_dataclass(kind) else ()
+def _field_names(section: DictConfig) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(OmegaConf.get_type(section)))
