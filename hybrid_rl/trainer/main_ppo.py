@@ -29,6 +29,7 @@ from hybrid_rl.trainer.config.loader import CONFIG_DIR, CONFIG_NAME, check_overr
 from hybrid_rl.trainer.config.verl_compat import recommended_setting_notices, verl_default_notices
 from hybrid_rl.trainer.core.single_process import reexec_for_single_process, resolve_single_process
 from hybrid_rl.trainer.ppo.preflight import check_agent_config, check_agent_names, check_reward_coverage
+from hybrid_rl.utils.log_setup import recorded_config_notices
 
 logger = logging.getLogger(__name__)
 
@@ -139,10 +140,11 @@ def _hydra_task(cfg: DictConfig, command_line: bool = False) -> None:
     try:
         from hybrid_rl.trainer.core.supervisor import run_supervised
 
+        with recorded_config_notices() as deprecated:  # deprecated keys: plain lines, as the notices below
+            cfg = to_ppo_config(cfg)
         _configure_driver_logging(cfg, always=True)
-        cfg = to_ppo_config(cfg)
         overrides = _override_args(sys.argv[1:])
-        for notice in verl_default_notices(cfg, overrides) + recommended_setting_notices(cfg, overrides):
+        for notice in deprecated + verl_default_notices(cfg, overrides) + recommended_setting_notices(cfg, overrides):
             logger.warning(notice)
         trainer = build_trainer(resolve_single_process(cfg) if command_line else cfg)
         run_supervised(trainer, build_trainer)  # trainer.max_restarts: restart after a worker failure
@@ -213,7 +215,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         check_override_keys(overrides)
         # Compose once outside Hydra's app runner, which would print a multi-line report and a
         # HYDRA_FULL_ERROR hint for a wrong type instead of one line.
-        cfg = to_ppo_config(get_config([o for o in overrides if not o.lstrip("+~").startswith("hydra.")]))
+        with recorded_config_notices():  # printed once, by the run's own composition (_hydra_task)
+            cfg = to_ppo_config(get_config([o for o in overrides if not o.lstrip("+~").startswith("hydra.")]))
         if argv is None:
             cfg = resolve_single_process(cfg)
     except ValueError as error:

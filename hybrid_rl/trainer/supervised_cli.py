@@ -93,7 +93,7 @@ def run_cli(argv: Sequence[str], mode: SupervisedMode, command_line: bool = Fals
     nothing only Ray gives hosts it in this process (``trainer.single_process`` null = auto)."""
     from hybrid_rl.trainer.config.run_checks import run_dir
     from hybrid_rl.trainer.main_ppo import _fail, _is_reported_user_error
-    from hybrid_rl.utils.log_setup import configure_logging
+    from hybrid_rl.utils.log_setup import configure_logging, recorded_config_notices
 
     try:
         overrides, options, flags = _parse(argv)
@@ -106,7 +106,8 @@ def run_cli(argv: Sequence[str], mode: SupervisedMode, command_line: bool = Fals
         if flags or options.get("--cfg", "job") != "job":
             raise ValueError(f"unknown flag(s) {flags or ['--cfg ' + options['--cfg']]}: this command takes key=value "
                              "settings, --help, --cfg job and --config-path DIR --config-name NAME.")
-        cfg = compose(mode, overrides, config_dir, config_name)
+        with recorded_config_notices() as deprecated:
+            cfg = compose(mode, overrides, config_dir, config_name)
         if "--cfg" in options:
             from omegaconf import OmegaConf
 
@@ -125,6 +126,8 @@ def run_cli(argv: Sequence[str], mode: SupervisedMode, command_line: bool = Fals
             console.setFormatter(logging.Formatter("%(message)s"))
             logging.getLogger().addHandler(console)
         configure_logging(cfg.trainer.log_level, os.path.join(run_dir(cfg), "logs", "driver.log"))
+        for notice in deprecated:
+            logging.getLogger("hybrid_rl").warning(notice)
         run_mode(mode, cfg)
     except Exception as error:  # noqa: BLE001 - re-raised unless it is a user mistake
         if _is_reported_user_error(error):

@@ -18,7 +18,9 @@ import logging
 import os
 import re
 import sys
-from typing import Optional
+import warnings
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 LOG_LEVEL_ENV = "HYBRID_RL_LOG_LEVEL"
 """Environment override of ``trainer.log_level`` (also how the driver tells the workers)."""
@@ -51,6 +53,31 @@ HARMLESS_WARNINGS = tuple(re.compile(p) for p in (
     r"FSDP2-wrapped module \(\w+\) returned a view tensor",
 ))
 """Warnings of the libraries that are not the user's to act on (kept in the log files)."""
+
+
+
+class ConfigDeprecationWarning(FutureWarning):
+    """A config key kept for veRL's configs that will be removed: a ``FutureWarning`` in Python, one
+    plain line on a command line's console (:func:`recorded_config_notices`)."""
+
+
+@contextmanager
+def recorded_config_notices() -> Iterator[list[str]]:
+    """Within: each :class:`ConfigDeprecationWarning` is recorded, not shown; on leaving, the list
+    yielded holds their texts (once each) for the command line to print as plain lines beside its
+    other notices. Other warnings are shown as they would have been."""
+    texts: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigDeprecationWarning)
+        try:
+            yield texts
+        finally:
+            notices = [w for w in caught if issubclass(w.category, ConfigDeprecationWarning)]
+            others = [w for w in caught if w not in notices]
+    for w in others:
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
+    texts.extend(dict.fromkeys(str(w.message) for w in notices))
+
 
 _FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"
 _OWN = "hybrid_rl"

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from hybrid_rl.algorithms import KL_PENALTY_TYPES, LOSS_AGG_MODES
 from hybrid_rl.utils.bounds import bounded, check_bounds
+from hybrid_rl.utils.log_setup import ConfigDeprecationWarning
 from hybrid_rl.utils.precision import COMPUTE_DTYPES, CONCRETE_DTYPES
 from hybrid_rl.workers.policy_loss_config import PolicyLossConfig
 from hybrid_rl.workers.rollout.config import RolloutConfig
@@ -142,7 +143,7 @@ class OptimConfig:
         if self.warmup_style is not None:
             warnings.warn("optim.warmup_style is deprecated (kept for veRL configs); use "
                           "optim.lr_scheduler_type. It will be removed in hybrid_rl 0.3.",
-                          FutureWarning, stacklevel=3)
+                          ConfigDeprecationWarning, stacklevel=3)
 
     @property
     def scheduler_type(self) -> str:
@@ -228,7 +229,7 @@ def _check_batching(prefix: str, cfg: Any) -> None:
     if cfg.ppo_micro_batch_size is not None:
         warnings.warn(f"{prefix}.ppo_micro_batch_size is deprecated (veRL's global micro-batch); use "
                       f"{prefix}.ppo_micro_batch_size_per_gpu. It will be removed in hybrid_rl 0.3.",
-                      FutureWarning, stacklevel=4)
+                      ConfigDeprecationWarning, stacklevel=4)
     _check(cfg.use_dynamic_bsz or cfg.ppo_micro_batch_size_per_gpu is not None
            or cfg.ppo_micro_batch_size is not None,
            f"{prefix}.ppo_micro_batch_size_per_gpu", None,
@@ -250,7 +251,7 @@ class ActorConfig:
     """Rows per forward/backward on one rank (gradient accumulation unit) when use_dynamic_bsz is false."""
     ppo_micro_batch_size: Optional[int] = bounded(None, ge=1, fix="set a positive number of rows, or null")
     """Deprecated veRL key: rows per forward/backward over ALL ranks; when set it is divided by the
-    number of data-parallel workers and replaces ppo_micro_batch_size_per_gpu (FutureWarning)."""
+    number of data-parallel workers and replaces ppo_micro_batch_size_per_gpu (a FutureWarning)."""
     use_dynamic_bsz: bool = True
     """Pack rows into micro-batches of at most ppo_max_token_len_per_gpu computed tokens instead of a
     fixed row count."""

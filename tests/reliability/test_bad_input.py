@@ -457,3 +457,18 @@ def test_custom_reward_errors_stay_inside_the_guard(env):
     assert scores == [0.0, 0.0]
     assert metrics["reward/num_errors"] == 2 and metrics["reward/all_failed"] == 1.0
     assert np.isfinite(scores).all()
+
+
+def test_deprecated_keys_are_plain_notices_before_the_error(env, run_in_process, capsys):
+    """A deprecated veRL key is named in full, once, as a plain notice line on the console (as the
+    other notices; not the warnings module's file:line and source line), before the one error line."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:  # run_in_process's set-up; both streams read here
+        main_ppo.main(base_overrides(env) + ["actor_rollout_ref.actor.ppo_micro_batch_size=2",
+                                             "critic.optim.warmup_style=constant", "trainer.n_gpus_per_node=4"])
+    out, err = capsys.readouterr()
+    _check_one_line(exit_info.value.code, err, ["trainer.n_gpus_per_node=4 CPU workers"])
+    lines = (out + err).splitlines()
+    for key in ("actor_rollout_ref.actor.ppo_micro_batch_size", "critic.optim.warmup_style"):
+        assert sum(f" {key} is deprecated " in f" {ln}" for ln in lines) == 1, out + err
+    assert "Warning:" not in out + err, out + err

@@ -7,8 +7,12 @@ from dataclasses import dataclass, field
 import pytest
 from omegaconf import OmegaConf
 
-from hybrid_rl.trainer.config.error_paths import complete_keys, qualified_key, qualify_error
-from hybrid_rl.trainer.config.loader import RM_SCHEMA, get_config, to_ppo_config, to_typed_config
+from hybrid_rl.trainer.config.error_paths import (complete_keys, name_the_source, qualified_key, qualify_error,
+                                                  qualify_warnings)
+from hybrid_rl.trainer.config.loader import (PPO_SCHEMA, RM_SCHEMA, SFT_SCHEMA, get_config, to_ppo_config,
+                                             to_typed_config)
+from hybrid_rl.trainer.config.schema import PPOConfig
+from hybrid_rl.utils.log_setup import ConfigDeprecationWarning
 
 
 def test_the_keys_a_fix_names_are_completed_from_the_same_start():
@@ -95,8 +99,6 @@ def test_a_sections_own_field_is_prefixed_and_root_errors_are_kept():
 
 @pytest.mark.parametrize("schema, prefix", [("ppo", "actor_rollout_ref.rollout"), ("sft", "rollout")])
 def test_the_agent_sections_are_named_where_each_entry_point_has_them(schema, prefix):
-    from hybrid_rl.trainer.config.loader import PPO_SCHEMA, SFT_SCHEMA
-
     chosen = {"ppo": PPO_SCHEMA, "sft": SFT_SCHEMA}[schema]
     for key, value in (("multi_turn.format", "foo"), ("agent.batch_window_s", "-1"),
                        ("multi_turn.tool_config_path", "t.yaml")):
@@ -122,3 +124,61 @@ def test_sections_under_a_mapping_or_a_list_are_found_with_their_name():
     listed.order.append(OmegaConf.structured(_Inner))
     listed.order[1].x = -3
     assert str(qualify_error(listed, _error(listed))).startswith("order.1.x=-3 is invalid")
+
+
+@pytest.mark.parametrize("schema", [PPO_SCHEMA, SFT_SCHEMA])
+def test_a_bad_value_a_linked_key_follows_is_blamed_on_the_key_that_was_set(schema):
+    with pytest.raises(ValueError) as caught:
+        to_typed_config(get_config(["data.max_prompt_length=-999"], schema), schema.node)
+    follower = "actor_rollout_ref.rollout.prompt_length" if schema is PPO_SCHEMA else "rollout.prompt_length"
+    assert str(caught.value) == (f"data.max_prompt_length=-999 is invalid: must be >= 1 ({follower} follows it). "
+                                 "Fix: set data.max_prompt_length to a positive integer.")
+
+
+def test_a_linked_key_set_itself_keeps_its_own_name():
+    with pytest.raises(ValueError) as caught:
+        to_ppo_config(get_config(["actor_rollout_ref.rollout.prompt_length=-5"]))
+    assert str(caught.value).startswith("actor_rollout_ref.rollout.prompt_length=-5 is invalid: must be >= 1. Fix:")
+
+
+@dataclass
+class _Chain:
+    a: int = 1
+    b: int = "${a}"  # type: ignore[assignment]
+    c: int = "${b}"  # type: ignore[assignment]
+    d: int = "${oc.env:HOME}"  # type: ignore[assignment] - not a plain key: names no source
+
+
+def test_the_source_is_followed_to_the_end_of_a_chain_of_links():
+    chain = OmegaConf.structured(_Chain)
+    assert name_the_source(chain, "c=-1 is invalid: must be >= 0. Fix: use c=0.") == \
+        "a=-1 is invalid: must be >= 0 (c follows it). Fix: use a=0."
+    assert name_the_source(chain, "c=-1 is invalid") == "a=-1 is invalid (c follows it)."
+    for kept in ("a=-1 is invalid: x. Fix: y.", "d=-1 is invalid: x.", "nothing=1 is invalid.", "no key here"):
+        assert name_the_source(chain, kept) == kept
+
+
+def test_a_python_built_config_names_full_keys_too():
+    cfg = PPOConfig()
+    cfg.actor_rollout_ref.ref.fsdp_config.layer_wrap = "layers"
+    with pytest.raises(ValueError, match=r"^actor_rollout_ref\.ref\.fsdp_config\.layer_wrap='layers' is invalid"):
+        to_ppo_config(cfg)
+
+
+def test_deprecation_notices_name_full_keys_once_per_section_and_point_at_the_caller():
+    overrides = ["actor_rollout_ref.actor.ppo_micro_batch_size=4", "critic.optim.warmup_style=constant",
+                 "actor_rollout_ref.actor.optim.warmup_style=cosine"]
+    with pytest.warns(ConfigDeprecationWarning) as caught:
+        to_ppo_config(get_config(overrides))
+    texts = [str(w.message) for w in caught]
+    assert sorted(t.split(" ")[0] for t in texts) == ["actor_rollout_ref.actor.optim.warmup_style",
+                                                      "actor_rollout_ref.actor.ppo_micro_batch_size",
+                                                      "critic.optim.warmup_style"]
+    assert "use critic.optim.lr_scheduler_type" in next(t for t in texts if t.startswith("critic."))
+    assert {w.filename for w in caught} == {__file__}
+
+
+def test_a_notice_no_section_gives_alone_is_kept():
+    cfg = OmegaConf.structured(_Outer)
+    assert qualify_warnings(cfg, ["x is deprecated", "x is deprecated", "free text"]) == \
+        ["x is deprecated", "free text"]

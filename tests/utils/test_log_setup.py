@@ -107,3 +107,18 @@ def test_library_env_routes_vllm_and_quiets_torch_cpp(monkeypatch):
     assert L.library_env("info") == {"VLLM_CONFIGURE_LOGGING": "0", L.LOG_LEVEL_ENV: "info",
                                      "TORCH_CPP_LOG_LEVEL": "ERROR"}
     assert "TORCH_CPP_LOG_LEVEL" not in L.library_env("debug")
+
+
+def test_config_notices_are_recorded_once_and_other_warnings_still_shown():
+    import warnings
+
+    from hybrid_rl.utils.log_setup import ConfigDeprecationWarning, recorded_config_notices
+
+    with pytest.warns(UserWarning, match="another library's"):
+        with recorded_config_notices() as texts:
+            for _ in range(2):
+                warnings.warn("a.b is deprecated; use a.c.", ConfigDeprecationWarning)
+            warnings.warn("another library's warning", UserWarning)
+            assert texts == []  # filled on leaving
+    assert texts == ["a.b is deprecated; use a.c."]
+    assert issubclass(ConfigDeprecationWarning, FutureWarning)  # Python callers see a FutureWarning

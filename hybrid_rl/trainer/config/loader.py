@@ -13,18 +13,22 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
 
+import omegaconf
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from hybrid_rl.trainer.config.error_paths import qualify_error
+from hybrid_rl.trainer.config.error_paths import qualify_error, qualify_warnings
 from hybrid_rl.trainer.config.schema import PPOConfig
 from hybrid_rl.trainer.config.supervised import RMConfig, SFTConfig
 
 # The YAMLs sit in this package, beside the dataclasses (schema.py, supervised.py).
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
+_OMEGACONF_DIR = os.path.dirname(os.path.abspath(omegaconf.__file__))
 
 
 @dataclass(frozen=True)
@@ -158,31 +162,66 @@ def to_ppo_config(cfg: Union[DictConfig, PPOConfig]) -> PPOConfig:
 
 def to_typed_config(cfg: Any, cls: type) -> Any:
     """The typed ``cls`` instance of ``cfg`` (a DictConfig composed over ``cls``'s schema, or a
-    ``cls`` built in Python): interpolations resolved, group checks run."""
+    ``cls`` built in Python): interpolations resolved, group checks run. Errors and deprecation
+    notices of nested sections name their full keys (:mod:`.error_paths`)."""
     if isinstance(cfg, cls):
-        return cfg if _is_resolved(cfg) else OmegaConf.to_object(OmegaConf.structured(cfg))
-    if not isinstance(cfg, DictConfig) or OmegaConf.get_type(cfg) not in (cls, dict):
+        if _is_resolved(cfg):
+            return cfg
+        cfg = OmegaConf.structured(cfg)
+    elif not isinstance(cfg, DictConfig) or OmegaConf.get_type(cfg) not in (cls, dict):
         raise TypeError(f"expected a DictConfig from get_config() or a {cls.__name__}, got {type(cfg).__name__}"
                         + (f" of {OmegaConf.get_type(cfg).__name__}" if isinstance(cfg, DictConfig) else ""))
-    cfg = cfg.copy()
-    if "hydra" in cfg:
-        with _open(cfg):
-            cfg.pop("hydra")
-    try:
-        typed = OmegaConf.to_object(cfg)
-    except ValueError as error:
-        try:
-            qualified = qualify_error(cfg, error)
-        except Exception:  # noqa: BLE001 - placing the key is a courtesy; the error itself must come out
-            raise error from None
-        if qualified is error:
-            raise
-        raise qualified from None
+    else:
+        cfg = cfg.copy()
+        if "hydra" in cfg:
+            with _open(cfg):
+                cfg.pop("hydra")
+    typed = _convert(cfg)
     if not isinstance(typed, cls):
         raise ValueError(f"the YAML config does not name its schema, so its keys are not checked as {cls.__name__}'s: "
                          "start it with the entry point's schema, e.g. 'defaults: [sft_trainer_schema, _self_]' "
                          "(ppo_trainer_schema, sft_trainer_schema or rm_trainer_schema).")
     return typed
+
+
+def _convert(cfg: DictConfig) -> Any:
+    """``OmegaConf.to_object(cfg)`` with its error and its notices naming full keys."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            typed = OmegaConf.to_object(cfg)
+        except ValueError as error:
+            try:
+                qualified = qualify_error(cfg, error)
+            except Exception:  # noqa: BLE001 - placing the key is a courtesy; the error itself must come out
+                raise error from None
+            if qualified is error:
+                raise
+            raise qualified from None
+        finally:
+            notices = [w for w in caught if issubclass(w.category, (DeprecationWarning, FutureWarning))]
+            others = [w for w in caught if w not in notices]
+    # outside the recording: what the user sees, attributed to the code that asked for the config
+    for w in others:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    for category in dict.fromkeys(w.category for w in notices):
+        messages = [str(w.message) for w in notices if w.category is category]
+        try:
+            texts = qualify_warnings(cfg, messages)
+        except Exception:  # noqa: BLE001 - placing the keys is a courtesy; the notices must come out
+            texts = list(dict.fromkeys(messages))
+        for text in texts:
+            warnings.warn(text, category, stacklevel=_caller_stacklevel())
+    return typed
+
+
+def _caller_stacklevel() -> int:
+    """``warnings.warn``'s stacklevel of the first frame outside this package and OmegaConf (the
+    code that asked for the config), counted from ``warnings.warn``'s caller."""
+    frame, level = sys._getframe(1), 1  # noqa: SLF001 - the frame of _caller_stacklevel's caller
+    while frame is not None and frame.f_code.co_filename.startswith((CONFIG_DIR, _OMEGACONF_DIR)):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _is_resolved(cfg: PPOConfig) -> bool:
