@@ -185,13 +185,15 @@ def check_values(values: Mapping[str, Any]) -> dict[str, str]:
     """
     from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
     from hybrid_rl.trainer.config.checks import validate_config
+    from hybrid_rl.utils.log_setup import recorded_config_notices
 
     keys = [f.key for f in config_schema()[0]]
     from omegaconf.errors import OmegaConfBaseException
 
     try:
         overrides = to_overrides(values)
-        validate_config(to_ppo_config(get_config(overrides)))
+        with recorded_config_notices():  # a deprecated key is the launched run's notice, not the server's
+            validate_config(to_ppo_config(get_config(overrides)))
     except (ValueError, TypeError, OmegaConfBaseException) as error:
         lines = [line.removeprefix("- ") for line in str(error).splitlines() if line.strip()]
         if len(lines) > 1 and lines[0].endswith("config problems:"):

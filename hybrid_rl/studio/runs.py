@@ -158,8 +158,10 @@ class RunLauncher:
         """Start a run of ``values`` (already checked); returns its id."""
         from hybrid_rl.studio.form import to_overrides
         from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
+        from hybrid_rl.utils.log_setup import recorded_config_notices
 
-        folder = to_ppo_config(get_config(to_overrides(values))).trainer.default_local_dir  # interpolated
+        with recorded_config_notices():  # the launched run prints its own notices
+            folder = to_ppo_config(get_config(to_overrides(values))).trainer.default_local_dir  # interpolated
         run_dir = (self.cwd / os.path.expanduser(folder)).resolve()
         with self._lock:
             busy = [i for i, run in self.runs.items() if run.run_dir == run_dir and run.process.poll() is None]

@@ -80,6 +80,7 @@ def run_ppo(cfg: Union[DictConfig, PPOConfig], trainer_cls: Optional[type] = Non
     """
     from hybrid_rl.trainer.core.supervisor import run_supervised
 
+    cfg = to_ppo_config(cfg)  # once: its deprecation notices are given once
     _configure_driver_logging(cfg, always=False)
     trainer = build_trainer(cfg, trainer_cls)
     # Stops the workers at the end; restarts them after a worker failure per trainer.max_restarts.
@@ -215,8 +216,10 @@ def main(argv: Optional[list[str]] = None) -> None:
         check_override_keys(overrides)
         # Compose once outside Hydra's app runner, which would print a multi-line report and a
         # HYDRA_FULL_ERROR hint for a wrong type instead of one line.
-        with recorded_config_notices():  # printed once, by the run's own composition (_hydra_task)
+        with recorded_config_notices() as deprecated:  # a run prints them with its own composition (_hydra_task)
             cfg = to_ppo_config(get_config([o for o in overrides if not o.lstrip("+~").startswith("hydra.")]))
+        if {"--cfg", "-c"} & set(sys.argv[1:]):  # Hydra prints the config and runs no task
+            sys.stderr.write("".join(notice + "\n" for notice in deprecated))
         if argv is None:
             cfg = resolve_single_process(cfg)
     except ValueError as error:

@@ -113,6 +113,7 @@ def run_cli(argv: Sequence[str], mode: SupervisedMode, command_line: bool = Fals
 
             from hybrid_rl.trainer.config.loader import to_container
 
+            sys.stderr.write("".join(notice + "\n" for notice in deprecated))
             sys.stdout.write(OmegaConf.to_yaml(to_container(cfg)))
             return
         if command_line:

@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import warnings
 from contextlib import contextmanager
 from typing import Iterator, Optional
@@ -61,13 +62,16 @@ class ConfigDeprecationWarning(FutureWarning):
     plain line on a command line's console (:func:`recorded_config_notices`)."""
 
 
+_RECORDING = threading.RLock()
+
+
 @contextmanager
 def recorded_config_notices() -> Iterator[list[str]]:
     """Within: each :class:`ConfigDeprecationWarning` is recorded, not shown; on leaving, the list
     yielded holds their texts (once each) for the command line to print as plain lines beside its
     other notices. Other warnings are shown as they would have been."""
     texts: list[str] = []
-    with warnings.catch_warnings(record=True) as caught:
+    with _RECORDING, warnings.catch_warnings(record=True) as caught:  # process-wide state: one at a time
         warnings.simplefilter("always", ConfigDeprecationWarning)
         try:
             yield texts

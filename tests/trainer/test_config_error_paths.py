@@ -182,3 +182,36 @@ def test_a_notice_no_section_gives_alone_is_kept():
     cfg = OmegaConf.structured(_Outer)
     assert qualify_warnings(cfg, ["x is deprecated", "x is deprecated", "free text"]) == \
         ["x is deprecated", "free text"]
+
+
+def test_notices_given_before_a_failing_conversion_still_come_out():
+    with pytest.warns(ConfigDeprecationWarning, match=r"^actor_rollout_ref\.actor\.ppo_micro_batch_size is"):
+        with pytest.raises(ValueError, match=r"^data\.max_response_length=-1 is invalid"):
+            to_ppo_config(get_config(["actor_rollout_ref.actor.ppo_micro_batch_size=2",
+                                      "data.max_response_length=-1"]))
+
+
+@dataclass
+class _Noisy:
+    x: int = 0
+
+    def __post_init__(self):
+        import warnings
+
+        warnings.warn("a section's own remark", UserWarning)
+
+
+def test_other_warnings_of_a_conversion_keep_their_place():
+    with pytest.warns(UserWarning, match="a section's own remark") as caught:
+        to_typed_config(OmegaConf.structured(_Noisy), _Noisy)
+    assert [w.filename for w in caught] == [__file__] and len(caught) == 1
+
+
+def test_cfg_job_prints_the_notices_hydra_would_not(capsys, monkeypatch):
+    from hybrid_rl.trainer import main_ppo
+
+    monkeypatch.setattr("sys.argv", ["main_ppo"])  # main(argv) sets it
+    main_ppo.main(["critic.optim.warmup_style=constant", "--cfg", "job"])
+    out, err = capsys.readouterr()
+    assert "warmup_style: constant" in out
+    assert err.splitlines()[0].startswith("critic.optim.warmup_style is deprecated"), err

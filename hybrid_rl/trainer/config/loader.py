@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import os
 import sys
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
@@ -25,10 +26,13 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from hybrid_rl.trainer.config.error_paths import qualify_error, qualify_warnings
 from hybrid_rl.trainer.config.schema import PPOConfig
 from hybrid_rl.trainer.config.supervised import RMConfig, SFTConfig
+from hybrid_rl.utils.log_setup import ConfigDeprecationWarning
 
 # The YAMLs sit in this package, beside the dataclasses (schema.py, supervised.py).
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 _OMEGACONF_DIR = os.path.dirname(os.path.abspath(omegaconf.__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(CONFIG_DIR))  # hybrid_rl/
+_CONVERTING = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -185,41 +189,47 @@ def to_typed_config(cfg: Any, cls: type) -> Any:
 
 
 def _convert(cfg: DictConfig) -> Any:
-    """``OmegaConf.to_object(cfg)`` with its error and its notices naming full keys."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            typed = OmegaConf.to_object(cfg)
-        except ValueError as error:
-            try:
-                qualified = qualify_error(cfg, error)
-            except Exception:  # noqa: BLE001 - placing the key is a courtesy; the error itself must come out
-                raise error from None
-            if qualified is error:
-                raise
-            raise qualified from None
-        finally:
-            notices = [w for w in caught if issubclass(w.category, (DeprecationWarning, FutureWarning))]
-            others = [w for w in caught if w not in notices]
-    # outside the recording: what the user sees, attributed to the code that asked for the config
+    """``OmegaConf.to_object(cfg)`` with its error and its deprecation notices naming full keys.
+
+    Each conversion gives its notices again (a run converts once: ``run_ppo``, the command lines),
+    attributed to the first caller outside hybrid_rl; other warnings are shown as they were given.
+    """
+    with _CONVERTING:  # the warnings machinery is process-wide (the studio checks in threads)
+        typed, error, notices, others = _recorded_conversion(cfg)
     for w in others:
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
-    for category in dict.fromkeys(w.category for w in notices):
-        messages = [str(w.message) for w in notices if w.category is category]
-        try:
-            texts = qualify_warnings(cfg, messages)
-        except Exception:  # noqa: BLE001 - placing the keys is a courtesy; the notices must come out
-            texts = list(dict.fromkeys(messages))
-        for text in texts:
-            warnings.warn(text, category, stacklevel=_caller_stacklevel())
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
+    level = _caller_stacklevel()
+    for text in notices:
+        warnings.warn(text, ConfigDeprecationWarning, stacklevel=level)
+    if error is not None:
+        raise error from None
     return typed
 
 
+def _recorded_conversion(cfg: DictConfig) -> tuple[Any, Optional[ValueError], list[str], list[Any]]:
+    """``(typed or None, the placed ValueError or None, the placed notices, the other warnings)``."""
+    typed, error = None, None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigDeprecationWarning)
+        try:
+            typed = OmegaConf.to_object(cfg)
+        except ValueError as raised:
+            error = raised
+    messages = [str(w.message) for w in caught if issubclass(w.category, ConfigDeprecationWarning)]
+    others = [w for w in caught if not issubclass(w.category, ConfigDeprecationWarning)]
+    try:
+        error = error if error is None else qualify_error(cfg, error)
+        notices = qualify_warnings(cfg, messages) if messages else []
+    except Exception:  # noqa: BLE001 - placing the keys is a courtesy; the error and notices must come out
+        notices = list(dict.fromkeys(messages))
+    return typed, error, notices, others
+
+
 def _caller_stacklevel() -> int:
-    """``warnings.warn``'s stacklevel of the first frame outside this package and OmegaConf (the
-    code that asked for the config), counted from ``warnings.warn``'s caller."""
+    """``warnings.warn``'s stacklevel of the first frame outside hybrid_rl and OmegaConf (the code
+    that asked for the config), counted from ``warnings.warn``'s caller."""
     frame, level = sys._getframe(1), 1  # noqa: SLF001 - the frame of _caller_stacklevel's caller
-    while frame is not None and frame.f_code.co_filename.startswith((CONFIG_DIR, _OMEGACONF_DIR)):
+    while frame is not None and frame.f_code.co_filename.startswith((_PACKAGE_DIR + os.sep, _OMEGACONF_DIR + os.sep)):
         frame, level = frame.f_back, level + 1
     return level
 
