@@ -1,4 +1,4 @@
-"""Evaluate any model on held-out prompts: mean@n and pass@k per data source, as a JSON table.
+"""Evaluate any model on held-out prompts: mean@n, pass@k, best@n and maj@n per data source, as JSON.
 
     python -m hybrid_rl.eval --model checkpoints/hybrid_rl/arithmetic_grpo/global_step_4
     python -m hybrid_rl.eval --model /path/to/hf_folder --data test.parquet --n 8 --output eval.json
@@ -29,6 +29,7 @@ from typing import Any, Optional, Sequence
 __all__ = ["evaluate", "main", "resolve_eval_model"]
 
 _METRIC = re.compile(r"^val-core/(?P<source>.+)/reward/(?P<name>[^/]+)$")
+_HEADLINE = re.compile(r"^val-core/(?P<source>.+)/(?P<var>[^/]+)/(?P<name>(?:mean|best|maj)@\d+)(?:/mean)?$")
 
 
 def resolve_eval_model(model: str, workdir: str) -> str:
@@ -62,12 +63,19 @@ def _overrides(model_dir: str, data: Sequence[str], n: int, engine: Optional[str
 
 
 def table(metrics: dict[str, float]) -> dict[str, dict[str, float]]:
-    """``{data_source: {"mean@n": ..., "pass@k": ...}}`` from the validation metrics."""
+    """``{data_source: {"mean@n": ..., "pass@k": ..., "best@n": ...}}`` from the validation metrics:
+    the reward's, and veRL's headline ``best@n`` / ``maj@n`` (and ``acc/...`` when the scorer gives
+    ``acc``) with n > 1."""
     out: dict[str, dict[str, float]] = {}
     for key, value in metrics.items():
         match = _METRIC.match(key)
         if match:
             out.setdefault(match["source"], {})[match["name"]] = value
+            continue
+        match = _HEADLINE.match(key)
+        if match:
+            name = match["name"] if match["var"] == "reward" else f"{match['var']}/{match['name']}"
+            out.setdefault(match["source"], {})[name] = value
     return out
 
 

@@ -40,7 +40,8 @@ def test_hf_folder_and_its_checkpoint_evaluate_the_same(tmp_path, tiny_model_dir
     from_ckpt = main(["--model", str(step), "--n", "2", "--engine", "hf", *_task(tmp_path)])
     assert from_folder["rows"] == 6 and from_folder["n"] == 2
     row = from_folder["table"]["arithmetic"]
-    assert set(row) == {"mean@2", "pass@1", "pass@2"} and 0.0 <= row["pass@1"] <= row["pass@2"] <= 1.0
+    assert set(row) == {"mean@2", "pass@1", "pass@2", "best@2"} and 0.0 <= row["pass@1"] <= row["pass@2"] <= 1.0
+    assert row["mean@2"] <= row["best@2"] <= row["pass@2"]  # with replacement: between the two
     assert from_ckpt["table"] == from_folder["table"]  # the same weights, the same seeded samples
     assert json.loads(out.read_text())["table"] == from_folder["table"]
 
@@ -49,6 +50,10 @@ def test_table_groups_metrics_per_source():
     metrics = {"val-core/a/reward/mean@4": 0.5, "val-core/a/reward/pass@4": 0.75, "val-core/b/c/reward/mean@4": 0.1,
                "val-aux/response_length/mean": 9.0}
     assert table(metrics) == {"a": {"mean@4": 0.5, "pass@4": 0.75}, "b/c": {"mean@4": 0.1}}
+    verl = {"val-core/a/reward/best@4/mean": 0.9, "val-core/a/acc/maj@4/mean": 0.6, "val-core/a/acc/mean@4": 0.5,
+            "val-aux/a/reward/best@2/mean": 0.7, "val-aux/a/reward/std@4": 0.2}
+    assert table({**metrics, **verl})["a"] == {"mean@4": 0.5, "pass@4": 0.75, "best@4": 0.9, "acc/maj@4": 0.6,
+                                               "acc/mean@4": 0.5}
 
 
 def test_bad_input_is_one_line(tmp_path):

@@ -31,7 +31,8 @@ def test_summarize_per_data_source():
     assert m["val-core/b/reward/mean@2"] == 1.0 and m["val-core/b/reward/pass@2"] == 1.0
 
 
-def test_run_validation_with_fake_generator(tmp_path):
+def _fake_run(tmp_path, extra_info=lambda data, scores: {}, batches=1):
+    """run_validation over ``batches`` copies of two prompts, n=2, a fake model that solves the first."""
     tok = build_byte_tokenizer()
     prompts = [tok.encode("1+1="), tok.encode("2+2=")]
     width = max(map(len, prompts))
@@ -61,11 +62,34 @@ def test_run_validation_with_fake_generator(tmp_path):
         for i, gt in enumerate(data.non_tensor_batch["reward_model"]):
             text = tok.decode(data.batch["responses"][i].tolist(), skip_special_tokens=True)
             scores[i, -1] = float(text == gt["ground_truth"])
-        return {"reward_tensor": scores, "reward_extra_info": {}}
+        return {"reward_tensor": scores, "reward_extra_info": extra_info(data, scores)}
 
-    m = run_validation([batch], generate, reward_fn, tok, n=2, step=3, num_logged=1, run_dir=str(tmp_path))
+    m = run_validation([batch] * batches, generate, reward_fn, tok, n=2, step=3, num_logged=1, run_dir=str(tmp_path))
+    return m
+
+
+def test_run_validation_with_fake_generator(tmp_path):
+    m = _fake_run(tmp_path)
     assert m["val-core/toy/reward/mean@2"] == 0.5
     assert m["val-core/toy/reward/pass@2"] == 0.5
     assert m["val-aux/response_length/mean"] == 2.0
     logged = [json.loads(line) for line in (tmp_path / "val_generations.jsonl").read_text().splitlines()]
     assert logged == [{"step": 3, "data_source": "toy", "prompt": "1+1=", "response": "2", "ground_truth": "2", "score": 1.0}]
+
+
+def test_the_scorers_answers_and_numbers_give_verls_best_and_majority_metrics(tmp_path):
+    calls = []
+
+    def extra_info(data, scores):
+        calls.append(len(data))
+        solved = (scores.sum(-1) > 0).tolist()
+        info = {"acc": solved, "pred": ["2" if ok else "5" for ok in solved], "score": scores.sum(-1).tolist()}
+        return info if len(calls) > 1 else {}  # the first batch's scorer gave no extra keys
+
+    m = _fake_run(tmp_path, extra_info, batches=2)
+    # each batch: prompt "1+1=" solved twice, "2+2=" never; the first batch's samples have no acc/pred
+    # (left out of those); acc is the headline variable once a scorer gives it
+    assert m["val-core/toy/acc/best@2/mean"] == 0.5 and m["val-aux/toy/acc/worst@2/mean"] == 0.5
+    assert m["val-core/toy/acc/maj@2/mean"] == 0.5 and m["val-aux/toy/reward/maj@2/mean"] == 0.5
+    assert m["val-aux/toy/reward/best@2/mean"] == 0.5 and m["val-core/toy/reward/mean@2"] == 0.5
+    assert not any("/score/" in key for key in m)

@@ -4,7 +4,9 @@ Metrics (veRL names): ``val-core/<data_source>/reward/mean@<n>`` (mean score of 
 prompt; with greedy n=1 this is the accuracy) and ``val-core/<data_source>/reward/pass@<k>`` for
 k = 1, 2, 4, ... <= n (unbiased estimator of Chen et al. 2021 from the n samples). A sample counts
 as solved when the scorer reports ``acc`` truthy, or otherwise when its score is > 0 (rule-based
-scorers give 0 to wrong answers). A few decoded samples are logged and kept in
+scorers give 0 to wrong answers). With n > 1, veRL's ``std@n``, ``best@k``, ``worst@k`` and (when
+the scorer returns its answer as ``pred``) ``maj@k`` of the reward and of each numeric key the scorer
+returns come too (:mod:`.val_metrics`). A few decoded samples are logged and kept in
 ``val_generations.jsonl`` in the run folder.
 """
 
@@ -21,7 +23,7 @@ import numpy as np
 import torch
 
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer.core import generation
+from hybrid_rl.trainer.core import generation, val_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +85,14 @@ def agent_summary(data_sources: list[str], agent_rows: list[dict | None]) -> dic
     return metrics
 
 
+def _extend_extras(extras: dict[str, list[Any]], info: dict[str, Any], before: int, rows: int) -> None:
+    """Append one batch's ``reward_extra_info`` (key -> one entry per row) to ``extras``, which holds
+    ``before`` samples so far; a key new in this batch is ``None`` for the earlier samples."""
+    for key, column in info.items():
+        values = list(column) if len(column) == rows else [None] * rows
+        extras[key] += [None] * (before - len(extras[key])) + values
+
+
 def _solved(result: dict[str, Any], scores: list[float]) -> list[bool]:
     acc = result.get("reward_extra_info", {}).get("acc")
     if acc is not None and len(acc) == len(scores):
@@ -110,6 +120,7 @@ def run_validation(
     the caller sets ``meta_info`` (validate flag, seed, eos/pad ids).
     """
     sources, uids, scores, solved, lengths, samples, agent_rows = [], [], [], [], [], [], []
+    extras: dict[str, list[Any]] = defaultdict(list)  # the scorers' other keys, one entry per sample
     for b, batch in enumerate(batches):
         batch = generation.prepare_rollout_batch(batch, n, step=f"val{b}")
         gen, rest = generation.split_generation_inputs(batch)
@@ -120,10 +131,16 @@ def run_validation(
         uids += list(batch.non_tensor_batch["uid"])
         scores += row_scores
         solved += _solved(result, row_scores)
+        _extend_extras(extras, result.get("reward_extra_info", {}), len(uids) - len(row_scores), len(row_scores))
         lengths += batch.batch["response_mask"].sum(-1).tolist()
         agent_rows += list(batch.non_tensor_batch.get("agent_metrics", [None] * len(batch)))
         samples += _samples(batch, tokenizer, row_scores, num_logged - len(samples))
     metrics = summarize(sources, uids, scores, solved, n)
+    for key in extras:
+        extras[key] += [None] * (len(uids) - len(extras[key]))
+    preds = extras.pop("pred", None)
+    extras.pop("score", None)  # the reward above
+    metrics.update(val_metrics.sample_metrics(sources, uids, {"reward": scores, **extras}, preds))
     metrics["val-aux/response_length/mean"] = float(np.mean(lengths)) if lengths else 0.0
     metrics.update(agent_summary(sources, agent_rows))
     _log_samples(samples, step, run_dir)
