@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import sys
@@ -142,6 +143,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     for file in args.data:
         if not os.path.isfile(file):
             parser.error(f"--data {file}: no such file")
+    from hybrid_rl.utils.log_setup import configure_logging, only_own_handlers
+
+    if only_own_handlers():  # a quiet console: warnings only (no start-up lines, no Ray or vLLM notes)
+        configure_logging(own_level=logging.WARNING)
     result = evaluate(args.model, args.data, args.n, args.engine, args.overrides, args.output)
     _print(result)
     if args.output:
