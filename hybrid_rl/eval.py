@@ -123,9 +123,11 @@ def evaluate(model: str, data: Sequence[str] = (), n: int = 1, engine: Optional[
 def _print(result: dict[str, Any]) -> None:
     names = sorted({k for row in result["table"].values() for k in row}, key=lambda k: (k.split("@")[0], int(k.split("@")[1])))
     print(f"{result['model']}: {result['rows']} prompts x n={result['n']}, {result['seconds']} s")
-    print(f"{'data_source':<24}" + "".join(f"{name:>10}" for name in names))
+    widths = [max(10, len(name) + 2) for name in names]
+    print(f"{'data_source':<24}" + "".join(f"{name:>{w}}" for name, w in zip(names, widths)))
     for source, row in sorted(result["table"].items()):
-        print(f"{source:<24}" + "".join(f"{row[name]:>10.4f}" if name in row else f"{'-':>10}" for name in names))
+        print(f"{source:<24}" + "".join(f"{row[name]:>{w}.4f}" if name in row else f"{'-':>{w}}"
+                                        for name, w in zip(names, widths)))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:

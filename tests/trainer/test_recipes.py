@@ -13,6 +13,7 @@ RECIPES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "
 
 
 SCHEMAS = {f"hybrid_rl.trainer.{schema.module}": schema for schema in (SFT_SCHEMA, RM_SCHEMA, PPO_SCHEMA)}
+SCHEMAS["hybrid_rl.eval"] = PPO_SCHEMA  # its key=value arguments are the trainer's
 ENTRIES = tuple(SCHEMAS)
 
 
@@ -56,6 +57,10 @@ def test_recipe_composes(path):
     for entry, earlier in commands[:-1]:  # a pipeline's earlier stages
         compose(entry, earlier)
     entry, overrides = commands[-1]
+    if entry == "hybrid_rl.eval":  # an evaluation recipe: the scorer that gives maj@k
+        cfg = compose(entry, overrides)
+        assert os.path.isfile(cfg.custom_reward_function.path) and path.endswith("eval_majority/run.sh")
+        return
     # those two are the default run plus LoRA / plus the decoupled mode
     assert len(overrides) > (4 if "arithmetic_grpo_lora" in path or "async_arithmetic" in path else 7)
     cfg = compose(entry, overrides)
@@ -125,3 +130,20 @@ def test_recipe_composes(path):
         from hybrid_rl.agents import load_tools
 
         assert load_tools(cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path)
+
+
+def test_the_eval_recipes_scorer_returns_its_answer_for_the_vote():
+    import importlib.util
+
+    from hybrid_rl.trainer.core.val_metrics import sample_metrics
+
+    file = os.path.join(os.path.dirname(RECIPES[0]), "..", "eval_majority", "answer_scorer.py")
+    spec = importlib.util.spec_from_file_location("answer_scorer", file)
+    scorer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scorer)
+    results = [scorer.compute_score("arithmetic", text, "12") for text in ("#### 12", "#### 13", "no idea", "#### 12")]
+    assert results[0] == {"score": 1.0, "acc": True, "pred": "12"} and results[1]["pred"] == "13"
+    assert results[2] == {"score": 0.0, "acc": False, "pred": ""}
+    m = sample_metrics(["arithmetic"] * 4, ["p"] * 4, {"acc": [r["acc"] for r in results]},
+                       [r["pred"] for r in results])
+    assert 0.5 < m["val-core/arithmetic/acc/maj@4/mean"] <= 1.0  # "12" is the most frequent answer

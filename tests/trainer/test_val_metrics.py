@@ -72,9 +72,11 @@ def test_keys_follow_verl_core_and_aux():
     assert not any("maj@" in key for key in with_acc)  # no answers, no majority vote
 
 
-def test_samples_without_a_number_or_an_answer_are_left_out():
+def test_samples_without_a_number_are_left_out_and_no_answer_votes():
     m = sample_metrics(["s"] * 4, ["a", "a", "b", "b"], {"reward": [1.0, 0.0, 1.0, 1.0], "note": ["x"] * 4,
                                                          "acc": [1, None, 1, 1]}, preds=["1", None, "2", "2"])
     assert not any("/note/" in key for key in m)
     assert m["val-core/s/acc/best@2/mean"] == 1.0  # only prompt b has every acc
-    assert m["val-core/s/acc/maj@2/mean"] == 1.0  # prompt a lacks an answer: b alone
+    # no answer is a vote (veRL): prompt a's reward maj@2 is that of [1 ("1"), 0 (None)], 1/2 exactly
+    a_alone = majority_of([1.0, 0.0], ["1", None], 2)[0]
+    assert m["val-aux/s/reward/maj@2/mean"] == pytest.approx((a_alone + 1.0) / 2) and 0.4 < a_alone < 0.6

@@ -97,16 +97,14 @@ def prompt_metrics(values: Sequence[float], preds: Optional[Sequence[Any]]) -> d
 def sample_metrics(data_sources: Sequence[str], uids: Sequence[str], variables: dict[str, list[Any]],
                    preds: Optional[Sequence[Any]] = None) -> dict[str, float]:
     """The metrics above under their ``val-core`` / ``val-aux`` keys. ``variables``: name -> one value
-    per sample (a ``None`` or non-number leaves the sample out of that variable); ``preds``: one
-    answer per sample, or None (no ``maj@k``; a prompt with a missing answer gets none either)."""
+    per sample (a ``None`` or non-number leaves the prompt out of that variable); ``preds``: one
+    answer per sample (``None``, no answer, votes like any other, as in veRL), or None (no ``maj@k``)."""
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, key in enumerate(zip(data_sources, uids)):
         groups[key].append(i)
     sums: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for (source, _), rows in groups.items():
-        answers = None if preds is None else [preds[i] for i in rows]
-        if answers is not None and any(a is None for a in answers):
-            answers = None
+        answers = None if preds is None else [preds[i] for i in rows]  # None (no answer) is a vote too, as in veRL
         for name, column in variables.items():
             values = [_number(column[i]) for i in rows]
             if any(v is None for v in values):
