@@ -45,6 +45,8 @@ class ScoreOutcome(NamedTuple):
 
 def _plain(value: Any) -> Any:
     """Extra-info values must pickle and log safely: keep scalars, stringify the rest."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # np.bool_, np.float32, a 0-d tensor
+        value = value.item()
     if value is None or isinstance(value, (bool, int, float, str)):
         return value[:_MAX_EXTRA_STR] if isinstance(value, str) else value
     if isinstance(value, numbers.Number):

@@ -72,11 +72,27 @@ def test_keys_follow_verl_core_and_aux():
     assert not any("maj@" in key for key in with_acc)  # no answers, no majority vote
 
 
-def test_samples_without_a_number_are_left_out_and_no_answer_votes():
+def test_a_missing_value_counts_zero_and_no_answer_votes():
     m = sample_metrics(["s"] * 4, ["a", "a", "b", "b"], {"reward": [1.0, 0.0, 1.0, 1.0], "note": ["x"] * 4,
                                                          "acc": [1, None, 1, 1]}, preds=["1", None, "2", "2"])
-    assert not any("/note/" in key for key in m)
-    assert m["val-core/s/acc/best@2/mean"] == 1.0  # only prompt b has every acc
+    assert not any("/note/" in key for key in m)  # no number anywhere: no variable
+    # prompt a's acc [1, None] is [1, 0] (the failed row unsolved, as pass@k counts it): (3/4 + 1) / 2
+    assert m["val-core/s/acc/best@2/mean"] == pytest.approx(0.875) and m["val-core/s/acc/mean@2"] == 0.75
     # no answer is a vote (veRL): prompt a's reward maj@2 is that of [1 ("1"), 0 (None)], 1/2 exactly
     a_alone = majority_of([1.0, 0.0], ["1", None], 2)[0]
     assert m["val-aux/s/reward/maj@2/mean"] == pytest.approx((a_alone + 1.0) / 2) and 0.4 < a_alone < 0.6
+
+
+def test_the_headline_variable_is_chosen_per_source():
+    m = sample_metrics(["s", "s", "t", "t"], ["a", "a", "b", "b"],
+                       {"reward": [1.0, 0.0, 1.0, 0.0], "acc": [np.bool_(True), np.bool_(False), None, None]})
+    assert m["val-core/s/acc/best@2/mean"] == 0.75 and m["val-aux/s/reward/best@2/mean"] == 0.75
+    assert m["val-core/t/reward/best@2/mean"] == 0.75 and m["val-core/t/reward/best@2/std"] == pytest.approx(
+        np.sqrt(3 / 16)) and not any("/t/acc/" in key for key in m)
+
+
+def test_equal_answers_vote_together_as_dict_keys():
+    # 1 and 1.0 are one answer (as veRL's dict keys them): every draw's majority is worth 1
+    assert majority_of([1.0, 1.0, 0.0], [1, 1.0, "1"], 3) != majority_of([1.0, 1.0, 0.0], [1, 2, "1"], 3)
+    assert majority_of([1.0, 1.0], [1, 1.0], 2) == (1.0, 0.0)
+    assert majority_of([1.0, 0.0], [[1], [2]], 2)[0] == pytest.approx(0.5, abs=0.05)  # unhashable: by repr

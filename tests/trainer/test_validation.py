@@ -1,13 +1,14 @@
 """Validation metrics: pass@k estimator, per-source summaries, and a run with a fake generator."""
 
 import json
+from collections import defaultdict
 from math import comb
 
 import pytest
 import torch
 
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.trainer.core.validation import ks_for, pass_at_k, run_validation, summarize
+from hybrid_rl.trainer.core.validation import _extend_extras, ks_for, pass_at_k, run_validation, summarize
 from hybrid_rl.utils.testing import build_byte_tokenizer
 
 
@@ -93,3 +94,12 @@ def test_the_scorers_answers_and_numbers_give_verls_best_and_majority_metrics(tm
     assert m["val-core/toy/acc/maj@2/mean"] == 0.5 and m["val-aux/toy/reward/maj@2/mean"] == 0.5
     assert m["val-aux/toy/reward/best@2/mean"] == 0.5 and m["val-core/toy/reward/mean@2"] == 0.5
     assert not any("/score/" in key for key in m)
+
+
+def test_extra_keys_line_up_with_their_samples_across_batches():
+    extras: defaultdict = defaultdict(list)
+    _extend_extras(extras, {}, 0, 2)  # batch 1: no extra keys
+    _extend_extras(extras, {"acc": [1, 0], "reward": [9, 9], "scalar": 3}, 2, 2)  # batch 2
+    _extend_extras(extras, {"pred": ["4"]}, 4, 1)  # batch 3: acc missing
+    assert dict(extras) == {"acc": [None, None, 1, 0], "scalar": [None, None, None, None],
+                            "pred": [None, None, None, None, "4"]}  # acc padded at the end by run_validation

@@ -13,12 +13,12 @@ prompts that got more than one sample; veRL's ``process_validation_metrics``, sa
   (the bootstrap's limit), from the sorted values;
 - ``maj@k/mean``, ``maj@k/std``: the value of the majority answer among k drawn samples, when the
   scorer returns its extracted answer as ``pred`` (ties go to the answer drawn first, whose first
-  drawn sample gives the value, as veRL). This one is veRL's seeded bootstrap (seed 42, 1,000 draws),
-  vectorised.
+  drawn sample gives the value, as veRL). This one is a seeded bootstrap like veRL's (1,000 draws,
+  seed 42, vectorised with numpy's ``default_rng``: the same estimate, not veRL's digits).
 
 Each metric is averaged over the prompts of a data source. Keys: ``val-core/<source>/<var>/<metric>``
-for the core variable (``acc`` when the scorer gives it, else ``reward``) at the largest k
-(``mean@n``, ``best@n/mean``, ``maj@n/mean``, as veRL), ``val-aux/...`` for the rest.
+for the core variable (per source: ``acc`` when its scorer gives it, else ``reward``) at the largest
+k (``mean@n``, ``best@n/...``, ``maj@n/...``, as veRL), ``val-aux/...`` for the rest.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def majority_of(values: Sequence[float], preds: Sequence[Any], k: int,
                 draws: int = BOOTSTRAP_DRAWS, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
     """``(mean, std)`` over ``draws`` seeded bootstrap draws of k samples of the majority answer's
     value: the answer drawn most often (ties: the one drawn first) and the value of its first draw."""
-    codes = np.unique(np.asarray([str(p) for p in preds]), return_inverse=True)[1]  # [n] answer ids
+    codes = _answer_ids(preds)  # [n]
     vals = np.asarray(values, dtype=np.float64)
     idx = np.random.default_rng(seed).integers(0, len(vals), size=(draws, k))  # [D, k]
     drawn = codes[idx]  # [D, k]
@@ -75,10 +75,24 @@ def majority_of(values: Sequence[float], preds: Sequence[Any], k: int,
     np.add.at(counts, (np.arange(draws)[:, None], drawn), 1)  # [D, A]
     first = np.full((draws, answers), k, dtype=np.int64)
     np.minimum.at(first, (np.arange(draws)[:, None], drawn), np.broadcast_to(np.arange(k), (draws, k)))
-    # most draws first, then the earliest first draw: counts * k - first is unique per row's maximum
+    # most draws first, then the earliest first draw: counts * (k + 1) - first is unique per row's maximum
     winner = np.argmax(counts * (k + 1) - first, axis=1)  # [D]
     chosen = vals[idx[np.arange(draws), first[np.arange(draws), winner]]]  # [D]
     return float(chosen.mean()), float(chosen.std())
+
+
+def _answer_ids(preds: Sequence[Any]) -> np.ndarray:
+    """One integer per distinct answer, equal answers alike as a dict keys them in veRL (``1`` and
+    ``1.0`` vote together; an unhashable answer by its ``repr``)."""
+    ids: dict[Any, int] = {}
+    out = []
+    for p in preds:
+        try:
+            hash(p)
+        except TypeError:
+            p = repr(p)
+        out.append(ids.setdefault(p, len(ids)))
+    return np.asarray(out, dtype=np.int64)
 
 
 def prompt_metrics(values: Sequence[float], preds: Optional[Sequence[Any]]) -> dict[str, float]:
@@ -97,34 +111,40 @@ def prompt_metrics(values: Sequence[float], preds: Optional[Sequence[Any]]) -> d
 def sample_metrics(data_sources: Sequence[str], uids: Sequence[str], variables: dict[str, list[Any]],
                    preds: Optional[Sequence[Any]] = None) -> dict[str, float]:
     """The metrics above under their ``val-core`` / ``val-aux`` keys. ``variables``: name -> one value
-    per sample (a ``None`` or non-number leaves the prompt out of that variable); ``preds``: one
-    answer per sample (``None``, no answer, votes like any other, as in veRL), or None (no ``maj@k``)."""
+    per sample. A sample without a number (a failed or timed-out row: no extra keys) counts 0 when
+    others of its prompt have one, as its reward does and as pass@k counts it unsolved; a prompt with
+    none is left out of that variable. ``preds``: one answer per sample (``None``, no answer, votes
+    like any other, as in veRL), or None (no ``maj@k``)."""
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    largest: dict[str, int] = defaultdict(int)  # the most samples a prompt of the source got
     for i, key in enumerate(zip(data_sources, uids)):
         groups[key].append(i)
+    for (source, _), rows in groups.items():
+        largest[source] = max(largest[source], len(rows))
     sums: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for (source, _), rows in groups.items():
-        answers = None if preds is None else [preds[i] for i in rows]  # None (no answer) is a vote too, as in veRL
+        answers = None if preds is None else [preds[i] for i in rows]
         for name, column in variables.items():
-            values = [_number(column[i]) for i in rows]
-            if any(v is None for v in values):
+            numbers = [_number(column[i]) for i in rows]
+            if all(v is None for v in numbers):
                 continue
+            values = [0.0 if v is None else v for v in numbers]
             if name != "reward":  # the reward's mean@n is validation.summarize's (every prompt)
                 sums[(source, name, f"mean@{len(values)}")].append(float(np.mean(values)))
             if len(values) > 1:
                 for metric, value in prompt_metrics(values, answers).items():
                     sums[(source, name, metric)].append(value)
-    core = "acc" if "acc" in variables else "reward"
-    largest = {source: max(len(rows) for (s, _), rows in groups.items() if s == source) for source, _ in groups}
+    # veRL: per source, acc is the headline variable when the source's scorer gives it
+    with_acc = {source for source, name, _ in sums if name == "acc"}
     out = {}
     for (source, name, metric), per_prompt in sums.items():
-        k = largest[source]
-        headline = name == core and metric in (f"mean@{k}", f"best@{k}/mean", f"maj@{k}/mean")
+        k, core = largest[source], "acc" if source in with_acc else "reward"
+        headline = name == core and metric.split("/")[0] in (f"mean@{k}", f"best@{k}", f"maj@{k}")
         out[f"{'val-core' if headline else 'val-aux'}/{source}/{name}/{metric}"] = float(np.mean(per_prompt))
     return out
 
 
 def _number(value: Any) -> Optional[float]:
-    if isinstance(value, (bool, int, float, np.number)) and np.isfinite(float(value)):
+    if isinstance(value, (bool, int, float, np.number, np.bool_)) and np.isfinite(float(value)):
         return float(value)
     return None

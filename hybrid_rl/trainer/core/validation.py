@@ -89,7 +89,10 @@ def _extend_extras(extras: dict[str, list[Any]], info: dict[str, Any], before: i
     """Append one batch's ``reward_extra_info`` (key -> one entry per row) to ``extras``, which holds
     ``before`` samples so far; a key new in this batch is ``None`` for the earlier samples."""
     for key, column in info.items():
-        values = list(column) if len(column) == rows else [None] * rows
+        if key == "reward":  # the row's reward is the score itself; a scorer's own key must not replace it
+            continue
+        listed = isinstance(column, (list, tuple, np.ndarray)) and len(column) == rows
+        values = list(column) if listed else [None] * rows
         extras[key] += [None] * (before - len(extras[key])) + values
 
 
