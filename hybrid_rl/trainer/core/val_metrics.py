@@ -34,9 +34,9 @@ BOOTSTRAP_SEED = 42
 """veRL's seed of the ``maj@k`` bootstrap."""
 
 
-def draw_sizes(n: int) -> list[int]:
-    """k values for n samples: 2, 4, ... below n, and n (veRL's)."""
-    ks, k = [], 2
+def draw_sizes(n: int, start: int = 2) -> list[int]:
+    """k values for n samples: ``start``, twice that, ... below n, and n (veRL's from 2; pass@k's from 1)."""
+    ks, k = [], start
     while k < n:
         ks.append(k)
         k *= 2

@@ -47,11 +47,7 @@ def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
 
 def ks_for(n: int) -> list[int]:
     """k values reported for n samples per prompt: powers of two below n, and n itself."""
-    ks, k = [], 1
-    while k < n:
-        ks.append(k)
-        k *= 2
-    return ks + [n]
+    return val_metrics.draw_sizes(n, start=1)
 
 
 def summarize(data_sources: list[str], uids: list[str], scores: list[float], solved: list[bool], n: int) -> dict[str, float]:
