@@ -56,7 +56,6 @@ HARMLESS_WARNINGS = tuple(re.compile(p) for p in (
 """Warnings of the libraries that are not the user's to act on (kept in the log files)."""
 
 
-
 class ConfigDeprecationWarning(FutureWarning):
     """A config key kept for veRL's configs that will be removed: a ``FutureWarning`` in Python, one
     plain line on a command line's console (:func:`recorded_config_notices`)."""
@@ -71,16 +70,19 @@ def recorded_config_notices() -> Iterator[list[str]]:
     yielded holds their texts (once each) for the command line to print as plain lines beside its
     other notices. Other warnings are shown as they would have been."""
     texts: list[str] = []
-    with _RECORDING, warnings.catch_warnings(record=True) as caught:  # process-wide state: one at a time
-        warnings.simplefilter("always", ConfigDeprecationWarning)
-        try:
-            yield texts
-        finally:
-            notices = [w for w in caught if issubclass(w.category, ConfigDeprecationWarning)]
-            others = [w for w in caught if w not in notices]
-    for w in others:
-        warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
-    texts.extend(dict.fromkeys(str(w.message) for w in notices))
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with _RECORDING, warnings.catch_warnings(record=True) as recorded:  # process-wide state: one at a time
+            warnings.simplefilter("always", ConfigDeprecationWarning)
+            try:
+                yield texts
+            finally:
+                caught = list(recorded)
+    finally:  # also when the block raised: the other warnings still come out, the texts are there
+        for w in caught:
+            if not issubclass(w.category, ConfigDeprecationWarning):
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
+        texts.extend(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, ConfigDeprecationWarning)))
 
 
 _FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"

@@ -122,3 +122,16 @@ def test_config_notices_are_recorded_once_and_other_warnings_still_shown():
             assert texts == []  # filled on leaving
     assert texts == ["a.b is deprecated; use a.c."]
     assert issubclass(ConfigDeprecationWarning, FutureWarning)  # Python callers see a FutureWarning
+
+
+def test_config_notices_are_kept_when_the_block_raises():
+    import warnings
+
+    from hybrid_rl.utils.log_setup import ConfigDeprecationWarning, recorded_config_notices
+
+    with pytest.warns(UserWarning, match="before the error"), pytest.raises(ValueError, match="bad"):
+        with recorded_config_notices() as texts:
+            warnings.warn("a.b is deprecated", ConfigDeprecationWarning)
+            warnings.warn("before the error", UserWarning)
+            raise ValueError("bad")
+    assert texts == ["a.b is deprecated"]
