@@ -10,7 +10,8 @@ from hybrid_rl.trainer.core.val_metrics import best_worst_of, draw_sizes, majori
 
 
 def test_draw_sizes_are_verls():
-    assert draw_sizes(2) == [2] and draw_sizes(4) == [2, 4] and draw_sizes(6) == [2, 4, 6] and draw_sizes(8) == [2, 4, 8]
+    assert draw_sizes(2) == [2] and draw_sizes(4) == [2, 4] and draw_sizes(6) == [2, 4, 6]
+    assert draw_sizes(8) == [2, 4, 8] and draw_sizes(5, start=1) == [1, 2, 4, 5]
 
 
 def test_best_and_worst_of_two_draws_by_hand():
