@@ -44,14 +44,21 @@ class ScoreOutcome(NamedTuple):
 
 
 def _plain(value: Any) -> Any:
-    """Extra-info values must pickle and log safely: keep scalars, stringify the rest."""
-    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # np.bool_, np.float32, a 0-d tensor
-        value = value.item()
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value[:_MAX_EXTRA_STR] if isinstance(value, str) else value
-    if isinstance(value, numbers.Number):
-        return value.item() if hasattr(value, "item") else float(value)
-    return repr(value)[:_MAX_EXTRA_STR]
+    """Extra-info values must pickle and log safely: keep scalars (a 0-d numpy or torch value as its
+    Python scalar: ``np.bool_(False)`` -> ``False``), stringify the rest; never raises."""
+    try:
+        if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # np.bool_, np.float32, a 0-d tensor
+            value = value.item()
+        if value is None or isinstance(value, (bool, int, float, complex, str)):
+            return value[:_MAX_EXTRA_STR] if isinstance(value, str) else value
+        if isinstance(value, numbers.Number):
+            return value.item() if hasattr(value, "item") else float(value)
+    except Exception:  # noqa: BLE001 -- an odd number (a meta tensor, ...) is kept as its text
+        pass
+    try:
+        return repr(value)[:_MAX_EXTRA_STR]
+    except Exception:  # noqa: BLE001 -- a hostile __repr__ must not escape
+        return f"<{type(value).__name__}>"
 
 
 def finite_float(value: Any) -> float | None:

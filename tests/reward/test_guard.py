@@ -60,6 +60,15 @@ def test_normalize_stringifies_unplain_extras():
     assert outcome.extra == {"obj": "[1, 2]", "n": 3}
 
 
+def test_numpy_and_torch_scalars_in_extras_become_python_values_and_one_odd_one_spoils_nothing():
+    import torch
+
+    outcome = normalize_score({"score": 1.0, "acc": np.bool_(False), "x": np.float32(0.5), "t": torch.tensor(2),
+                               "c": np.complex128(1j), "meta": torch.empty((), device="meta")})
+    assert outcome.extra["acc"] is False and outcome.extra["x"] == 0.5 and outcome.extra["t"] == 2
+    assert outcome.extra["c"] == 1j and "meta" in outcome.extra["meta"]  # kept as its text
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_safe_score_statuses(mode):
     assert safe_score(lambda s, gt: float(s == gt), "a", gt="a", isolation=mode) == ScoreOutcome(1.0, {}, "ok")

@@ -97,3 +97,16 @@ def test_equal_answers_vote_together_as_dict_keys():
     assert majority_of([1.0, 1.0, 0.0], [1, 1.0, "1"], 3) != majority_of([1.0, 1.0, 0.0], [1, 2, "1"], 3)
     assert majority_of([1.0, 1.0], [1, 1.0], 2) == (1.0, 0.0)
     assert majority_of([1.0, 0.0], [[1], [2]], 2)[0] == pytest.approx(0.5, abs=0.05)  # unhashable: by repr
+
+
+def test_a_prompt_whose_samples_all_failed_counts_zero_as_its_reward_does():
+    both_failed = sample_metrics(["s"] * 4, list("aabb"), {"reward": [0.0, 0.0, 1.0, 1.0], "acc": [None, None, 1, 1]})
+    assert both_failed["val-core/s/acc/mean@2"] == 0.5 and both_failed["val-core/s/acc/best@2/mean"] == 0.5
+    greedy = sample_metrics(["s"] * 3, list("abc"),
+                            {"reward": [1.0, 0.0, 0.0], "acc": [1, 0, None], "big": [10**400] * 3})
+    assert greedy == {"val-core/s/acc/mean@1": pytest.approx(1 / 3)}  # 10**400 is no number: no variable
+
+
+def test_a_source_without_answers_gets_no_vote():
+    m = sample_metrics(["s", "s", "t", "t"], list("aabb"), {"reward": [1.0, 0.0, 1.0, 0.0]}, ["1", "2", None, None])
+    assert "val-core/s/reward/maj@2/mean" in m and not any("/t/reward/maj@" in key for key in m)

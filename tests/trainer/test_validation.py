@@ -88,9 +88,9 @@ def test_the_scorers_answers_and_numbers_give_verls_best_and_majority_metrics(tm
         return info if len(calls) > 1 else {}  # the first batch's scorer gave no extra keys
 
     m = _fake_run(tmp_path, extra_info, batches=2)
-    # each batch: prompt "1+1=" solved twice, "2+2=" never; the first batch's samples have no acc/pred
-    # (left out of those); acc is the headline variable once a scorer gives it
-    assert m["val-core/toy/acc/best@2/mean"] == 0.5 and m["val-aux/toy/acc/worst@2/mean"] == 0.5
+    # each batch: prompt "1+1=" solved twice, "2+2=" never. The first batch's rows have no acc (they
+    # count 0, as a failed row) and no answers (no vote): acc is the headline variable once given
+    assert m["val-core/toy/acc/best@2/mean"] == 0.25 and m["val-core/toy/acc/mean@2"] == 0.25
     assert m["val-core/toy/acc/maj@2/mean"] == 0.5 and m["val-aux/toy/reward/maj@2/mean"] == 0.5
     assert m["val-aux/toy/reward/best@2/mean"] == 0.5 and m["val-core/toy/reward/mean@2"] == 0.5
     assert not any("/score/" in key for key in m)

@@ -111,24 +111,28 @@ def prompt_metrics(values: Sequence[float], preds: Optional[Sequence[Any]]) -> d
 def sample_metrics(data_sources: Sequence[str], uids: Sequence[str], variables: dict[str, list[Any]],
                    preds: Optional[Sequence[Any]] = None) -> dict[str, float]:
     """The metrics above under their ``val-core`` / ``val-aux`` keys. ``variables``: name -> one value
-    per sample. A sample without a number (a failed or timed-out row: no extra keys) counts 0 when
-    others of its prompt have one, as its reward does and as pass@k counts it unsolved; a prompt with
-    none is left out of that variable. ``preds``: one answer per sample (``None``, no answer, votes
-    like any other, as in veRL), or None (no ``maj@k``)."""
+    per sample. A sample without a number (a failed or timed-out row: no extra keys) counts 0 when the
+    variable has a number anywhere in its source, as its reward does and as pass@k counts it
+    unsolved; a source with none has no such variable. ``preds``: one answer per sample (``None``, no
+    answer, votes like any other, as in veRL; a prompt whose answers are all ``None`` gets no vote),
+    or None (no ``maj@k``)."""
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
     largest: dict[str, int] = defaultdict(int)  # the most samples a prompt of the source got
     for i, key in enumerate(zip(data_sources, uids)):
         groups[key].append(i)
     for (source, _), rows in groups.items():
         largest[source] = max(largest[source], len(rows))
+    present = {(source, name) for name, column in variables.items()  # a number somewhere in the source
+               for source, value in zip(data_sources, column) if _number(value) is not None}
     sums: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for (source, _), rows in groups.items():
         answers = None if preds is None else [preds[i] for i in rows]
+        if answers is not None and all(a is None for a in answers):
+            answers = None  # this source's scorer gives no answers: no vote
         for name, column in variables.items():
-            numbers = [_number(column[i]) for i in rows]
-            if all(v is None for v in numbers):
+            if (source, name) not in present:
                 continue
-            values = [0.0 if v is None else v for v in numbers]
+            values = [_number(column[i]) or 0.0 for i in rows]
             if name != "reward":  # the reward's mean@n is validation.summarize's (every prompt)
                 sums[(source, name, f"mean@{len(values)}")].append(float(np.mean(values)))
             if len(values) > 1:
@@ -145,6 +149,11 @@ def sample_metrics(data_sources: Sequence[str], uids: Sequence[str], variables: 
 
 
 def _number(value: Any) -> Optional[float]:
-    if isinstance(value, (bool, int, float, np.number, np.bool_)) and np.isfinite(float(value)):
-        return float(value)
-    return None
+    """``value`` as a finite float (bools and numpy scalars included), or None."""
+    if not isinstance(value, (bool, int, float, np.number, np.bool_)) or isinstance(value, np.complexfloating):
+        return None
+    try:
+        number = float(value)
+    except (OverflowError, ValueError, TypeError):  # 10**400
+        return None
+    return number if np.isfinite(number) else None

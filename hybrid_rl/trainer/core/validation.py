@@ -87,7 +87,7 @@ def _extend_extras(extras: dict[str, list[Any]], info: dict[str, Any], before: i
     for key, column in info.items():
         if key == "reward":  # the row's reward is the score itself; a scorer's own key must not replace it
             continue
-        listed = isinstance(column, (list, tuple, np.ndarray)) and len(column) == rows
+        listed = np.ndim(column) >= 1 and len(column) == rows  # a list, array or tensor column
         values = list(column) if listed else [None] * rows
         extras[key] += [None] * (before - len(extras[key])) + values
 
