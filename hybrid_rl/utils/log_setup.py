@@ -61,7 +61,9 @@ class ConfigDeprecationWarning(FutureWarning):
     plain line on a command line's console (:func:`recorded_config_notices`)."""
 
 
-_RECORDING = threading.RLock()
+WARNINGS_LOCK = threading.RLock()
+"""Held while the process-wide warnings state is swapped (``catch_warnings``): one recording at a
+time (the studio checks configs in threads)."""
 
 
 @contextmanager
@@ -72,7 +74,7 @@ def recorded_config_notices() -> Iterator[list[str]]:
     texts: list[str] = []
     caught: list[warnings.WarningMessage] = []
     try:
-        with _RECORDING, warnings.catch_warnings(record=True) as recorded:  # process-wide state: one at a time
+        with WARNINGS_LOCK, warnings.catch_warnings(record=True) as recorded:
             warnings.simplefilter("always", ConfigDeprecationWarning)
             try:
                 yield texts

@@ -14,7 +14,6 @@ import dataclasses
 import difflib
 import os
 import sys
-import threading
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
@@ -26,13 +25,12 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from hybrid_rl.trainer.config.error_paths import qualify_error, qualify_warnings
 from hybrid_rl.trainer.config.schema import PPOConfig
 from hybrid_rl.trainer.config.supervised import RMConfig, SFTConfig
-from hybrid_rl.utils.log_setup import ConfigDeprecationWarning
+from hybrid_rl.utils.log_setup import WARNINGS_LOCK, ConfigDeprecationWarning, recorded_config_notices
 
 # The YAMLs sit in this package, beside the dataclasses (schema.py, supervised.py).
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 _OMEGACONF_DIR = os.path.dirname(os.path.abspath(omegaconf.__file__))
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(CONFIG_DIR))  # hybrid_rl/
-_CONVERTING = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -194,35 +192,24 @@ def _convert(cfg: DictConfig) -> Any:
     Each conversion gives its notices again (a run converts once: ``run_ppo``, the command lines),
     attributed to the first caller outside hybrid_rl; other warnings are shown as they were given.
     """
-    with _CONVERTING:  # the warnings machinery is process-wide (the studio checks in threads)
-        typed, error, notices, others = _recorded_conversion(cfg)
-    for w in others:
-        warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
+    typed, error = None, None
+    with WARNINGS_LOCK:  # the placing probes below swap the warnings state too
+        with recorded_config_notices() as messages:
+            try:
+                typed = OmegaConf.to_object(cfg)
+            except ValueError as raised:
+                error = raised
+        try:
+            error = error if error is None else qualify_error(cfg, error)
+            notices = qualify_warnings(cfg, messages) if messages else []
+        except Exception:  # noqa: BLE001 - placing the keys is a courtesy; the error and notices must come out
+            notices = messages
     level = _caller_stacklevel()
     for text in notices:
         warnings.warn(text, ConfigDeprecationWarning, stacklevel=level)
     if error is not None:
         raise error from None
     return typed
-
-
-def _recorded_conversion(cfg: DictConfig) -> tuple[Any, Optional[ValueError], list[str], list[Any]]:
-    """``(typed or None, the placed ValueError or None, the placed notices, the other warnings)``."""
-    typed, error = None, None
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConfigDeprecationWarning)
-        try:
-            typed = OmegaConf.to_object(cfg)
-        except ValueError as raised:
-            error = raised
-    messages = [str(w.message) for w in caught if issubclass(w.category, ConfigDeprecationWarning)]
-    others = [w for w in caught if not issubclass(w.category, ConfigDeprecationWarning)]
-    try:
-        error = error if error is None else qualify_error(cfg, error)
-        notices = qualify_warnings(cfg, messages) if messages else []
-    except Exception:  # noqa: BLE001 - placing the keys is a courtesy; the error and notices must come out
-        notices = list(dict.fromkeys(messages))
-    return typed, error, notices, others
 
 
 def _caller_stacklevel() -> int:

@@ -28,6 +28,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from hybrid_rl.reward.guard import finite_float
+
 BOOTSTRAP_DRAWS = 1000
 """Bootstrap draws per prompt and k for ``maj@k`` (veRL's ``n_bootstrap``)."""
 BOOTSTRAP_SEED = 42
@@ -123,7 +125,7 @@ def sample_metrics(data_sources: Sequence[str], uids: Sequence[str], variables: 
     for (source, _), rows in groups.items():
         largest[source] = max(largest[source], len(rows))
     present = {(source, name) for name, column in variables.items()  # a number somewhere in the source
-               for source, value in zip(data_sources, column) if _number(value) is not None}
+               for source, value in zip(data_sources, column) if finite_float(value) is not None}
     sums: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for (source, _), rows in groups.items():
         answers = None if preds is None else [preds[i] for i in rows]
@@ -132,7 +134,7 @@ def sample_metrics(data_sources: Sequence[str], uids: Sequence[str], variables: 
         for name, column in variables.items():
             if (source, name) not in present:
                 continue
-            values = [_number(column[i]) or 0.0 for i in rows]
+            values = [finite_float(column[i]) or 0.0 for i in rows]
             if name != "reward":  # the reward's mean@n is validation.summarize's (every prompt)
                 sums[(source, name, f"mean@{len(values)}")].append(float(np.mean(values)))
             if len(values) > 1:
@@ -146,14 +148,3 @@ def sample_metrics(data_sources: Sequence[str], uids: Sequence[str], variables: 
         headline = name == core and metric.split("/")[0] in (f"mean@{k}", f"best@{k}", f"maj@{k}")
         out[f"{'val-core' if headline else 'val-aux'}/{source}/{name}/{metric}"] = float(np.mean(per_prompt))
     return out
-
-
-def _number(value: Any) -> Optional[float]:
-    """``value`` as a finite float (bools and numpy scalars included), or None."""
-    if not isinstance(value, (bool, int, float, np.number, np.bool_)) or isinstance(value, np.complexfloating):
-        return None
-    try:
-        number = float(value)
-    except (OverflowError, ValueError, TypeError):  # 10**400
-        return None
-    return number if np.isfinite(number) else None
