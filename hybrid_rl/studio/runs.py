@@ -37,7 +37,7 @@ CHARTS = (
 takes every metric under it (one validation curve per data source)."""
 CURVES = tuple(k for _, _, keys in CHARTS for k in keys if not k.endswith("/")) + (
     "training/global_step", "training/total_steps", "timing_s/validate")
-"""Metric keys a progress report keeps, with every ``val-core/*`` key (the validation curves)."""
+"""Metric keys a progress report keeps, with every ``val-core/*`` key but the spreads (the validation curves)."""
 CONSOLE_LINES = 20
 """Console lines a progress report carries (the end of a launched run's console, or of a watched run's
 ``logs/driver.log``)."""
@@ -99,11 +99,16 @@ def run_status(metrics: list[dict[str, Any]]) -> dict[str, Any]:
             "s_per_step": None if pace is None else round(pace, 2), "eta_s": None if eta is None else round(eta, 1)}
 
 
+def _is_val_curve(key: str) -> bool:
+    """A ``val-core/`` accuracy curve; its spreads (``best@4/std``) are no accuracy of their own."""
+    return key.startswith("val-core/") and not key.endswith("/std")
+
+
 def read_progress(run_dir: str, num_samples: int = 3) -> dict[str, Any]:
     """``{"run_dir", "metrics": [{step, curve keys...}], "samples": [last validation samples],
     "status": run_status(...), "console": [last lines]}`` of a run folder."""
     folder = Path(run_dir).expanduser()
-    metrics = [{k: v for k, v in row.items() if k == "step" or k in CURVES or k.startswith("val-core/")}
+    metrics = [{k: v for k, v in row.items() if k == "step" or k in CURVES or _is_val_curve(k)}
                for row in _rows(folder / "metrics.jsonl")]
     samples = _rows(folder / "val_generations.jsonl")[-num_samples:]
     console = _tail(folder / CONSOLE_LOG) or _tail(folder / "logs" / "driver.log")

@@ -202,6 +202,9 @@ def _check_overlay(page, tmp_path, run_dir) -> None:
     overlay = _chart(page, "Reward")
     assert overlay["series"] == ["run \u00b7 critic/score/mean", "run_b \u00b7 critic/score/mean"]
     assert overlay["data"][2] == [0.6, 0.7]
+    # past the palette's 8 colours the lines are dashed: no two of 32 series alike
+    styles = page.evaluate("[...Array(32).keys()].map((i) => JSON.stringify(seriesStyle(i)))")
+    assert len(set(styles)) == 32 and "dash" not in styles[0] and '"dash"' in styles[8]
     page.evaluate("document.querySelector('#run-state').scrollIntoView({block: 'start'})")
     _shot(page, "6_compare")
 

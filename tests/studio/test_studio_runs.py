@@ -16,7 +16,8 @@ from hybrid_rl.studio.server import create_app  # noqa: E402
 
 
 def _write_run(folder, reward=0.5):
-    rows = [{"step": 0, "val-core/arithmetic/reward/mean@1": 0.25, "timing_s/validate": 3.0},
+    rows = [{"step": 0, "val-core/arithmetic/reward/mean@1": 0.25, "timing_s/validate": 3.0,
+             "val-core/arithmetic/reward/best@2/std": 0.1},
             {"step": 1, "critic/score/mean": reward, "training/global_step": 1, "training/total_steps": 4,
              "timing_s/step": 2.0, "actor/pg_loss": 0.1}]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 2, "crit')

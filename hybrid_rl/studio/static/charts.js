@@ -4,6 +4,7 @@
 "use strict";
 
 const PALETTE = ["#1a73e8", "#d93025", "#188038", "#9334e6", "#e37400", "#12b5cb", "#c5221f", "#5f6368"];
+const DASHES = [null, [8, 4], [2, 3], [8, 3, 2, 3]];  // after each round of the palette, the next dash
 const studioCharts = {};  // title -> uPlot instance (read by the browser test)
 window.studioCharts = studioCharts;
 
@@ -20,6 +21,12 @@ function chartSeries(spec, runs) {
     }
   }
   return out;
+}
+
+// The i-th series' line: the palette's colours, then again dashed, so no two of 32 series look alike.
+function seriesStyle(i) {
+  const dash = DASHES[Math.floor(i / PALETTE.length) % DASHES.length];
+  return dash ? {stroke: PALETTE[i % PALETTE.length], dash} : {stroke: PALETTE[i % PALETTE.length]};
 }
 
 // uPlot's aligned columns: the union of steps, each series null where it has no value.
@@ -40,7 +47,7 @@ function chartOptions(spec, series, width) {
     axes: [{label: "step", stroke: "#5f6368", grid: {stroke: "#eee"}, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]},
            {label: spec.y_label, stroke: "#5f6368", grid: {stroke: "#eee"}, size: 60}],
     series: [{label: "step"}, ...series.map((s, i) => ({
-      label: s.label, stroke: PALETTE[i % PALETTE.length], width: 2, spanGaps: true,
+      label: s.label, ...seriesStyle(i), width: 2, spanGaps: true,
       points: {show: true, size: 5}, value: (u, v) => (v == null ? "\u2013" : (+v.toPrecision(4)).toString()),
     }))],
     legend: {live: true},
