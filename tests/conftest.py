@@ -12,6 +12,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """Stop the Ray head the command-line runs shared (tests/ray_head.py), if one was started."""
+    import ray_head
+
+    ray_head.stop()
+
+
 @pytest.fixture(autouse=True)
 def _seed_everything():
     random.seed(0)

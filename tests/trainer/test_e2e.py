@@ -13,6 +13,7 @@ import sys
 import textwrap
 
 import pytest
+import ray_head
 import torch
 from safetensors import safe_open
 
@@ -53,9 +54,11 @@ def _overrides(tmp_path, model_dir, *extra):
 
 
 def _run_cli(tmp_path, model_dir, *extra, timeout=900, env=None):
-    """Run the CLI on the tiny model (``env``: extra environment variables, e.g. HYBRID_RL_FAULT)."""
-    cmd = [sys.executable, "-m", "hybrid_rl.trainer.main_ppo", *_overrides(tmp_path, model_dir, *extra)]
-    env = {**os.environ, "PYTHONPATH": REPO, **(env or {})}  # env may extend PYTHONPATH
+    """Run the CLI on the tiny model (``env``: extra environment variables, e.g. HYBRID_RL_FAULT); a
+    2-worker run joins the session's Ray head (tests/ray_head.py)."""
+    overrides, env = ray_head.join(_overrides(tmp_path, model_dir, *extra),
+                                   {**os.environ, "PYTHONPATH": REPO, **(env or {})})  # env may extend PYTHONPATH
+    cmd = [sys.executable, "-m", "hybrid_rl.trainer.main_ppo", *overrides]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -24,6 +24,8 @@ FORWARDED_ENV_VARS = (
     "HF_HUB_CACHE", "HF_DATASETS_CACHE", "NCCL_DEBUG", "VLLM_LOGGING_LEVEL", "CUDA_DEVICE_MAX_CONNECTIONS",
     # The CPU kind a run simulates and where the precision probe caches its result (utils/precision.py).
     "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "HYBRID_RL_CACHE", "HYBRID_RL_LOG_LEVEL",
+    # Test-only fault injection (utils/faults.py): reaches the workers also on a cluster that was already up.
+    "HYBRID_RL_FAULT", "HYBRID_RL_FAULT_STATE",
 )
 """Driver environment variables copied into every worker (when set on the driver)."""
 

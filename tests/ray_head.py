@@ -1,0 +1,110 @@
+"""One Ray head for the test session's command-line runs, so each run joins it instead of starting
+and stopping its own local Ray.
+
+A CLI run on the tiny model takes ~16.5 s on 2 cores, of which ~3 s start a local Ray and ~3.5 s stop
+it and end the process; joining a running head takes ~0.1 s and leaving it ~0.3 s (~12.3 s a run,
+AMD Zen 4). The suite makes some 70 such runs.
+
+The head is what a user gets from ``ray start --head`` (2 CPUs, no dashboard, no prestarted workers),
+started on first use and stopped when the session ends (:func:`stop`, from conftest's
+``pytest_sessionfinish``). It keeps its own temp folder, so a plain ``ray.init()`` in the test process
+still starts a local instance, and its own auth token, passed to the runs that join it.
+
+:func:`join` decides per run: only a run that would start a local Ray of 2 CPUs for 2 workers
+(``trainer.n_gpus_per_node=2``, ``ray_init.num_cpus=2``, no address, not single-process) joins; every
+other run (1 CPU, one worker, a cluster of its own, ``HYBRID_RL_TEST_LOCAL_RAY=1``) is left as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional
+
+LOCAL_ENV = "HYBRID_RL_TEST_LOCAL_RAY"
+"""Set to 1 to give every CLI run its own local Ray again (as before the shared head)."""
+
+_head: Optional[dict] = None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_the_tests() -> None:
+    """In the head's ``ray start``: SIGTERM it when the test process ends, even by SIGKILL (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: the session's end (stop) is the only way down
+
+
+def _start() -> dict:
+    folder = tempfile.mkdtemp(prefix="hrl_ray_")  # short: Ray's socket paths must stay < 108 characters
+    token, port = secrets.token_hex(16), _free_port()
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith("HYBRID_RL_FAULT")}
+    system = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
+           f"--port={port}", f"--temp-dir={folder}", f"--system-config={json.dumps(system)}"]
+    log = open(os.path.join(folder, "ray_start.log"), "w")
+    process = subprocess.Popen(cmd, env={**env, **auth}, cwd=folder, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True, preexec_fn=_die_with_the_tests)
+    address_file = os.path.join(folder, "ray_current_cluster")
+    deadline = time.time() + 120
+    while not os.path.exists(address_file):
+        if process.poll() is not None or time.time() > deadline:
+            process.kill()
+            raise RuntimeError(f"`ray start --head` did not come up: {open(log.name).read()[-2000:]}")
+        time.sleep(0.1)
+    return {"process": process, "folder": folder, "log": log, "auth": auth, "address": f"127.0.0.1:{port}"}
+
+
+def _last(overrides: list[str], key: str) -> Optional[str]:
+    values = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == key]
+    return values[-1] if values else None
+
+
+def joins(overrides: list[str]) -> bool:
+    """True if a run of ``overrides`` would start a local Ray of 2 CPUs for 2 workers (see the module)."""
+    return (os.environ.get(LOCAL_ENV) != "1" and _last(overrides, "ray_init.num_cpus") == "2"
+            and _last(overrides, "trainer.n_gpus_per_node") == "2" and _last(overrides, "trainer.nnodes") in (None, "1")
+            and _last(overrides, "ray_init.address") is None and _last(overrides, "trainer.single_process") != "true")
+
+
+def join(overrides: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """``(overrides, env)`` of a CLI run, pointed at the shared head when :func:`joins` says so."""
+    global _head
+    if not joins(overrides):
+        return overrides, env
+    if _head is None:
+        _head = _start()
+    kept = [o for o in overrides if o.split("=", 1)[0] != "ray_init.num_cpus"]  # the head has 2
+    return [*kept, f"ray_init.address={_head['address']}"], {**env, **_head["auth"]}
+
+
+def stop() -> None:
+    """Stop the head (``ray start --block`` stops every process it started) and remove its folder."""
+    global _head
+    if _head is None:
+        return
+    head, _head = _head, None
+    head["process"].terminate()
+    try:
+        head["process"].wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(head["process"].pid, 9)
+    head["log"].close()
+    shutil.rmtree(head["folder"], ignore_errors=True)
