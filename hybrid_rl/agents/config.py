@@ -51,7 +51,9 @@ class MultiTurnConfig:
     error observation saying so (the model sees why, and it is counted)."""
     format: str = "hermes"
     """Tool-call syntax the model writes: ``hermes`` = ``<tool_call>{"name", "arguments"}</tool_call>``
-    (Qwen2.5/3, Hermes), ``llama3_json`` = the turn is ``{"name", "parameters"}`` (Llama 3.1+)."""
+    (Qwen2.5/3, Hermes), ``llama3_json`` = the turn is ``{"name", "parameters"}`` (Llama 3.1+),
+    ``mistral`` = ``[TOOL_CALLS]`` then a JSON list or ``name[ARGS]{...}`` (Mistral v0.3+). The
+    OpenAI-compatible endpoint of black-box agents reads the same format into ``tool_calls``."""
     tool_timeout_s: float = 10.0
     """Time bound of one tool or interaction call (create, execute, ...); a call that runs over
     becomes an error observation and counts in ``agent/tool_timeouts/mean``. <= 0 disables it."""

@@ -70,8 +70,9 @@ class OpenAIAgentLoop(AgentLoopBase):
         import openai
 
         endpoint = get_endpoint(self.tokenizer)
-        key = endpoint.open(self.server_manager, sampling_params,
-                            budget=int(self.config.actor_rollout_ref.rollout.response_length))
+        rollout = self.config.actor_rollout_ref.rollout
+        key = endpoint.open(self.server_manager, sampling_params, budget=int(rollout.response_length),
+                            tool_format=rollout.multi_turn.format)
         client = openai.AsyncOpenAI(  # trust_env=False: loopback calls never go through an HTTP(S)_PROXY
             base_url=endpoint.base_url(key), api_key="hybrid-rl", max_retries=0, timeout=self.client_timeout_s,
             http_client=httpx.AsyncClient(trust_env=False, timeout=self.client_timeout_s))

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hybrid_rl.agents.chat import ObservationEncoder
-from hybrid_rl.agents.parser import parse_hermes
+from hybrid_rl.agents.parser import get_tool_parser, text_before_calls
 
 __all__ = ["CallRecord", "OpenAIEndpoint", "get_endpoint"]
 
@@ -58,6 +58,8 @@ class _Session:
     requested: int = 0
     budget: Optional[int] = None
     """Most tokens after the first prompt of a chain (the row's response_length); None = no bound."""
+    tool_format: str = "hermes"
+    """The syntax of the model's tool calls (``rollout.multi_turn.format``), read into ``tool_calls``."""
     calls: list[CallRecord] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -110,12 +112,15 @@ class OpenAIEndpoint:
         self._server = self._start()
 
     # ------------------------------------------------------------------ sessions
-    def open(self, server_manager: Any, sampling_params: dict, budget: Optional[int] = None) -> str:
+    def open(self, server_manager: Any, sampling_params: dict, budget: Optional[int] = None,
+             tool_format: str = "hermes") -> str:
         """A new trajectory key whose calls go to ``server_manager``. ``budget``: the most tokens a chain
         of continued calls may add after its first prompt (a call is cut to what is left, as the
-        in-process tool loop cuts its turns), so the row built from the chain is never truncated."""
+        in-process tool loop cuts its turns), so the row built from the chain is never truncated.
+        ``tool_format``: how the model writes tool calls (``rollout.multi_turn.format``)."""
+        get_tool_parser(tool_format)  # ValueError naming the formats
         key = uuid.uuid4().hex
-        self._sessions[key] = _Session(server_manager, dict(sampling_params), budget=budget)
+        self._sessions[key] = _Session(server_manager, dict(sampling_params), budget=budget, tool_format=tool_format)
         return key
 
     def base_url(self, key: str) -> str:
@@ -181,10 +186,7 @@ class OpenAIEndpoint:
         messages, tools = body.get("messages"), body.get("tools")
         prompt, parent = self._chat_prompt(session, messages, tools)
         call = await self._generate(session, prompt, self._sampling(session, body), parent)
-        text = self.tokenizer.decode(call.completion_ids, skip_special_tokens=True)
-        wants_calls = bool(tools) and body.get("tool_choice") != "none"
-        parsed = [c for c in parse_hermes(text) if c.error is None] if wants_calls else []
-        reply: dict[str, Any] = {"role": "assistant", "content": text.split("<tool_call>")[0].strip() if parsed else text}
+        reply, parsed = self._reply(session, call, bool(tools) and body.get("tool_choice") != "none")
         if parsed:
             reply["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
                                     "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in parsed]
@@ -193,6 +195,22 @@ class OpenAIEndpoint:
         choice = {"index": 0, "message": reply, "finish_reason": finish,
                   "logprobs": self._logprobs(call) if body.get("logprobs") else None}
         return self._envelope("chat.completion", body, choice, call)
+
+    def _reply(self, session: _Session, call: CallRecord, wants_calls: bool) -> tuple[dict, list]:
+        """(the assistant message, its well-formed tool calls) of a completion. The calls are parsed from
+        the text with special tokens kept (Mistral's ``[TOOL_CALLS]`` is one); the content is the prose
+        before them, without special tokens."""
+        text = self.tokenizer.decode(call.completion_ids, skip_special_tokens=True)
+        if not wants_calls:
+            return {"role": "assistant", "content": text}, []
+        raw = self.tokenizer.decode(call.completion_ids, skip_special_tokens=False)
+        parsed = [c for c in get_tool_parser(session.tool_format)(raw) if c.error is None]
+        if not parsed:
+            return {"role": "assistant", "content": text}, []
+        content = text_before_calls(session.tool_format, raw)
+        for special in getattr(self.tokenizer, "all_special_tokens", ()):
+            content = content.replace(special, "")
+        return {"role": "assistant", "content": content.strip()}, parsed
 
     async def completions(self, key: str, body: dict) -> dict:
         """``/v1/completions`` (a prompt string, or token ids used exactly)."""

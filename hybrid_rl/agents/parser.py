@@ -2,7 +2,11 @@
 
 ``hermes``: calls are ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Qwen2.5/3,
 Hermes, and the format our built-in tasks teach). ``llama3_json``: Llama 3.1+'s own format, the turn
-is a JSON object ``{"name": ..., "parameters": {...}}`` (the names veRL's config lists). Departure from veRL's ``HermesToolParser``, which
+is a JSON object ``{"name": ..., "parameters": {...}}`` (the names veRL's config lists). ``mistral``:
+Mistral's ``[TOOL_CALLS]`` token, then a JSON list of ``{"name", "arguments"}`` (v3 tokenizers:
+Mistral-7B-Instruct-v0.3, Nemo) or ``name[ARGS]{...}`` per call (v11+: Mistral Small 3.2, Magistral,
+Devstral, with an optional ``[CALL_ID]id``), as vLLM's ``mistral`` tool parser reads them. The text
+is decoded with special tokens kept, so the markers survive. Departure from veRL's ``HermesToolParser``, which
 logs and silently drops a block it cannot decode: here a malformed block becomes a
 :class:`ToolCall` with an ``error``, which the rollout answers with an error observation (and counts),
 so the model sees that its call failed and training can learn from it.
@@ -15,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-__all__ = ["TOOL_CALL_FORMATS", "ToolCall", "parse_hermes", "get_tool_parser"]
+__all__ = ["TOOL_CALL_FORMATS", "ToolCall", "get_tool_parser", "parse_hermes", "parse_mistral", "text_before_calls"]
 
 _HERMES_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
@@ -80,14 +84,62 @@ def parse_llama3_json(text: str) -> list[ToolCall]:
     return calls
 
 
-TOOL_CALL_FORMATS: dict[str, Callable[[str], list[ToolCall]]] = {"hermes": parse_hermes,
-                                                                  "llama3_json": parse_llama3_json}
+MISTRAL_TAG = "[TOOL_CALLS]"
+_MISTRAL_ARGS, _MISTRAL_CALL_ID = "[ARGS]", "[CALL_ID]"
+
+
+def _first_json(text: str) -> Any:
+    """The JSON value ``text`` starts with (anything after it, e.g. ``</s>``, is ignored)."""
+    return json.JSONDecoder().raw_decode(text.lstrip())[0]
+
+
+def _mistral_named_call(segment: str) -> ToolCall:
+    """v11+: ``name[ARGS]{...}`` or ``name[CALL_ID]id[ARGS]{...}``."""
+    head, _, args = segment.partition(_MISTRAL_ARGS)
+    name = head.split(_MISTRAL_CALL_ID)[0].strip()
+    try:
+        arguments = _first_json(args)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        return ToolCall(name=name, error=f"the tool call's arguments are not valid JSON ({str(exc)[:80]})")
+    return _decode_call(json.dumps({"name": name, "arguments": arguments}))
+
+
+def parse_mistral(text: str) -> list[ToolCall]:
+    """Every call after a ``[TOOL_CALLS]`` marker of ``text``, in order (see the module docstring)."""
+    calls: list[ToolCall] = []
+    for segment in text.split(MISTRAL_TAG)[1:]:
+        if _MISTRAL_ARGS in segment:
+            calls.append(_mistral_named_call(segment))
+            continue
+        try:
+            value = _first_json(segment)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            calls.append(ToolCall(error=f"the tool call is not valid JSON ({str(exc)[:80]})"))
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            calls.append(_decode_call(json.dumps(item)))
+    return calls
+
+
+TOOL_CALL_FORMATS: dict[str, Callable[[str], list[ToolCall]]] = {
+    "hermes": parse_hermes, "llama3_json": parse_llama3_json, "mistral": parse_mistral}
 """Parsers by ``rollout.multi_turn.format`` name."""
+
+_CALLS_START = {"hermes": "<tool_call>", "mistral": MISTRAL_TAG}
+"""Where a format's calls begin in a turn (``llama3_json``: the whole turn is the call)."""
+
+
+def text_before_calls(name: str, text: str) -> str:
+    """The prose of a turn that holds calls in format ``name``: what comes before them ("" for
+    ``llama3_json``, whose calls are the whole turn)."""
+    start = _CALLS_START.get(name)
+    return text.split(start)[0].strip() if start else ""
 
 
 def get_tool_parser(name: str) -> Callable[[str], list[ToolCall]]:
     """The parser for ``format``; ValueError naming the valid ones."""
     if name not in TOOL_CALL_FORMATS:
         raise ValueError(f"rollout.multi_turn.format={name!r} is invalid: must be one of {sorted(TOOL_CALL_FORMATS)}. "
-                         "Fix: use hermes (<tool_call>{json}</tool_call>) or llama3_json (Llama 3.1+).")
+                         "Fix: use hermes (<tool_call>{json}</tool_call>), llama3_json (Llama 3.1+) or mistral "
+                         "([TOOL_CALLS]).")
     return TOOL_CALL_FORMATS[name]

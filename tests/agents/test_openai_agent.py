@@ -26,14 +26,14 @@ CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6 * 7"}}<
 class Scripted:
     """A turn_fn: the first call of a conversation answers CALL, a continued one '#### 42'; records calls."""
 
-    def __init__(self, tok):
-        self.tok, self.calls = tok, []
+    def __init__(self, tok, call=CALL):
+        self.tok, self.calls, self.call = tok, [], call
 
     def __call__(self, token_lists, max_tokens, params):
         out = []
         for tokens, limit in zip(token_lists, max_tokens):
             self.calls.append(list(tokens))
-            text = CALL if "<|im_start|>tool" not in self.tok.decode(tokens) else "#### 42"
+            text = self.call if "<|im_start|>tool" not in self.tok.decode(tokens) else "#### 42"
             ids = (self.tok(text, add_special_tokens=False)["input_ids"] + [EOS])[:limit]
             out.append((ids, [-0.25 - 0.01 * k for k in range(len(ids))]))
         return out
@@ -149,6 +149,47 @@ def test_failing_agents_score_zero_and_are_counted(setup):
     metrics = out.meta_info["metrics"]
     assert metrics["agent/ended_by/error"] == pytest.approx(0.8)
     assert metrics["agent/loop/refused"] == pytest.approx(0.2)  # stream=true answered 400 in one line
+
+
+MISTRAL_CALL = 'Computing.[TOOL_CALLS]calculator[ARGS]{"expression": "6 * 7"}'
+
+
+def test_the_endpoint_reads_tool_calls_in_the_runs_format(tmp_path):
+    from hybrid_rl.agents.openai_server import OpenAIEndpoint
+    from hybrid_rl.agents.server import TokenOutput
+
+    path = tmp_path / "agents.yaml"  # rollout.multi_turn.format reaches the endpoint through the loop
+    path.write_text(f"- name: oa_solve\n  _target_: hybrid_rl.agents.openai_agent.OpenAIAgentLoop\n"
+                    f"  agent: {__name__}.solve\n")
+    cfg = RolloutConfig(name="hf", response_length=200, prompt_length=300, calculate_log_probs=True,
+                        agent={"agent_loop_config_path": str(path), "timeout_s": 3}, multi_turn={"format": "mistral"})
+    tok = build_byte_tokenizer()
+    out = MultiTurnGenerator(cfg, tok, EOS).generate(_batch(["solve"]), [[1]], PARAMS, Scripted(tok, MISTRAL_CALL))
+    assert list(out.non_tensor_batch["reward_score"]) == [1.0]
+
+    class Manager:
+        async def generate(self, request_id, *, prompt_ids, sampling_params):
+            return TokenOutput(token_ids=tok(MISTRAL_CALL, add_special_tokens=False)["input_ids"] + [EOS],
+                               log_probs=None, stop_reason="completed")
+
+    endpoint = OpenAIEndpoint(tok)
+    try:
+        replies = {}
+        for fmt in ("mistral", "hermes"):
+            key = endpoint.open(Manager(), {}, tool_format=fmt)
+            body = {"messages": [{"role": "user", "content": "6*7?"}], "tools": TOOLS}
+            replies[fmt] = asyncio.run(endpoint.chat(key, body))["choices"][0]
+            endpoint.close(key)
+        with pytest.raises(ValueError, match="mistral"):
+            endpoint.open(Manager(), {}, tool_format="json")
+    finally:
+        endpoint.shutdown()
+    message = replies["mistral"]["message"]
+    assert replies["mistral"]["finish_reason"] == "tool_calls" and message["content"] == "Computing."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
+        ("calculator", {"expression": "6 * 7"})]
+    assert "tool_calls" not in replies["hermes"]["message"]  # another format's syntax is plain text
+    assert replies["hermes"]["message"]["content"].startswith("Computing.[TOOL_CALLS]")
 
 
 def test_a_chain_of_calls_is_cut_to_the_rows_budget():

@@ -124,3 +124,27 @@ def test_llama3_json_format():
     assert parse("The answer is 6.") == []
     (bad,) = parse('{"name": "calculator", "parameters": ')
     assert "not valid JSON" in bad.error
+
+
+def test_mistral_format_both_layouts_and_the_prose_before_the_calls():
+    from hybrid_rl.agents.parser import text_before_calls
+
+    parse = get_tool_parser("mistral")
+    v3 = ('[TOOL_CALLS] [{"name": "calculator", "arguments": {"expression": "6 * 7"}}, '
+          '{"name": "search", "arguments": "{\\"q\\": \\"x\\"}", "id": "a1b2c3d4e"}]</s>')
+    assert [(c.name, c.arguments, c.error) for c in parse(v3)] == [
+        ("calculator", {"expression": "6 * 7"}, None), ("search", {"q": "x"}, None)]
+    v11 = ('Let me compute.[TOOL_CALLS]calculator[ARGS]{"expression": "6 * 7"}'
+           '[TOOL_CALLS]search[CALL_ID]a1b2c3d4e[ARGS]{"q": "x"}</s>')
+    assert [(c.name, c.arguments, c.error) for c in parse(v11)] == [
+        ("calculator", {"expression": "6 * 7"}, None), ("search", {"q": "x"}, None)]
+    assert parse("The answer is 42.</s>") == []
+    (cut,) = parse('[TOOL_CALLS]calculator[ARGS]{"expression": ')
+    assert cut.name == "calculator" and "arguments are not valid JSON" in cut.error
+    (bad,) = parse("[TOOL_CALLS] calculator(6 * 7)")
+    assert "not valid JSON" in bad.error
+    (nameless,) = parse('[TOOL_CALLS] [{"arguments": {}}]')
+    assert '"name" string' in nameless.error
+    assert text_before_calls("mistral", v11) == "Let me compute."
+    assert text_before_calls("hermes", 'Sure. <tool_call>{"name": "f"}</tool_call>') == "Sure."
+    assert text_before_calls("llama3_json", '{"name": "f", "parameters": {}}') == ""
