@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from hybrid_rl.utils.log_setup import configure_worker_logging
+from hybrid_rl.utils.seeding import seed_worker
 
 __all__ = ["Worker", "find_free_port"]
 
@@ -48,6 +49,8 @@ class Worker:
             raise ValueError(f"RANK={self._rank} is outside [0, WORLD_SIZE={self._world_size})")
         if _in_ray_actor():
             configure_worker_logging(self._rank)  # before vLLM is imported: it reads the environment
+        if _in_ray_actor():
+            seed_worker(self._rank)  # Ray's workers start from clock-seeded generators (utils/seeding.py)
         if _in_ray_actor() and not torch.cuda.is_available():
             # Ray exports OMP_NUM_THREADS=1 for actors without an explicit CPU count; a CPU worker
             # must compute on every core the placement group gave it.

@@ -88,6 +88,32 @@ def test_rank_world_size_and_rendezvous_env(group):
     assert group.all_reduce_rank_plus_one() == [3.0, 3.0]
 
 
+def test_a_seeded_group_draws_seed_plus_rank_streams(ray_cluster):
+    import random
+
+    import numpy as np
+
+    from hybrid_rl.utils.seeding import seed_everything
+
+    def draws(seed=None):
+        pool = RayResourcePool([2], use_gpu=False, num_cpus_per_process=0.5)
+        wg = RayWorkerGroup(pool, RayClassWithInitArgs(ToyWorker), seed=seed)
+        try:
+            return [info["draws"] for info in wg.whoami("rng")]
+        finally:
+            wg.shutdown()
+            pool.remove()
+
+    expected = []
+    for rank in (0, 1):
+        seed_everything(7 + rank)
+        expected.append((torch.rand(2).tolist(), float(np.random.rand()), random.random()))
+    seeded = draws(seed=7)
+    assert seeded == expected and draws(seed=7) == seeded
+    unseeded = draws()
+    assert unseeded != draws() and expected[0] not in unseeded  # Ray's own clock-seeded streams
+
+
 def test_cpu_threads_follow_the_cpus_ray_assigned(ray_cluster):
     pool = RayResourcePool([1], use_gpu=False, num_cpus_per_process=2)
     wg = RayWorkerGroup(pool, RayClassWithInitArgs(ToyWorker))

@@ -1,6 +1,7 @@
 """Toy Worker classes for the single-controller tests (imported by the Ray workers via PYTHONPATH)."""
 
 import os
+import random
 import signal
 import sys
 import time
@@ -62,7 +63,8 @@ class ToyWorker(Worker):
     def whoami(self, tag: str) -> dict:
         return {"tag": tag, "rank": self.rank, "world_size": self.world_size, "local_rank": self.local_rank,
                 "env_rank": os.environ["RANK"], "master": (self.master_addr, self.master_port),
-                "pid": os.getpid(), "threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS")}
+                "pid": os.getpid(), "threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"),
+                "draws": (torch.rand(2).tolist(), float(np.random.rand()), random.random())}
 
     @register(dispatch_mode=Dispatch.ALL_TO_ALL)
     def echo(self, *args, **kwargs) -> tuple:

@@ -28,6 +28,7 @@ from hybrid_rl.single_controller.group import WorkerGroup
 from hybrid_rl.single_controller.ray.resource_pool import RayResourcePool
 from hybrid_rl.single_controller.worker import Worker
 from hybrid_rl.single_controller.worker_class import RayClassWithInitArgs
+from hybrid_rl.utils.seeding import WORKER_SEED_ENV
 
 __all__ = ["RayClassWithInitArgs", "RayWorkerGroup"]
 
@@ -63,17 +64,20 @@ class RayWorkerGroup(WorkerGroup):
         name_prefix: prefix of the Ray actor names (random if None).
         call_timeout_s: deadline for every call (None = wait as long as the workers are alive).
         init_timeout_s: deadline for all actors to start and finish their constructors.
+        seed: the run's seed: rank r seeds its Python/NumPy/torch generators with ``seed + r`` as it
+            starts (None leaves them as Ray seeded them).
     """
 
     def __init__(self, resource_pool: RayResourcePool, ray_cls_with_init: RayClassWithInitArgs,
                  name_prefix: str | None = None, call_timeout_s: float | None = None,
-                 init_timeout_s: float = 600.0):
+                 init_timeout_s: float = 600.0, seed: int | None = None):
         if call_timeout_s is not None and call_timeout_s <= 0:
             raise ValueError(f"call_timeout_s must be > 0 or None, got {call_timeout_s}")
         self.resource_pool = resource_pool
         self.ray_cls_with_init = ray_cls_with_init
         self.name_prefix = name_prefix if name_prefix is not None else secrets.token_hex(3)
         self.call_timeout_s = call_timeout_s
+        self.seed = seed
         self.role = ray_cls_with_init.raw_cls.__name__
         self._workers: list[ray.actor.ActorHandle] = []
         self._infos: list[WorkerInfo] = []
@@ -141,6 +145,8 @@ class RayWorkerGroup(WorkerGroup):
             env = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(bundle_index),
                    "LOCAL_WORLD_SIZE": str(local_world_size), "MASTER_ADDR": master_addr,
                    "MASTER_PORT": str(master_port), "WG_PREFIX": self.name_prefix}
+            if self.seed is not None:  # each rank seeds its generators with seed + rank (utils/seeding.py)
+                env[WORKER_SEED_ENV] = str(self.seed)
             name = f"{self.name_prefix}_{self.role}_{rank}"
             strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle_index)
             self._workers.append(self.ray_cls_with_init.create_actor(strategy, pool.actor_resources(), env, name))

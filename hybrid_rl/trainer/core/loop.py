@@ -18,11 +18,9 @@ from __future__ import annotations
 import abc
 import logging
 import os
-import random
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
-import numpy as np
 import torch
 from codetiming import Timer
 
@@ -36,6 +34,7 @@ from hybrid_rl.trainer.core.health import HealthMonitor
 from hybrid_rl.trainer.core.plotting import PLOT_FILE, plot_run
 from hybrid_rl.trainer.core.tracking import ProgressBar, Tracking, as_backend_list
 from hybrid_rl.utils import faults
+from hybrid_rl.utils.seeding import seed_everything
 
 __all__ = ["TrainerCore", "seed_everything", "timed"]
 
@@ -48,13 +47,6 @@ def timed(name: str, timing: dict[str, float]) -> Iterator[None]:
     with Timer(name=None, text="", logger=None) as timer:
         yield
     timing[name] = timing.get(name, 0.0) + timer.last
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's global RNGs."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 class TrainerCore(abc.ABC):

@@ -140,11 +140,12 @@ def _rollout_group(cfg: PPOConfig, plan: RunPlan, process_on_nodes: list[int], *
     if log_dir:  # apart from the training ranks' worker_<rank>.log files
         worker.update_options({"runtime_env": {"env_vars": {LOG_DIR_ENV: os.path.join(log_dir, "rollout")}}})
     if not with_reward_model:
-        return _init_group(pool, worker, call_timeout_s), pool, None
+        return _init_group(pool, worker, call_timeout_s, cfg.trainer.seed), pool, None
     from hybrid_rl.single_controller import RayWorkerGroup
 
     try:
-        views = RayWorkerGroup(pool, worker, call_timeout_s=call_timeout_s).spawn(["rm", "rollout"])
+        group = RayWorkerGroup(pool, worker, call_timeout_s=call_timeout_s, seed=cfg.trainer.seed)
+        views = group.spawn(["rm", "rollout"])
         views["rm"].init_model()
         views["rollout"].init_model()
     except BaseException:
@@ -168,16 +169,16 @@ def build_teacher_group(cfg: PPOConfig, plan: RunPlan, *, worker_cls: Optional[t
                                   distillation=d)
     if log_dir:
         worker.update_options({"runtime_env": {"env_vars": {LOG_DIR_ENV: os.path.join(log_dir, "teacher")}}})
-    return _init_group(pool, worker, call_timeout_s), pool
+    return _init_group(pool, worker, call_timeout_s, cfg.trainer.seed), pool
 
 
-def _init_group(pool: Any, worker: Any, call_timeout_s: Optional[float]) -> Any:
+def _init_group(pool: Any, worker: Any, call_timeout_s: Optional[float], seed: int) -> Any:
     """A ``RayWorkerGroup`` of ``worker`` on ``pool`` with its models built; the pool is released
     when that fails."""
     from hybrid_rl.single_controller import RayWorkerGroup
 
     try:
-        group = RayWorkerGroup(pool, worker, call_timeout_s=call_timeout_s)
+        group = RayWorkerGroup(pool, worker, call_timeout_s=call_timeout_s, seed=seed)
         group.init_model()
     except BaseException:
         pool.remove()
@@ -281,7 +282,7 @@ def _colocated_group(cfg: Any, plan: RunPlan, worker: Any, call_timeout_s: Optio
         num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker,
     )
     try:
-        return RayWorkerGroup(pool, worker, call_timeout_s=call_timeout_s), pool
+        return RayWorkerGroup(pool, worker, call_timeout_s=call_timeout_s, seed=cfg.trainer.seed), pool
     except BaseException:  # an actor that failed to start: the reserved devices go back too
         pool.remove()
         raise

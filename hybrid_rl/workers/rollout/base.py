@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from hybrid_rl.protocol import DataProto
+from hybrid_rl.utils.seeding import seed_everything
 from hybrid_rl.workers.rollout.config import RolloutConfig
 
 
@@ -150,12 +151,6 @@ def _restore_rng(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _seed_all(seed: int) -> None:
-    torch.manual_seed(seed)  # also seeds every CUDA device
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
-
-
 class PrivateRng:
     """The rollout's own torch/numpy/python random stream, swapped in around engine calls.
 
@@ -167,7 +162,7 @@ class PrivateRng:
     def __init__(self, seed: int, cuda: bool = False):
         self._cuda = cuda
         outer = _capture_rng(cuda)
-        _seed_all(seed)
+        seed_everything(seed)
         self._state = _capture_rng(cuda)
         _restore_rng(outer)
 
@@ -179,7 +174,7 @@ class PrivateRng:
         if seed is None:
             _restore_rng(self._state)
         else:
-            _seed_all(seed)
+            seed_everything(seed)
         try:
             yield
         finally:
