@@ -58,7 +58,9 @@ def _start() -> dict:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith("HYBRID_RL_FAULT")}
     system = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
-           f"--port={port}", f"--temp-dir={folder}", f"--system-config={json.dumps(system)}"]
+           f"--port={port}", f"--temp-dir={folder}", f"--system-config={json.dumps(system)}",
+           # free ports where Ray has fixed defaults (10001, 52365), so a Ray of the user's is no obstacle
+           f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}"]
     log = open(os.path.join(folder, "ray_start.log"), "w")
     process = subprocess.Popen(cmd, env={**env, **auth}, cwd=folder, stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True, preexec_fn=_die_with_the_tests)
