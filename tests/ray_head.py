@@ -41,14 +41,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_the_tests() -> None:
-    """In the head's ``ray start``: SIGTERM it when the test process ends, even by SIGKILL (Linux)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: the session's end (stop) is the only way down
+_PDEATHSIG_EXEC = ("import ctypes, os, signal, sys; ctypes.CDLL('libc.so.6').prctl(1, signal.SIGTERM); "
+                   "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+"""Run in the head's own process before it becomes ``ray start``: SIGTERM it when the test process
+ends, even by SIGKILL (PR_SET_PDEATHSIG survives the exec; Linux). A wrapper, not ``preexec_fn``, which
+is unsafe in a process that already runs threads."""
 
 
 def _start() -> dict:
@@ -57,21 +54,23 @@ def _start() -> dict:
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith("HYBRID_RL_FAULT")}
     system = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
-    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
-           f"--port={port}", f"--temp-dir={folder}", f"--system-config={json.dumps(system)}",
+    wrapper = [sys.executable, "-c", _PDEATHSIG_EXEC] if sys.platform.startswith("linux") else [sys.executable]
+    cmd = [*wrapper, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--num-cpus=2",
+           "--include-dashboard=false", "--disable-usage-stats", f"--port={port}", f"--temp-dir={folder}", f"--system-config={json.dumps(system)}",
            # free ports where Ray has fixed defaults (10001, 52365), so a Ray of the user's is no obstacle
            f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}"]
     log = open(os.path.join(folder, "ray_start.log"), "w")
     process = subprocess.Popen(cmd, env={**env, **auth}, cwd=folder, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True, preexec_fn=_die_with_the_tests)
-    address_file = os.path.join(folder, "ray_current_cluster")
+                               start_new_session=True)
+    head = {"process": process, "folder": folder, "log": log, "auth": auth, "address": f"127.0.0.1:{port}"}
     deadline = time.time() + 120
-    while not os.path.exists(address_file):
+    while not os.path.exists(os.path.join(folder, "ray_current_cluster")):
         if process.poll() is not None or time.time() > deadline:
-            process.kill()
-            raise RuntimeError(f"`ray start --head` did not come up: {open(log.name).read()[-2000:]}")
+            text = open(log.name).read()[-2000:]
+            _stop(head, wait_s=0)
+            raise RuntimeError(f"`ray start --head` did not come up: {text}")
         time.sleep(0.1)
-    return {"process": process, "folder": folder, "log": log, "auth": auth, "address": f"127.0.0.1:{port}"}
+    return head
 
 
 def _last(overrides: list[str], key: str) -> Optional[str]:
@@ -93,20 +92,30 @@ def join(overrides: list[str], env: dict[str, str]) -> tuple[list[str], dict[str
         return overrides, env
     if _head is None:
         _head = _start()
-    kept = [o for o in overrides if o.split("=", 1)[0] != "ray_init.num_cpus"]  # the head has 2
-    return [*kept, f"ray_init.address={_head['address']}"], {**env, **_head["auth"]}
+    # ray_init.num_cpus=2 stays: besides the local Ray's size it sets each worker's CPUs and threads
+    return [*overrides, f"ray_init.address={_head['address']}"], {**env, **_head["auth"]}
+
+
+def _stop(head: dict, wait_s: float) -> None:
+    """Stop one head (``ray start --block`` stops every process it started; SIGKILL to its process
+    group after ``wait_s``) and remove its folder."""
+    process = head["process"]
+    process.terminate()
+    try:
+        process.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)  # whatever is left of its session
+    except (ProcessLookupError, PermissionError):
+        pass
+    head["log"].close()
+    shutil.rmtree(head["folder"], ignore_errors=True)
 
 
 def stop() -> None:
-    """Stop the head (``ray start --block`` stops every process it started) and remove its folder."""
+    """Stop the session's head, if one was started."""
     global _head
-    if _head is None:
-        return
-    head, _head = _head, None
-    head["process"].terminate()
-    try:
-        head["process"].wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(head["process"].pid, 9)
-    head["log"].close()
-    shutil.rmtree(head["folder"], ignore_errors=True)
+    if _head is not None:
+        head, _head = _head, None
+        _stop(head, wait_s=60)

@@ -94,9 +94,15 @@ def _first_json(text: str) -> Any:
 
 
 def _mistral_named_call(segment: str) -> ToolCall:
-    """v11+: ``name[ARGS]{...}`` or ``name[CALL_ID]id[ARGS]{...}``."""
-    head, _, args = segment.partition(_MISTRAL_ARGS)
+    """v11+: ``name[ARGS]{...}``, ``name[CALL_ID]id[ARGS]{...}`` or ``name{...}``."""
+    if _MISTRAL_ARGS in segment:
+        head, _, args = segment.partition(_MISTRAL_ARGS)
+    else:
+        cut = segment.find("{")
+        head, args = (segment, "") if cut < 0 else (segment[:cut], segment[cut:])
     name = head.split(_MISTRAL_CALL_ID)[0].strip()
+    if not name:
+        return ToolCall(error="the tool call has no function name before its arguments")
     try:
         arguments = _first_json(args)
     except (json.JSONDecodeError, RecursionError) as exc:
@@ -105,10 +111,12 @@ def _mistral_named_call(segment: str) -> ToolCall:
 
 
 def parse_mistral(text: str) -> list[ToolCall]:
-    """Every call after a ``[TOOL_CALLS]`` marker of ``text``, in order (see the module docstring)."""
+    """Every call after a ``[TOOL_CALLS]`` marker of ``text``, in order (see the module docstring): a
+    segment that starts with ``[`` or ``{`` is v3's JSON, any other a v11+ named call."""
     calls: list[ToolCall] = []
     for segment in text.split(MISTRAL_TAG)[1:]:
-        if _MISTRAL_ARGS in segment:
+        start = segment.lstrip()
+        if not start.startswith(("[", "{")) or start.startswith((_MISTRAL_ARGS, _MISTRAL_CALL_ID)):
             calls.append(_mistral_named_call(segment))
             continue
         try:

@@ -143,6 +143,12 @@ def test_mistral_format_both_layouts_and_the_prose_before_the_calls():
     assert cut.name == "calculator" and "arguments are not valid JSON" in cut.error
     (bad,) = parse("[TOOL_CALLS] calculator(6 * 7)")
     assert "not valid JSON" in bad.error
+    (listed,) = parse('[TOOL_CALLS][{"name": "search", "arguments": {"q": "a [ARGS] b"}}]')
+    assert (listed.name, listed.arguments, listed.error) == ("search", {"q": "a [ARGS] b"}, None)
+    (bare,) = parse('[TOOL_CALLS]search{"q": "x"}</s>')  # v11 without [ARGS], as vLLM reads it
+    assert (bare.name, bare.arguments, bare.error) == ("search", {"q": "x"}, None)
+    (unnamed,) = parse("[TOOL_CALLS][ARGS]{}")
+    assert "no function name" in unnamed.error
     (nameless,) = parse('[TOOL_CALLS] [{"arguments": {}}]')
     assert '"name" string' in nameless.error
     assert text_before_calls("mistral", v11) == "Let me compute."
