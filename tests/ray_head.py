@@ -22,23 +22,18 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Optional
 
+from hybrid_rl.single_controller.worker import find_free_port
+
 LOCAL_ENV = "HYBRID_RL_TEST_LOCAL_RAY"
 """Set to 1 to give every CLI run its own local Ray again (as before the shared head)."""
 
 _head: Optional[dict] = None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _PDEATHSIG_EXEC = ("import ctypes, os, signal, sys; ctypes.CDLL('libc.so.6').prctl(1, signal.SIGTERM); "
@@ -50,7 +45,7 @@ is unsafe in a process that already runs threads."""
 
 def _start() -> dict:
     folder = tempfile.mkdtemp(prefix="hrl_ray_")  # short: Ray's socket paths must stay < 108 characters
-    token, port = secrets.token_hex(16), _free_port()
+    token, port = secrets.token_hex(16), find_free_port()
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith("HYBRID_RL_FAULT")}
     system = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
@@ -58,7 +53,7 @@ def _start() -> dict:
     cmd = [*wrapper, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--num-cpus=2",
            "--include-dashboard=false", "--disable-usage-stats", f"--port={port}", f"--temp-dir={folder}", f"--system-config={json.dumps(system)}",
            # free ports where Ray has fixed defaults (10001, 52365), so a Ray of the user's is no obstacle
-           f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}"]
+           f"--ray-client-server-port={find_free_port()}", f"--dashboard-agent-listen-port={find_free_port()}"]
     log = open(os.path.join(folder, "ray_start.log"), "w")
     process = subprocess.Popen(cmd, env={**env, **auth}, cwd=folder, stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)
