@@ -1,0 +1,70 @@
+"""The redaction helper: URLs' passwords, secret-named keys, whole configs."""
+
+import pytest
+from omegaconf import OmegaConf
+
+from hybrid_rl.utils.redact import REDACTED, is_secret_key, redact_config, redact_text, redact_url
+
+PG = "postgresql+psycopg://alice:s3cr%40t@db.example:5432/rl"
+
+
+@pytest.mark.parametrize("url, expected", [
+    (PG, "postgresql+psycopg://alice:***@db.example:5432/rl"),
+    ("postgres://bob:pw@h/db?sslmode=require", "postgres://bob:***@h/db?sslmode=require"),
+    ("postgresql://:only@h/db", "postgresql://:***@h/db"),
+    ("postgresql://u:p@ss@h/db", "postgresql://u:***@h/db"),  # an unescaped '@': hidden up to the last one
+    ("postgresql://h/db?user=u&password=pw&sslmode=require", "postgresql://h/db?user=u&password=***&sslmode=require"),
+    ("postgresql://u@h/db", "postgresql://u@h/db"),  # no password: unchanged
+    ("postgresql://u:@h/db", "postgresql://u:@h/db"),  # an empty password: nothing to hide
+    ("sqlite:///run/experiences.db", "sqlite:///run/experiences.db"),
+    ("/tmp/run/experiences.db", "/tmp/run/experiences.db"),
+    ("http://localhost:8000/v1", "http://localhost:8000/v1"),
+])
+def test_redact_url(url, expected):
+    assert redact_url(url) == expected
+
+
+def test_redact_text_hides_every_url_and_secret_override():
+    hydra_echo = ("Error executing job with overrides: ['async_training.buffer.path=" + PG + "', "
+                  "'+reward.api_key=sk-123', 'data.train_batch_size=4']")
+    assert redact_text(hydra_echo) == (
+        "Error executing job with overrides: ['async_training.buffer.path=postgresql+psycopg://alice:***@"
+        "db.example:5432/rl', '+reward.api_key=***', 'data.train_batch_size=4']")
+    two = f"copy {PG} to mysql://root:toor@m/x now"
+    assert redact_text(two) == "copy postgresql+psycopg://alice:***@db.example:5432/rl to mysql://root:***@m/x now"
+    assert redact_text("max_tokens=512 token_ids=3") == "max_tokens=512 token_ids=3"
+
+
+@pytest.mark.parametrize("name", ["password", "db_password", "api_key", "apiKey", "OPENAI_API_KEY", "hf_token",
+                                  "token", "access_token", "client-secret", "a.b.secret", "private_key"])
+def test_secret_key_names(name):
+    assert is_secret_key(name)
+
+
+@pytest.mark.parametrize("name", ["tokenizer", "max_tokens", "pad_token", "eos_token_ids", "pad_token_id",
+                                  "prompt_key", "reward_fn_key", "max_num_batched_tokens", "path", "keys", 3])
+def test_ordinary_key_names(name):
+    assert not is_secret_key(name)
+
+
+def test_redact_config_walks_every_container_and_leaves_the_input():
+    config = {"async_training": {"buffer": {"storage_type": "sql", "path": PG, "name": None}},
+              "trainer": {"logger": ["console", PG], "n": 3, "ok": True},
+              "agents": [{"api_key": "sk-1", "token": None, "hf_token": ""}],
+              "reward": {"secret": {"nested": 1}}}
+    out = redact_config(config)
+    assert out == {"async_training": {"buffer": {"storage_type": "sql", "name": None,
+                                                 "path": "postgresql+psycopg://alice:***@db.example:5432/rl"}},
+                   "trainer": {"logger": ["console", "postgresql+psycopg://alice:***@db.example:5432/rl"],
+                               "n": 3, "ok": True},
+                   "agents": [{"api_key": REDACTED, "token": None, "hf_token": ""}],
+                   "reward": {"secret": REDACTED}}
+    assert config["async_training"]["buffer"]["path"] == PG and config["agents"][0]["api_key"] == "sk-1"
+
+
+def test_redact_config_of_an_omegaconf_container():
+    cfg = OmegaConf.create({"buffer": {"path": PG}, "items": [PG], "password": "pw"})
+    out = redact_config(cfg)
+    assert out == {"buffer": {"path": "postgresql+psycopg://alice:***@db.example:5432/rl"},
+                   "items": ["postgresql+psycopg://alice:***@db.example:5432/rl"], "password": REDACTED}
+    assert "s3cr" not in repr(out)
