@@ -77,7 +77,9 @@ def debug_rollout(overrides: Sequence[str], num_prompts: int = 4, output: Option
             buffer = SQLBuffer(output)
             buffer.put(experiences)
             buffer.close()
-        print(f"{len(rows)} experiences written to {output}")
+        from hybrid_rl.utils.redact import redact_url
+
+        print(f"{len(rows)} experiences written to {redact_url(output)}")  # a database URL: no password
     return rows
 
 

@@ -160,5 +160,7 @@ if __name__ == "__main__":
     try:
         main()
     except ValueError as error:  # bad input: one clear line, no traceback
-        print(f"error: {error}", file=sys.stderr)
+        from hybrid_rl.utils.redact import redact_text
+
+        print(f"error: {redact_text(str(error))}", file=sys.stderr)
         sys.exit(2)

@@ -3,7 +3,9 @@
 ``console`` and ``jsonl`` need nothing beyond the standard library; ``tensorboard``, ``wandb``,
 ``mlflow`` and ``swanlab`` use their real libraries, which are optional installs
 (``pip install hybrid_rl[tracking]``): asking for one that is not installed is a ValueError at
-start-up, before any compute is spent.
+start-up, before any compute is spent. The config each tracker records (W&B's, MLflow's params,
+SwanLab's) is :func:`~hybrid_rl.utils.redact.redact_config`'s copy: no database password or secret-named
+key leaves the machine.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import logging
 import math
 import os
 from typing import Any, Mapping
+
+from hybrid_rl.utils.redact import redact_config
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +164,7 @@ class Tracking:
         if errors:
             raise ValueError("\n".join(errors))
         self.run_dir = run_dir
+        config = redact_config(config) if config is not None else None
         self.jsonl_path = os.path.join(run_dir, METRICS_FILE)
         self._backends: dict[str, Any] = {}
         for name in backends:

@@ -243,5 +243,10 @@ class DecoupledPPOTrainer(RayPPOTrainer):
                              "resume with the batch size and rollout.n of the run that wrote it.")
 
     def _buffer_where(self) -> str:
+        """The buffer as an error message names it; a database URL's password shown as ``***``."""
+        from hybrid_rl.utils.redact import redact_url
+
         b = self.config.async_training.buffer
-        return "the memory buffer" if b.storage_type == "memory" else f"async_training.buffer.path={b.path or self.run_dir + '/experiences.db'}"
+        if b.storage_type == "memory":
+            return "the memory buffer"
+        return f"async_training.buffer.path={redact_url(b.path or self.run_dir + '/experiences.db')}"
