@@ -3,8 +3,10 @@ one, naming its file, row and reason; ``skip`` leaves it out, counts each reason
 summary line (the first few rows and their reasons), and refuses to start when more than
 ``data.max_bad_fraction`` of the rows were bad (a wrong column mapping, not a few dirty rows).
 
-Loaders raise :class:`RowError` (a ``ValueError`` with a short ``reason`` to count by) or any
-``ValueError`` (counted by its first clause) for a bad row.
+Rows are numbered from 1 (in a JSON Lines file a row's number is its line number). Loaders raise
+:class:`RowError` (a ``ValueError`` with a short ``reason`` to count by) or any ``ValueError``
+(counted by its first clause) for a bad row; a line that cannot be read at all (invalid JSON, not
+UTF-8) is a RowError too (:func:`hybrid_rl.data.files.numbered_rows`).
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ SHOWN_ROWS = 3
 
 
 class RowError(ValueError):
-    """A malformed row: the message says what and how to fix it; ``reason`` is short, for counting."""
+    """A malformed row: the message says what and how to fix it; ``reason`` is short, for counting;
+    ``place`` (e.g. ``line 7``) where the row is not found by its row number."""
 
-    def __init__(self, message: str, reason: str):
+    def __init__(self, message: str, reason: str, place: Optional[str] = None):
         super().__init__(message)
         self.reason = reason
+        self.place = place
 
 
 def _reason(error: ValueError) -> str:
@@ -62,8 +66,9 @@ class BadRows:
     """What the rows are, for the summary line (e.g. ``preference pairs``)."""
     seen: int = 0
     """Rows looked at."""
-    skipped: list[tuple[str, int, str]] = field(default_factory=list)
-    """``(file, row, reason)`` of every skipped row."""
+    skipped: list[tuple[str, str, str]] = field(default_factory=list)
+    """``(file, place, reason)`` of every skipped row; ``place`` is ``row N`` (from 1) or, for a line
+    that could not be read, ``line N``."""
 
     def __post_init__(self) -> None:
         problems = bad_rows_problems(self.mode, self.max_fraction)
@@ -72,9 +77,9 @@ class BadRows:
 
     def parse(self, path: str | os.PathLike, index: int, parse: Callable[..., Any], /, *args: Any,
               again: bool = False, **kwargs: Any) -> Optional[Any]:
-        """``parse(*args, **kwargs)`` for row ``index`` of ``path``; a ``ValueError`` names the file and
-        row (``error``) or is counted and gives None (``skip``). ``again``: a later stage of a row
-        already counted (e.g. tokenizing it)."""
+        """``parse(*args, **kwargs)`` for row ``index`` (numbered from 1) of ``path``; a ``ValueError``
+        names the file and row (``error``) or is counted and gives None (``skip``). ``again``: a later
+        stage of a row already counted (e.g. tokenizing it)."""
         self.seen += 0 if again else 1
         try:
             return parse(*args, **kwargs)
@@ -85,7 +90,7 @@ class BadRows:
                 if where not in message:
                     message = f"{where}, row {index}: {message}"
                 raise ValueError(message) from None
-            self.skipped.append((where, index, _reason(error)))
+            self.skipped.append((where, getattr(error, "place", None) or f"row {index}", _reason(error)))
             return None
 
     def summary(self) -> str:
@@ -94,7 +99,7 @@ class BadRows:
             return ""
         counts = Counter(reason for _, _, reason in self.skipped)
         reasons = ", ".join(f"{n} {reason}" for reason, n in counts.most_common())
-        first = "; ".join(f"{os.path.basename(f)} row {i}: {r}" for f, i, r in self.skipped[:SHOWN_ROWS])
+        first = "; ".join(f"{os.path.basename(f)} {place}: {r}" for f, place, r in self.skipped[:SHOWN_ROWS])
         return (f"data.bad_rows=skip: left out {len(self.skipped)} of {self.seen} {self.what} "
                 f"({len(self.skipped) / max(self.seen, 1):.2%}) - {reasons}. First: {first}")
 

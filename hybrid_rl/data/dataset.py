@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from hybrid_rl.data.bad_rows import BadRows
-from hybrid_rl.data.files import expand_data_files
-from hybrid_rl.data.rows import check_required_columns, read_rows, validate_row
+from hybrid_rl.data.files import expand_data_files, numbered_rows
+from hybrid_rl.data.rows import check_required_columns, validate_row
 
 logger = logging.getLogger(__name__)
 
@@ -145,17 +145,18 @@ class RLHFDataset(torch.utils.data.Dataset):
     def _load_rows(self, files: list[str], policy: BadRows) -> tuple[list[dict], list[tuple[str, int]]]:
         rows, origins = [], []
         for path in files:
-            raw_rows = read_rows(path)
-            check_required_columns(raw_rows, path=path, prompt_key=self.prompt_key)
-            for row_idx, raw in enumerate(raw_rows):
-                row = policy.parse(path, row_idx, validate_row, raw, path=path, row_idx=row_idx,
+            raw_rows = list(numbered_rows(path, policy))  # rows numbered from 1; unreadable lines to the policy
+            if raw_rows:  # none readable (all skipped): the policy's summary says why
+                check_required_columns([raw for _, raw in raw_rows], path=path, prompt_key=self.prompt_key)
+            for number, raw in raw_rows:
+                row = policy.parse(path, number, validate_row, raw, path=path, row_idx=number,
                                    prompt_key=self.prompt_key)
                 if row is None:
                     continue
                 # Default index = global position; veRL rows usually carry extra_info.index.
                 row["index"] = row["extra_info"].get("index", len(rows))
                 rows.append(row)
-                origins.append((path, row_idx))
+                origins.append((path, number))
         policy.finish()
         if not rows:
             raise ValueError(f"no usable rows in {files}; fix the rows or the column names (data.prompt_key)")

@@ -4,24 +4,39 @@ A data path is a file, a folder (its data files, sorted by name, as the Hub's ``
 parquet shards) or a glob (``data/train-*.parquet``). A file is ``.parquet``, ``.jsonl``, ``.json`` (a
 JSON array of objects, an object holding one such array, a column-wise object of equal-length lists, or
 JSON Lines under a ``.json`` name, as ``datasets.Dataset.to_json`` writes) or one of the JSON forms
-gzipped (``.jsonl.gz``, ``.json.gz``: HH-RLHF's own files). Every failure is a ``ValueError`` naming
-the file and the fix.
+gzipped (``.jsonl.gz``, ``.json.gz``: HH-RLHF's own files).
+
+Rows are numbered from 1: in a JSON Lines file a row's number is its line number (blank lines are
+ignored but counted, so ``row 18`` is what an editor shows as line 18), elsewhere its position. A line
+that cannot be read (invalid JSON, bytes that are not UTF-8, a value that is not an object) and an
+array element that is not an object are *bad rows* (:class:`~hybrid_rl.data.bad_rows.RowError`),
+which ``data.bad_rows`` stops at or skips; a file that cannot be read at all (missing, corrupt gzip,
+not parquet, an invalid JSON document) is a ``ValueError`` naming the file and the fix.
 """
 
 from __future__ import annotations
 
 import glob
 import gzip
-import io
 import json
 import os
+import zlib
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import IO, TYPE_CHECKING, Any, Iterable, Iterator, Union
 
-__all__ = ["SUPPORTED_SUFFIXES", "data_suffix", "expand_data_files", "iter_rows", "read_rows"]
+from hybrid_rl.data.bad_rows import RowError
+
+if TYPE_CHECKING:
+    from hybrid_rl.data.bad_rows import BadRows
+
+__all__ = ["SUPPORTED_SUFFIXES", "data_suffix", "expand_data_files", "iter_records", "iter_rows", "numbered_rows",
+           "read_rows"]
 
 SUPPORTED_SUFFIXES = (".parquet", ".jsonl", ".json", ".jsonl.gz", ".json.gz")
 _FIX = "check data.train_files / data.val_files"
+_BOM = b"\xef\xbb\xbf"
+Record = tuple[int, Union[dict[str, Any], RowError]]
+"""``(row number from 1, the row or the RowError that says why it cannot be read)``."""
 
 
 def data_suffix(path: str | os.PathLike) -> str:
@@ -60,78 +75,126 @@ def expand_data_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) ->
     return files
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    if data_suffix(path).endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")
+def _open_binary(path: Path) -> IO[bytes]:
+    return gzip.open(path, "rb") if data_suffix(path).endswith(".gz") else open(path, "rb")
 
 
-def _jsonl_rows(lines: Iterable[str], path: Path) -> Iterator[dict[str, Any]]:
-    for line_no, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"data file {str(path)!r} line {line_no}: invalid JSON ({err}); fix or remove the line") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"data file {str(path)!r} line {line_no}: expected a JSON object per line, "
-                             f"got {type(row).__name__}")
-        yield row
+def _bad_line(path: Path, line_no: int, problem: str, fix: str, reason: str) -> RowError:
+    return RowError(f"data file {str(path)!r} line {line_no}: {problem}; {fix}", reason, place=f"line {line_no}")
 
 
-def _json_document_rows(value: Any, path: Path) -> list[dict[str, Any]]:
-    """Rows of one parsed JSON document: an array of objects, ``{"<name>": [objects]}``, or columns."""
+def _line_record(raw: bytes, path: Path, line_no: int) -> dict[str, Any] | RowError | None:
+    """One JSON Lines line as a row, a RowError saying why it is not one, or None when blank."""
+    if line_no == 1 and raw.startswith(_BOM):
+        raw = raw[len(_BOM):]
+    if not raw.strip():
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return _bad_line(path, line_no, f"not UTF-8 text (byte 0x{raw[err.start]:02x} at byte {err.start + 1} "
+                         "of the line)", "re-save the file as UTF-8 or remove the line", "not UTF-8")
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as err:
+        return _bad_line(path, line_no, f"invalid JSON ({err.msg} at column {err.colno})", "fix or remove the line",
+                         "invalid JSON")
+    if not isinstance(row, dict):
+        return _bad_line(path, line_no, f"expected a JSON object per line, got {type(row).__name__}",
+                         "fix or remove the line", "not a JSON object")
+    return row
+
+
+def _jsonl_records(lines: Iterable[bytes], path: Path) -> Iterator[Record]:
+    for line_no, raw in enumerate(lines, start=1):
+        item = _line_record(raw, path, line_no)
+        if item is not None:
+            yield line_no, item
+
+
+def _document_values(value: Any, path: Path) -> list[Any]:
+    """The row values of one parsed JSON document: an array, ``{"<name>": [rows]}``, or columns."""
     if isinstance(value, dict):
         arrays = [v for v in value.values() if isinstance(v, list)]
-        if len(value) == 1 and arrays and all(isinstance(r, dict) for r in arrays[0]):
+        if len(value) == 1 and arrays and any(isinstance(r, dict) for r in arrays[0]):
             value = arrays[0]  # {"data": [...]}
         elif value and len(arrays) == len(value) and len({len(a) for a in arrays}) == 1:
             names = list(value)
             value = [dict(zip(names, cells)) for cells in zip(*arrays)]  # column-wise
-    if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
+    if not isinstance(value, list):
         raise ValueError(f"data file {str(path)!r}: expected a JSON array of row objects (or JSON Lines), got a "
                          f"{type(value).__name__}; write the rows as [{{...}}, ...] or one object per line")
     return value
 
 
-def _json_rows(path: Path) -> Iterator[dict[str, Any]]:
-    with _open_text(path) as f:
-        start = f.read(4096).lstrip()
-        f.seek(0)
-        if start.startswith("["):
-            yield from _json_document_rows(json.load(f), path)
-            return
-        first = f.readline()
-        try:  # one object on the first line, more after it: JSON Lines under a .json name
-            json.loads(first)
-            one_per_line = bool(f.readline().strip())
-        except json.JSONDecodeError:
-            one_per_line = False
-        f.seek(0)
-        if one_per_line:
-            yield from _jsonl_rows(f, path)
+def _document_records(data: bytes, path: Path) -> Iterator[Record]:
+    """The rows of a whole JSON document; an element that is not an object is a bad row."""
+    data = data[len(_BOM):] if data.startswith(_BOM) else data
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line_no = data.count(b"\n", 0, err.start) + 1
+        raise ValueError(f"data file {str(path)!r} line {line_no}: not UTF-8 text (byte 0x{data[err.start]:02x}); "
+                         "re-save the file as UTF-8") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"data file {str(path)!r} line {err.lineno} column {err.colno}: invalid JSON ({err.msg}); "
+                         "fix the file, or write one row object per line (JSON Lines)") from None
+    for number, value in enumerate(_document_values(document, path), start=1):
+        if isinstance(value, dict):
+            yield number, value
         else:
-            try:
-                document = json.load(f)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"data file {str(path)!r}: invalid JSON ({err}); fix the file") from None
-            yield from _json_document_rows(document, path)
+            yield number, RowError(f"data file {str(path)!r} row {number}: expected a JSON object (a row), got "
+                                   f"{type(value).__name__}; fix or remove the element", "not a JSON object")
 
 
-def _parquet_rows(path: Path) -> Iterator[dict[str, Any]]:
+def _is_json_lines(f: IO[bytes]) -> bool:
+    """A ``.json`` file holds JSON Lines when its first non-blank line is a whole ``{...}`` and another
+    non-blank line follows (a JSON document's first line is ``[``, ``{`` or an unfinished object)."""
+    non_blank = (line.strip() for line in f if line.strip())
+    first = next(non_blank, b"")
+    first = first[len(_BOM):] if first.startswith(_BOM) else first
+    return first.startswith(b"{") and first.endswith(b"}") and next(non_blank, None) is not None
+
+
+def _json_records(path: Path) -> Iterator[Record]:
+    with _open_binary(path) as f:
+        if _is_json_lines(f):
+            f.seek(0)
+            yield from _jsonl_records(f, path)
+            return
+        f.seek(0)
+        data = f.read()
+    yield from _document_records(data, path)
+
+
+def _jsonl_file_records(path: Path) -> Iterator[Record]:
+    with _open_binary(path) as f:
+        yield from _jsonl_records(f, path)
+
+
+def _parquet_records(path: Path) -> Iterator[Record]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    fix = "re-write it with pandas.DataFrame.to_parquet / pyarrow, or give the rows as a .jsonl file"
     try:
         parquet = pq.ParquetFile(path)
     except Exception as err:  # pyarrow raises several types (ArrowInvalid, OSError, ...)
-        raise ValueError(f"data file {str(path)!r} is not a readable parquet file: {err}. Fix: re-write it with "
-                         "pandas.DataFrame.to_parquet / pyarrow, or give the rows as a .jsonl file") from err
-    for batch in parquet.iter_batches(batch_size=8192):  # plain lists/dicts (pandas would give numpy arrays)
-        yield from batch.to_pylist()
+        raise ValueError(f"data file {str(path)!r} is not a readable parquet file: {err}. Fix: {fix}") from err
+    number = 0
+    try:
+        for batch in parquet.iter_batches(batch_size=8192):  # plain lists/dicts (pandas would give numpy arrays)
+            for row in batch.to_pylist():
+                number += 1
+                yield number, row
+    except (OSError, pa.ArrowException) as err:  # a damaged page: the file, not one row
+        detail = " ".join(str(err).split()).rstrip(".")
+        raise ValueError(f"data file {str(path)!r} is corrupt ({detail}, after {number} good rows). Fix: {fix}") from err
 
 
-def _rows_of(path: Path) -> Iterator[dict[str, Any]]:
+def _records_of(path: Path) -> Iterator[Record]:
     if not path.is_file():
         raise ValueError(f"data file {str(path)!r} does not exist (or is not a file); {_FIX}")
     suffix = data_suffix(path)
@@ -139,29 +202,57 @@ def _rows_of(path: Path) -> Iterator[dict[str, Any]]:
         raise ValueError(f"data file {str(path)!r} has unsupported suffix {suffix!r}; supported: "
                          f"{', '.join(SUPPORTED_SUFFIXES)} (or a folder / glob of them)")
     if suffix == ".parquet":
-        return _parquet_rows(path)
-    return _jsonl_file_rows(path) if suffix.startswith(".jsonl") else _json_rows(path)
+        return _parquet_records(path)
+    return _jsonl_file_records(path) if suffix.startswith(".jsonl") else _json_records(path)
 
 
-def _jsonl_file_rows(path: Path) -> Iterator[dict[str, Any]]:
-    with _open_text(path) as f:
-        yield from _jsonl_rows(f, path)
+def iter_records(path: str | os.PathLike) -> Iterator[Record]:
+    """``(number, row)`` for every row of one data file, numbered from 1 (see the module docstring);
+    ``row`` is a plain dict (nested lists/dicts, no numpy) or, for a line or element that is not a
+    row, the :class:`RowError` saying why. A missing, empty, corrupt or unsupported file is a
+    ValueError naming it."""
+    count = 0
+    where = repr(os.fspath(path))
+    try:
+        for record in _records_of(Path(path)):
+            count += 1
+            yield record
+    except (zlib.error, gzip.BadGzipFile) as err:  # flipped bytes, a wrong CRC, not gzip at all
+        problem = ("is not a valid gzip file" if str(err).startswith("Not a gzipped file")
+                   else "is corrupt (CRC/zlib error)")
+        raise ValueError(f"data file {where} {problem}: {err}; re-download it or recompress it") from err
+    except EOFError as err:
+        raise ValueError(f"data file {where} is cut short (the gzip stream ends early: {err}); "
+                         "re-download it or recompress it") from err
+    except OSError as err:
+        raise ValueError(f"data file {where} could not be read: {err}; fix or re-download it") from err
+    if not count:
+        raise ValueError(f"data file {where} contains no rows; fill it or remove it from "
+                         "data.train_files / data.val_files")
+
+
+def numbered_rows(path: str | os.PathLike, bad_rows: "BadRows") -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(number, row)`` for the readable rows of one data file; an unreadable one goes to ``bad_rows``
+    (raised naming its file and line, or counted and left out)."""
+    for number, item in iter_records(path):
+        if isinstance(item, RowError):
+            bad_rows.parse(path, number, _raise, item)
+        else:
+            yield number, item
+
+
+def _raise(error: ValueError) -> None:
+    raise error
 
 
 def iter_rows(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
-    """The rows of one data file, one plain dict at a time (nested lists/dicts, no numpy), so that a
-    loader keeps only what it makes of them; a missing, empty, unreadable or unsupported file is a
-    ValueError naming it."""
-    count = 0
-    try:
-        for row in _rows_of(Path(path)):
-            count += 1
-            yield row
-    except (OSError, UnicodeDecodeError, EOFError) as err:  # a cut gzip stream, bad bytes
-        raise ValueError(f"data file {os.fspath(path)!r} could not be read: {err}; fix or re-download it") from err
-    if not count:
-        raise ValueError(f"data file {os.fspath(path)!r} contains no rows; fill it or remove it from "
-                         "data.train_files / data.val_files")
+    """The rows of one data file, one plain dict at a time, so that a loader keeps only what it makes
+    of them; the first unreadable line (or non-object element) is a ValueError naming the file and line,
+    as a missing, empty, corrupt or unsupported file is."""
+    for _, item in iter_records(path):
+        if isinstance(item, RowError):
+            raise item
+        yield item
 
 
 def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:

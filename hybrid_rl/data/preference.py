@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
 
 from hybrid_rl.data.bad_rows import BadRows, RowError
-from hybrid_rl.data.files import expand_data_files, iter_rows
+from hybrid_rl.data.files import expand_data_files, numbered_rows
 
 __all__ = ["PreferencePair", "implicit_prompt", "iter_preference_pairs", "load_preference_pairs", "pair_from_row", "parse_hh_dialogue"]
 
@@ -152,11 +152,12 @@ def pair_from_row(row: dict, prompt_key: str = "prompt", chosen_key: str = "chos
 def iter_preference_pairs(files: str | os.PathLike | Sequence[str | os.PathLike], prompt_key: str = "prompt",
                           chosen_key: str = "chosen", rejected_key: str = "rejected", margin_key: str = "margin",
                           bad_rows: Optional[BadRows] = None) -> Iterator[tuple[str, int, PreferencePair]]:
-    """``(file, row, pair)`` for every good row of the files (paths, folders or globs); ``bad_rows``
-    decides about the others (default: raise naming file and row)."""
+    """``(file, row, pair)`` for every good row of the files (paths, folders or globs; rows numbered
+    from 1); ``bad_rows`` decides about the others, unreadable lines too (default: raise naming file
+    and row)."""
     policy = bad_rows if bad_rows is not None else BadRows(what="preference pairs")
     for path in expand_data_files(files):
-        for index, row in enumerate(iter_rows(path)):
+        for index, row in numbered_rows(path, policy):
             pair = policy.parse(path, index, pair_from_row, row, prompt_key, chosen_key, rejected_key, margin_key)
             if pair is not None:
                 yield path, index, pair

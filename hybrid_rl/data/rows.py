@@ -9,7 +9,7 @@ One row (one prompt) in veRL's schema::
      "extra_info": {"split": "train", "index": 0, ...}}        # optional
 
 Every row is validated once at load, so a malformed file fails before training starts, with the
-file, the row index and the offending field in the message (never deep inside a worker later).
+file, the row number (from 1) and the offending field in the message (never deep inside a worker later).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def check_required_columns(rows: list[dict[str, Any]], *, path: str, prompt_key:
 def validate_row(row: dict[str, Any], *, path: str, row_idx: int, prompt_key: str = "prompt") -> dict[str, Any]:
     """Check one row against the schema and return it normalised (``ability``/``extra_info`` filled in).
 
-    ``row_idx`` is the 0-based row position inside ``path``; both are named in every error.
+    ``row_idx`` is the row's number inside ``path``, from 1 (in a JSON Lines file its line number);
+    both are named in every error.
     """
     where = f"data file {path!r} row {row_idx}"
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from hybrid_rl.data.bad_rows import BadRows, RowError
-from hybrid_rl.data.files import expand_data_files, iter_rows
+from hybrid_rl.data.files import expand_data_files, numbered_rows
 
 __all__ = ["TRUNCATIONS", "SFTDataset", "SFTExample", "example_from_row", "load_sft_examples", "sft_batch",
            "tokenize_example"]
@@ -99,12 +99,13 @@ def load_sft_examples(files: str | os.PathLike | Sequence[str | os.PathLike], pr
                       response_key: str = "response", messages_key: Optional[str] = None, *,
                       prompt_dict_keys: Optional[Sequence[str]] = None, response_dict_keys: Optional[Sequence[str]] = None,
                       bad_rows: Optional[BadRows] = None) -> list[tuple[str, int, SFTExample]]:
-    """``(file, row, example)`` for every good row of the files (paths, folders or globs); a bad row
-    is handled by ``bad_rows`` (default: raise naming file and row; the caller calls its ``finish``)."""
+    """``(file, row, example)`` for every good row of the files (paths, folders or globs; rows numbered
+    from 1); a bad or unreadable row is handled by ``bad_rows`` (default: raise naming file and row;
+    the caller calls its ``finish``)."""
     policy = bad_rows if bad_rows is not None else BadRows(what="SFT rows")
     examples = []
     for path in expand_data_files(files):
-        for index, row in enumerate(iter_rows(path)):
+        for index, row in numbered_rows(path, policy):
             example = policy.parse(path, index, example_from_row, row, prompt_key, response_key, messages_key,
                                    prompt_dict_keys, response_dict_keys)
             if example is not None:

@@ -57,7 +57,7 @@ def test_parquet_shards_in_a_folder_and_a_glob(tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    (b"\x1f\x8b\x08\x00cut", "could not be read"),  # a cut gzip stream
+    (b"\x1f\x8b\x08\x00cut", "is cut short"),  # a cut gzip stream
     (None, "contains no rows"),
 ])
 def test_unreadable_or_empty_gzip_is_one_line(tmp_path, content, message):
@@ -105,7 +105,7 @@ def test_skip_reports_exactly_the_bad_hh_rows(tmp_path, caplog):
     (line,) = [r.getMessage() for r in caplog.records]
     assert "left out 2 of 200 preference pairs (1.00%)" in line
     assert "1 identical chosen and rejected, 1 empty response" in line
-    assert "train.jsonl.gz row 17: identical chosen and rejected; train.jsonl.gz row 90: empty response" in line
+    assert "train.jsonl.gz row 18: identical chosen and rejected; train.jsonl.gz row 91: empty response" in line
 
 
 def test_skip_reports_exactly_the_bad_ultrafeedback_rows(tmp_path):
@@ -113,10 +113,10 @@ def test_skip_reports_exactly_the_bad_ultrafeedback_rows(tmp_path):
     from hybrid_rl.data.preference import iter_preference_pairs
 
     kept = list(iter_preference_pairs(_ultrafeedback_file(tmp_path), bad_rows=policy))
-    assert len(kept) == 297 and [index for _, index, _ in kept[4:6]] == [4, 7]
-    assert [(i, r) for _, i, r in policy.skipped] == [
-        (5, "conversations diverge before the last turn"), (6, "conversations diverge before the last turn"),
-        (250, "identical chosen and rejected")]
+    assert len(kept) == 297 and [number for _, number, _ in kept[4:6]] == [5, 8]  # array elements, from 1
+    assert [(place, r) for _, place, r in policy.skipped] == [
+        ("row 6", "conversations diverge before the last turn"), ("row 7", "conversations diverge before the last turn"),
+        ("row 251", "identical chosen and rejected")]
     policy.finish()  # 1% of 300: three bad rows are allowed
 
 
@@ -124,7 +124,7 @@ def test_error_names_the_first_bad_row_and_too_many_bad_rows_refuse(tmp_path):
     path = _hh_file(tmp_path)
     with pytest.raises(ValueError) as info:
         load_preference_pairs(path)
-    assert str(info.value).startswith(f"{path}, row 17: the chosen and rejected responses are identical")
+    assert str(info.value).startswith(f"{path}, row 18: the chosen and rejected responses are identical")
     assert "\n" not in str(info.value)
     with pytest.raises(ValueError, match=r"left out 2 of 200 .* more than data.max_bad_fraction=0.005"):
         load_preference_pairs(path, bad_rows="skip", max_bad_fraction=0.005)
@@ -147,7 +147,7 @@ def test_rl_prompt_rows_skip_bad_ones(tmp_path, caplog):
     rows[3] = {**rows[3], "prompt": []}
     path = _write(tmp_path / "p.jsonl.gz", rows, "jsonl")
     tokenizer = build_byte_tokenizer()
-    with pytest.raises(ValueError, match=r"p.jsonl.gz' row 3: field 'prompt' is an empty message list"):
+    with pytest.raises(ValueError, match=r"p.jsonl.gz' row 4: field 'prompt' is an empty message list"):
         RLHFDataset(path, tokenizer, apply_chat_template=False)
     with caplog.at_level(logging.WARNING, logger="hybrid_rl.data.bad_rows"):
         data = RLHFDataset(path, tokenizer, apply_chat_template=False, bad_rows="skip")
@@ -161,13 +161,13 @@ def test_verl_sft_dict_keys(tmp_path):
     path = _write(tmp_path / "train.jsonl", rows, "jsonl")
     keys = dict(prompt_key="extra_info", response_key="extra_info", prompt_dict_keys=["question"],
                 response_dict_keys=["answer"])
-    with pytest.raises(ValueError, match=r"row 3: 'extra_info' has no field 'answer' .*data.response_dict_keys"):
+    with pytest.raises(ValueError, match=r"row 4: 'extra_info' has no field 'answer' .*data.response_dict_keys"):
         load_sft_examples(path, **keys)
     policy = BadRows("skip", 0.5, what="SFT rows")
     examples = load_sft_examples(path, **keys, bad_rows=policy)
     assert [e.messages for _, _, e in examples][1] == [{"role": "user", "content": "q1"},
                                                        {"role": "assistant", "content": "a1 #### 1"}]
-    assert policy.skipped == [(path, 3, "no extra_info.answer")]
+    assert policy.skipped == [(path, "row 4", "no extra_info.answer")]
 
 
 def test_config_accepts_folders_and_globs_and_checks_the_policy(tmp_path):

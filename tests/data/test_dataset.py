@@ -130,7 +130,7 @@ def test_dataset_truncates_overlong_rows(tmp_path, tok, mode):
 
 def test_truncation_error_names_file_and_row(tmp_path, tok):
     path = write_jsonl([make_row("a"), make_row("a much longer prompt than the first")], tmp_path / "a.jsonl")
-    with pytest.raises(ValueError, match=r"a\.jsonl' row 1: prompt is \d+ tokens.*max_prompt_length=20"):
+    with pytest.raises(ValueError, match=r"a\.jsonl' row 2: prompt is \d+ tokens.*max_prompt_length=20"):
         RLHFDataset(path, tok, max_prompt_length=20, filter_overlong_prompts=False, truncation="error")
 
 
@@ -203,7 +203,7 @@ MALFORMED = [
 @pytest.mark.parametrize("row,message", MALFORMED)
 def test_malformed_row_names_file_row_and_field(tmp_path, tok, row, message):
     path = write_jsonl([GOOD, GOOD, row], tmp_path / "bad.jsonl")
-    with pytest.raises(ValueError, match=re.escape(path) + r"' row 2: field " + message):
+    with pytest.raises(ValueError, match=re.escape(path) + r"' row 3: field " + message):
         RLHFDataset(path, tok)
 
 
@@ -219,7 +219,7 @@ def test_missing_column_is_named_for_the_file(tmp_path, tok):
 def test_malformed_parquet_row(tmp_path, tok):
     rows = [GOOD, {**GOOD, "reward_model": {"style": "rule", "ground_truth": None}}]
     path = write_parquet(rows, tmp_path / "bad.parquet")
-    with pytest.raises(ValueError, match=r"bad\.parquet' row 1: field 'reward_model\.ground_truth' is missing"):
+    with pytest.raises(ValueError, match=r"bad\.parquet' row 2: field 'reward_model\.ground_truth' is missing"):
         RLHFDataset(path, tok)
 
 

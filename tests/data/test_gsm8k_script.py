@@ -1,27 +1,24 @@
-"""scripts/data/gsm8k.py: veRL preprocessing semantics, errors, and the real shared GSM8K files."""
+"""scripts/data/gsm8k.py: veRL preprocessing semantics, where the rows come from (a local JSONL folder,
+or datasets.load_dataset("openai/gsm8k", "main") as veRL's script), errors, and the real GSM8K."""
 
-import importlib.util
 import json
 import re
-from pathlib import Path
+import sys
+import types
 
+import gsm8k_data
 import pyarrow.parquet as pq
 import pytest
 
 from hybrid_rl.data import RLHFDataset
 from hybrid_rl.utils.testing import build_byte_tokenizer
 
-REPO = Path(__file__).resolve().parents[2]
-SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
 
 @pytest.fixture(scope="module")
 def gsm8k():
-    spec = importlib.util.spec_from_file_location("gsm8k_script", REPO / "scripts" / "data" / "gsm8k.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return gsm8k_data.script()
 
 
 def write(path, lines):
@@ -97,19 +94,86 @@ def test_malformed_line_names_file_and_line(gsm8k, tmp_path, line, message):
 def test_source_errors(gsm8k, tmp_path):
     with pytest.raises(ValueError, match=r"test\.jsonl' not found"):
         gsm8k.convert(tmp_path / "out", input_dir=tmp_path, splits=["test"])
-    with pytest.raises(ValueError, match="exactly one of --input_dir"):
-        gsm8k.convert(tmp_path / "out")
+    with pytest.raises(ValueError, match=r"--input_dir '.*nowhere' is not a folder"):
+        gsm8k.convert(tmp_path / "out", input_dir=tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="at most one of --input_dir"):
+        gsm8k.convert(tmp_path / "out", input_dir=tmp_path, hf_dataset="openai/gsm8k")
     with pytest.raises(SystemExit):  # argparse: the two sources are mutually exclusive
         gsm8k.main(["--input_dir", "a", "--hf_dataset", "b"])
-    # Offline test machine: either `datasets` is missing or the hub is unreachable; both say what to do.
-    with pytest.raises(RuntimeError, match="--input_dir"):
-        gsm8k.convert(tmp_path / "out", hf_dataset="openai/gsm8k", splits=["test"])
 
 
-@pytest.mark.skipif(not (SHARED_GSM8K / "train.jsonl").is_file(),
-                    reason=f"shared GSM8K copy not found at {SHARED_GSM8K} (needs train.jsonl/test.jsonl)")
+class FakeDatasets(types.ModuleType):
+    """``datasets`` whose ``load_dataset`` records its arguments and returns ``splits`` (or raises ``error``)."""
+
+    def __init__(self, splits=None, error=None):
+        super().__init__("datasets")
+        self.calls, self.splits, self.error = [], splits, error
+
+    def load_dataset(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        if self.error:
+            raise self.error
+        return self.splits
+
+
+def test_without_input_dir_the_rows_come_from_datasets_as_in_verl(gsm8k, tmp_path, monkeypatch):
+    fake = FakeDatasets({"train": [{"question": "Q1?", "answer": "step\n#### 1,072"}, {"question": "Q2?", "answer": "#### 5"}],
+                         "test": [{"question": "T?", "answer": "#### -3"}]})
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    paths = gsm8k.main(["--local_save_dir", str(tmp_path / "out")])
+    assert fake.calls == [(("openai/gsm8k", "main"), {})]  # veRL's call, once for both splits
+    train, test = pq.read_table(paths["train"]).to_pylist(), pq.read_table(paths["test"]).to_pylist()
+    assert [r["reward_model"]["ground_truth"] for r in train] == ["1072", "5"]
+    assert train[1]["extra_info"] == {"split": "train", "index": 1, "answer": "#### 5", "question": "Q2?"}
+    assert test[0]["prompt"] == [{"role": "user", "content": "T? " + INSTRUCTION}]
+    gsm8k.convert(tmp_path / "other", hf_dataset="me/gsm8k_copy", splits=["test"])
+    assert fake.calls[-1] == (("me/gsm8k_copy", "main"), {})
+
+
+def test_hub_failures_say_how_to_get_the_data(gsm8k, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
+    with pytest.raises(ValueError, match=r"needs the 'datasets' package .*pip install datasets, or pass --input_dir"):
+        gsm8k.convert(tmp_path / "out")
+    monkeypatch.setitem(sys.modules, "datasets", FakeDatasets(error=ConnectionError("Couldn't reach\n the hub")))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(ValueError) as info:
+        gsm8k.convert(tmp_path / "out")
+    assert str(info.value) == (
+        "could not load 'openai/gsm8k' ('main') with datasets: it is not in the datasets cache and "
+        "HF_DATASETS_OFFLINE=1 forbids the download (ConnectionError: Couldn't reach the hub). Fix: pass "
+        "--input_dir <folder with train.jsonl and test.jsonl> (offline), or run once with network access to "
+        "fill the datasets cache")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    with pytest.raises(SystemExit) as exit_info:  # the command line: one line, exit 2
+        gsm8k.main(["--local_save_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("gsm8k.py: error: could not load 'openai/gsm8k' ('main') with datasets: the download failed")
+    monkeypatch.setitem(sys.modules, "datasets", FakeDatasets({"train": []}))
+    with pytest.raises(ValueError, match="'openai/gsm8k' has no split 'test'"):
+        gsm8k.convert(tmp_path / "out", splits=["test"])
+
+
+def test_the_suite_finds_gsm8k_as_a_clean_clone_would(monkeypatch, tmp_path):
+    """GSM8K_DIR points the lookup at another folder (what a clone without ../shared sees): with nothing
+    there and nothing cached, a test that needs GSM8K is skipped with the reason, never an error."""
+    (tmp_path / "have").mkdir()
+    for split in ("train", "test"):
+        (tmp_path / "have" / f"{split}.jsonl").write_text("")
+    monkeypatch.setenv("GSM8K_DIR", str(tmp_path / "have"))
+    assert gsm8k_data.source() == {"input_dir": str(tmp_path / "have")}
+    monkeypatch.setenv("GSM8K_DIR", str(tmp_path / "empty"))
+    monkeypatch.setitem(sys.modules, "datasets", FakeDatasets(error=FileNotFoundError("not cached")))
+    with pytest.raises(pytest.skip.Exception, match=r"no GSM8K here: .*empty has no train.jsonl/test.jsonl \(set "
+                                                    r"GSM8K_DIR .*\) and could not load 'openai/gsm8k'"):
+        gsm8k_data.source()
+    monkeypatch.setitem(sys.modules, "datasets", FakeDatasets({"train": [], "test": []}))
+    assert gsm8k_data.source() == {}  # a cached hub copy: convert() reads it
+
+
 def test_real_gsm8k_files(gsm8k, tmp_path):
-    paths = gsm8k.main(["--input_dir", str(SHARED_GSM8K), "--output_dir", str(tmp_path)])
+    paths = gsm8k.convert(tmp_path, **gsm8k_data.source())  # a local copy, or openai/gsm8k from the cache
     train, test = pq.read_table(paths["train"]).to_pylist(), pq.read_table(paths["test"]).to_pylist()
     assert (len(train), len(test)) == (7473, 1319)
     assert [r["reward_model"]["ground_truth"] for r in train[:2]] == ["72", "10"]

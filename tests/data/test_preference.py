@@ -64,7 +64,7 @@ def test_openrlhf_style_keys(tmp_path):
 
 
 @pytest.mark.parametrize("row, message", [
-    ({"prompt": "q", "rejected": "5"}, r"row 0: no 'chosen' column .* data.chosen_key="),
+    ({"prompt": "q", "rejected": "5"}, r"row 1: no 'chosen' column .* data.chosen_key="),
     ({"prompt": "q", "chosen": "4"}, r"no 'rejected' column"),
     ({"prompt": "q", "chosen": "  ", "rejected": "5"}, r"the 'chosen' response is empty"),
     ({"prompt": "q", "chosen": "4", "rejected": ""}, r"the 'rejected' response is empty"),
@@ -82,7 +82,7 @@ def test_each_bad_row_is_one_line_naming_file_and_row(tmp_path, row, message):
     path = _jsonl(tmp_path / "bad.jsonl", [row])
     with pytest.raises(ValueError, match=message) as info:
         load_preference_pairs(path)
-    assert str(info.value).startswith(f"{path}, row 0: ") and "\n" not in str(info.value)
+    assert str(info.value).startswith(f"{path}, row 1: ") and "\n" not in str(info.value)
 
 
 def test_arithmetic_data_shares_the_rl_split_and_the_scorer_agrees(tmp_path):

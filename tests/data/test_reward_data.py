@@ -62,10 +62,10 @@ def test_dataset_collates_pairs_with_margins_and_sources(tmp_path, tokenizer):
 
 
 @pytest.mark.parametrize("row, kwargs, message", [
-    ({"prompt": "q", "chosen": "  ", "rejected": "b"}, {}, r"row 0: the 'chosen' response is empty"),
-    ({"prompt": "q", "chosen": "a" * 50, "rejected": "b"}, {"max_length": 30}, r"p.jsonl, row 0: .*exceeds data.max_length=30"),
+    ({"prompt": "q", "chosen": "  ", "rejected": "b"}, {}, r"row 1: the 'chosen' response is empty"),
+    ({"prompt": "q", "chosen": "a" * 50, "rejected": "b"}, {"max_length": 30}, r"p.jsonl, row 1: .*exceeds data.max_length=30"),
     ({"prompt": "q", "chosen": "x" * 40 + "a", "rejected": "x" * 40 + "b"}, {"max_length": 20, "truncation": "right"},
-     r"p.jsonl, row 0: chosen and rejected are the same 20 tokens after truncation"),
+     r"p.jsonl, row 1: chosen and rejected are the same 20 tokens after truncation"),
 ])
 def test_bad_pairs_are_one_line_naming_the_pair(tmp_path, tokenizer, row, kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -65,7 +65,7 @@ def test_each_bad_row_is_one_line(tmp_path, row, kwargs, message):
     path.write_text(json.dumps(row) + "\n")
     with pytest.raises(ValueError, match=message) as info:
         load_sft_examples(str(path), **kwargs)
-    assert str(info.value).startswith(f"{path}, row 0: ")
+    assert str(info.value).startswith(f"{path}, row 1: ")
 
 
 def test_a_template_that_rewrites_history_is_refused():
