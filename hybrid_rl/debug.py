@@ -7,7 +7,9 @@
 rollout engine with its tools, reward manager), generates for the first ``--prompts`` training
 prompts (x ``rollout.n``), scores them, prints one line per sample (prompt, response, reward,
 turns) and writes the experiences (:mod:`hybrid_rl.buffer`) to a JSONL file or, for ``.db`` or a
-SQLAlchemy URL, to a SQL buffer. ``reward`` scores the rows of a JSONL file (``data_source``,
+SQLAlchemy URL, to a SQL buffer; ``--output`` is checked first (a writable folder; a database that
+connects, with a table this user can write), so a wrong one fails in one line before anything is
+generated. ``reward`` scores the rows of a JSONL file (``data_source``,
 ``response`` or ``solution_str``, ``ground_truth``, optional ``extra_info``) with the config's reward
 function (custom or built-in), under the same guard as training, and prints / writes them.
 """
@@ -45,10 +47,13 @@ def _write(rows: list[dict], output: str) -> None:
 def debug_rollout(overrides: Sequence[str], num_prompts: int = 4, output: Optional[str] = None) -> list[dict]:
     """Generate and score ``num_prompts`` prompts of the config; returns one dict per sample."""
     from hybrid_rl.buffer import experiences_from_batch
+    from hybrid_rl.buffer.check import check_output_path
     from hybrid_rl.protocol import DataProto
     from hybrid_rl.trainer.main_ppo import build_trainer
     from hybrid_rl.trainer.config.loader import get_config
 
+    if output:
+        check_output_path(output)  # before the minutes of loading and generating
     trainer = build_trainer(get_config(list(overrides)), for_training=False)  # nothing is trained here
     try:
         dataset = trainer.train_dataset
@@ -85,9 +90,12 @@ def debug_rollout(overrides: Sequence[str], num_prompts: int = 4, output: Option
 
 def debug_reward(overrides: Sequence[str], input_path: str, output: Optional[str] = None) -> list[dict]:
     """Score the rows of ``input_path`` (JSONL) with the config's reward function."""
+    from hybrid_rl.buffer.check import check_output_path
     from hybrid_rl.reward import default_compute_score, load_custom_reward_fn, safe_score_many
     from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
 
+    if output:
+        check_output_path(output, sql=False)
     cfg = to_ppo_config(get_config(list(overrides)))
     fn = (load_custom_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
           if cfg.custom_reward_function.path else default_compute_score)
@@ -111,7 +119,7 @@ def _read_samples(path: str) -> list[dict]:
     from hybrid_rl.data import read_rows
 
     rows = []
-    for i, row in enumerate(read_rows(path)):
+    for i, row in enumerate(read_rows(path), start=1):  # rows count from 1, as every data message
         text = row.get("solution_str", row.get("response"))
         missing = [k for k in ("data_source", "ground_truth") if k not in row] + ([] if text is not None else ["response"])
         if missing:

@@ -152,7 +152,7 @@ def _(env):
     rows = _good_rows()
     rows[3]["prompt"] = [{"role": "user", "content": "  "}]
     return [f"data.train_files={env.jsonl('blank.jsonl', rows)}"], [
-        "blank.jsonl' row 3: field 'prompt' has no text", "fix or remove the row"]
+        "blank.jsonl' row 4: field 'prompt' has no text", "fix or remove the row"]
 
 
 @case("missing_ground_truth_row")
@@ -160,7 +160,7 @@ def _(env):
     rows = _good_rows()
     rows[5]["reward_model"] = {"style": "rule"}
     return [f"data.train_files={env.jsonl('no_gt.jsonl', rows)}"], [
-        "no_gt.jsonl' row 5: field 'reward_model.ground_truth' is missing", "fix or remove the row"]
+        "no_gt.jsonl' row 6: field 'reward_model.ground_truth' is missing", "fix or remove the row"]
 
 
 @case("all_prompts_too_long")

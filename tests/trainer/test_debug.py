@@ -29,7 +29,7 @@ def test_debug_reward_scores_a_file(tmp_path, capsys):
 
 
 def test_debug_reward_bad_lines_are_one_clear_line(tmp_path):
-    with pytest.raises(ValueError, match="row 1: needs data_source, response"):
+    with pytest.raises(ValueError, match="row 2: needs data_source, response"):
         debug_reward([], _jsonl(tmp_path / "a.jsonl", [{"data_source": "x", "response": "r", "ground_truth": 1},
                                                          {"response": "r"}]))
     bad = tmp_path / "b.jsonl"

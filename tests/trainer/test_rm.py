@@ -114,5 +114,5 @@ def test_bad_rm_input_is_one_line(tmp_path, tiny_model_dir):
                             timeout=300)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
-        f"hybrid_rl config error: {rows}, row 0: no 'chosen' column (columns: ['preferred', 'prompt', 'rejected']). "
+        f"hybrid_rl config error: {rows}, row 1: no 'chosen' column (columns: ['preferred', 'prompt', 'rejected']). "
         "Fix: name the column with data.chosen_key= (OpenRLHF --chosen_key, TRL 'chosen'/'rejected').")

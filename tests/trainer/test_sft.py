@@ -98,5 +98,5 @@ def test_bad_sft_input_is_one_line(tmp_path, tiny_model_dir):
                             timeout=300)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
-        f"hybrid_rl config error: {rows}, row 0: no 'response' column (columns: ['answer', 'prompt']). Fix: set "
+        f"hybrid_rl config error: {rows}, row 1: no 'response' column (columns: ['answer', 'prompt']). Fix: set "
         "data.response_key to the right column.")
