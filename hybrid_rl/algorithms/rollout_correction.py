@@ -22,7 +22,9 @@ PPO is slightly off-policy. With ``log_ratio = log pi_train - log pi_rollout`` p
   ``reinforce`` = ``-A * w * log pi``).
 
 All tensors are ``[B, R]`` (rows x response tokens) unless said otherwise; metrics are floats under
-veRL's names (``rollout_corr/...``). Pure math: no config objects beyond :class:`RolloutCorrectionConfig`.
+veRL's names (``rollout_corr/...``), computed as veRL 0.9.1 computes them
+(:mod:`hybrid_rl.algorithms.rollout_correction_metrics`). Pure math: no config objects beyond
+:class:`RolloutCorrectionConfig`.
 """
 
 from __future__ import annotations
@@ -34,14 +36,13 @@ from typing import Any, Callable, Optional
 import torch
 
 from hybrid_rl.algorithms.loss_agg import agg_loss
-from hybrid_rl.algorithms.masked import masked_mean, masked_sum
+from hybrid_rl.algorithms.masked import masked_mean
+from hybrid_rl.algorithms.rollout_correction_metrics import (SAFETY_BOUND, host, is_metrics, masked_max, mmean, msum,
+                                                             offpolicy_metrics, rs_metrics)
 
 __all__ = ["ROLLOUT_CORRECTION_PRESETS", "RS_OPTIONS", "RolloutCorrectionConfig", "SAFETY_BOUND", "RejectionSpec",
            "bypass_policy_loss", "compute_rollout_correction", "offpolicy_metrics", "parse_is_threshold",
            "parse_rejection_specs", "rejection_mask", "rollout_is_weights"]
-
-SAFETY_BOUND = 20.0
-"""Bound on a (token or summed) log-ratio before ``exp`` (exp(20) ~ 5e8, finite in fp32), as veRL."""
 
 RS_OPTIONS = tuple(f"{level}_{k}" for level in ("token", "seq_sum", "seq_mean", "seq_max") for k in ("k1", "k2", "k3")
                    if (level, k) != ("seq_max", "k1"))
@@ -221,38 +222,11 @@ def _log_ratio(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor) -> to
     return (_float(old_log_prob) - _float(rollout_log_prob)).clamp(-SAFETY_BOUND, SAFETY_BOUND)
 
 
-def _v(value: torch.Tensor) -> torch.Tensor:
-    """A metric kept on its device until :func:`_host` copies them all at once (a float per metric
-    would stop a GPU once each, at every micro-batch of bypass mode)."""
-    return value.detach()
-
-
-def _host(metrics: dict[str, Any]) -> dict[str, float]:
-    """``metrics`` as floats, with one device-to-host copy for all the tensors among them."""
-    names = [k for k, v in metrics.items() if isinstance(v, torch.Tensor)]
-    copied = dict(zip(names, torch.stack([metrics[k].double() for k in names]).tolist() if names else []))
-    return {k: copied[k] if k in copied else float(v) for k, v in metrics.items()}
-
-
-def _has_tokens(mask: torch.Tensor) -> torch.Tensor:
-    return mask.sum(-1) > 0  # [B]
-
-
-def _masked_max(values: torch.Tensor, mask: torch.Tensor, axis: Optional[int] = None) -> torch.Tensor:
-    """Largest ``values`` where ``mask`` is set (``axis=-1``: per row, 0 for a row without tokens)."""
-    filled = values.masked_fill(~mask.bool(), -math.inf)
-    out = filled.max() if axis is None else filled.max(dim=axis).values
-    return torch.where(torch.isinf(out), torch.zeros_like(out), out)
-
-
-def _masked_min(values: torch.Tensor, mask: torch.Tensor, axis: Optional[int] = None) -> torch.Tensor:
-    return -_masked_max(-values, mask, axis)
-
-
 def rollout_is_weights(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
                        level: str, threshold: Any = 2.0,
                        batch_normalize: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
-    """Detached importance weights ``[B, R]`` (0 off the mask) and their metrics (module docstring).
+    """Detached importance weights ``[B, R]`` (0 off the mask) and veRL 0.9.1's ``rollout_is_*`` metrics
+    of the applied weights (:mod:`~hybrid_rl.algorithms.rollout_correction_metrics`).
 
     Args:
         old_log_prob, rollout_log_prob: ``[B, R]`` log-probs of the sampled tokens under the trainer's
@@ -263,60 +237,31 @@ def rollout_is_weights(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tenso
         batch_normalize: divide by the batch mean of the weights (tokens, or sequences).
     """
     lower, upper = parse_is_threshold(threshold)
-    raw = _float(old_log_prob) - _float(rollout_log_prob)  # [B, R]
-    mask = response_mask.to(raw.dtype)
+    log_ratio = _float(old_log_prob) - _float(rollout_log_prob)  # [B, R]
+    mask = response_mask.to(log_ratio.dtype)
     if level == "token":
-        log_w = raw.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+        log_metrics, log_w = log_ratio, log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
     elif level == "sequence":
-        seq_log = masked_sum(raw, mask, axis=-1)  # [B]
-        log_w = seq_log.clamp(-SAFETY_BOUND, SAFETY_BOUND).unsqueeze(-1).expand_as(raw)
+        log_metrics = msum(log_ratio, mask, axis=-1).unsqueeze(-1)  # [B, 1] unclamped, as veRL's metrics
+        log_w = log_metrics.clamp(-SAFETY_BOUND, SAFETY_BOUND).expand_as(log_ratio)
     else:
         raise ValueError(f"algorithm.rollout_correction.rollout_is={level!r} must be token, sequence or null.")
-    weights = torch.exp(log_w) * mask
-    metrics = _is_metrics(weights, log_w, mask, level, lower, upper)
+    raw = torch.exp(log_w) * mask
     if lower is None:
-        weights = weights.clamp(max=upper)
+        weights = raw.clamp(max=upper)
     else:
-        inside = (weights >= lower) & (weights <= upper)
-        metrics["rollout_is_masked_fraction"] = _v(masked_mean((~inside).float(), mask))
-        weights = weights * inside
+        weights = torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw))
+    metrics = is_metrics(weights, raw, log_metrics, mask, level, upper, lower)
+    if lower is not None:
+        metrics["rollout_is_oob_ratio"] = mmean(((raw < lower) | (raw > upper)).float(), mask)
     if batch_normalize:
-        rows = _has_tokens(mask)
-        mean = (masked_mean(weights, mask) if level == "token"
-                else masked_mean(weights, mask, axis=-1)[rows].mean())
+        rows = (mask.sum(-1) > 0).to(mask.dtype)
+        mean = (mmean(weights, mask) if level == "token"
+                else (mmean(weights, mask, axis=-1) * rows).sum() / rows.sum().clamp_min(1e-8))
         factor = torch.where(mean > 1e-8, mean, torch.ones_like(mean))  # no host round trip
         weights = weights / factor
         metrics["rollout_is_batch_norm_factor"] = factor
-    return weights.detach(), _host(metrics)
-
-
-def _is_metrics(weights: torch.Tensor, log_w: torch.Tensor, mask: torch.Tensor, level: str,
-                lower: Optional[float], upper: float) -> dict[str, float]:
-    """The weights before truncation or masking, veRL's ``rollout_is_*`` names."""
-    low = lower if lower is not None else 1.0 / upper
-    rows = _has_tokens(mask)
-    out = {"rollout_is_mean": _v(masked_mean(weights, mask))}
-    if level == "token":
-        out.update(rollout_is_max=_v(_masked_max(weights, mask)), rollout_is_min=_v(_masked_min(weights, mask)),
-                   rollout_is_ratio_fraction_high=_v(masked_mean((weights > upper).float(), mask)),
-                   rollout_is_ratio_fraction_low=_v(masked_mean((weights < low).float(), mask)))
-    else:
-        seq_log = log_w[:, 0][rows]  # [B'] the sequences' (clamped) log weights
-        out.update(rollout_is_max=_v(torch.exp(seq_log.max())), rollout_is_min=_v(torch.exp(seq_log.min())),
-                   rollout_is_ratio_fraction_high=_v((seq_log > math.log(upper)).float().mean()),
-                   rollout_is_ratio_fraction_low=_v((seq_log < math.log(low)).float().mean()))
-    clipped = weights.clamp(low, upper)
-    mean = masked_mean(clipped, mask)
-    var = masked_mean((clipped - mean) ** 2, mask)
-    out["rollout_is_std"] = _v(var.clamp(min=0).sqrt())
-    out["rollout_is_eff_sample_size"] = _v(1.0 / masked_mean((clipped / (mean + 1e-8)) ** 2, mask))
-    seq = masked_mean(weights, mask, axis=-1)[rows]  # [B']
-    out.update(rollout_is_seq_mean=_v(seq.mean()), rollout_is_seq_std=_v(seq.std()) if seq.numel() > 1 else 0.0,
-               rollout_is_seq_max=_v(seq.max()), rollout_is_seq_min=_v(seq.min()),
-               rollout_is_seq_max_deviation=_v((seq - 1).abs().max()),
-               rollout_is_seq_fraction_high=_v((seq > upper).float().mean()),
-               rollout_is_seq_fraction_low=_v((seq < low).float().mean()))
-    return out
+    return weights.detach(), host(metrics)
 
 
 def _divergence(log_ratio: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -328,71 +273,42 @@ def _divergence(log_ratio: torch.Tensor, estimator: str) -> torch.Tensor:
     return torch.exp(log_ratio) - 1.0 - log_ratio
 
 
-def _statistic(per_token: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
-    """The criterion's value per token (``token``) or per sequence broadcast to its tokens, ``[B, R]``."""
+def _per_sequence(per_token: torch.Tensor, mask: torch.Tensor, level: str) -> Optional[torch.Tensor]:
+    """The criterion's value per sequence ``[B]`` (0 for a row without tokens); None at token level."""
     if level == "token":
-        return per_token
+        return None
     if level == "seq_sum":
-        seq = masked_sum(per_token, mask, axis=-1)
-    elif level == "seq_mean":
-        seq = masked_mean(per_token, mask, axis=-1)
-    else:
-        seq = _masked_max(per_token, mask, axis=-1)
-    return seq.unsqueeze(-1).expand_as(per_token)
+        return msum(per_token, mask, axis=-1)
+    if level == "seq_mean":
+        return mmean(per_token, mask, axis=-1)
+    return masked_max(per_token, mask, axis=-1)
 
 
 def rejection_mask(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
                    specs: list[RejectionSpec]) -> tuple[torch.Tensor, dict[str, float]]:
     """``response_mask`` ``[B, R]`` with every token (or sequence) that fails a criterion of ``specs``
-    set to 0, and veRL's ``rollout_rs_*`` metrics."""
+    set to 0, and veRL 0.9.1's ``rollout_rs_*`` metrics."""
     log_ratio = _log_ratio(old_log_prob, rollout_log_prob)
     mask = response_mask.to(log_ratio.dtype)
     keep_all = torch.ones_like(mask)
-    rows = _has_tokens(mask)
-    metrics: dict[str, float] = {}
+    rows = mask.sum(-1) > 0
+    metrics: dict[str, Any] = {}
     for spec in specs:
-        stat = _statistic(_divergence(log_ratio, spec.estimator), mask, spec.level)  # [B, R]
-        if spec.lower is not None:
-            high, low = stat > math.log(spec.upper), stat < math.log(spec.lower)
-        else:
-            high, low = stat > spec.upper, torch.zeros_like(stat, dtype=torch.bool)
-        keep = (~(high | low)).float()
+        per_token = _divergence(log_ratio, spec.estimator)
+        seq = _per_sequence(per_token, mask, spec.level)
+        stat = per_token if seq is None else seq.unsqueeze(-1).expand_as(per_token)  # [B, R]
+        upper = math.log(spec.upper) if spec.lower is not None else spec.upper
+        lower = math.log(spec.lower) if spec.lower is not None else None
+        keep = ((stat <= upper) & (stat >= lower if lower is not None else True)).to(mask.dtype)
         keep_all = keep_all * keep
-        values = stat[mask.bool()] if spec.level == "token" else stat[:, 0][rows]
+        metrics.update(rs_metrics(spec.option, stat, mask, seq, upper, lower))
         name = f"rollout_rs_{spec.option}"
-        metrics.update({f"{name}_mean": _v(values.mean()), f"{name}_max": _v(values.max()),
-                        f"{name}_min": _v(values.min()),
-                        f"{name}_fraction_high": _v(masked_mean(high.float(), mask)),
-                        f"{name}_fraction_low": _v(masked_mean(low.float(), mask)),
-                        f"{name}_masked_fraction": _v(masked_mean(1 - keep, mask)),
-                        f"{name}_seq_masked_fraction": _v(((1 - keep) * mask).amax(-1)[rows].mean())})
+        metrics[f"{name}_masked_fraction"] = mmean(1 - keep, mask)
+        metrics[f"{name}_seq_masked_fraction"] = ((1 - keep) * mask).amax(-1)[rows].mean()
     new_mask = response_mask * keep_all.to(response_mask.dtype)
-    metrics["rollout_rs_masked_fraction"] = _v(masked_mean(1 - keep_all, mask))
-    metrics["rollout_rs_seq_masked_fraction"] = _v(((1 - keep_all) * mask).amax(-1)[rows].mean())
-    return new_mask, _host(metrics)
-
-
-def offpolicy_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
-                      response_mask: torch.Tensor) -> dict[str, float]:
-    """How far pi_rollout is from pi_train on the sampled tokens: perplexities, their gap, KL, chi^2
-    (veRL's names; means over the sequences that have tokens)."""
-    old, ro = _float(old_log_prob), _float(rollout_log_prob)
-    mask = response_mask.to(old.dtype)
-    rows = _has_tokens(mask)
-    train_log_ppl = -masked_mean(old, mask, axis=-1)[rows]  # [B']
-    rollout_log_ppl = -masked_mean(ro, mask, axis=-1)[rows]
-    diff = train_log_ppl - rollout_log_ppl  # = mean_t(ro) - mean_t(old)
-    r = old - ro
-    clamped = r.clamp(-SAFETY_BOUND, SAFETY_BOUND)
-    seq_log = masked_sum(clamped, mask, axis=-1)[rows].clamp(-SAFETY_BOUND, SAFETY_BOUND)
-    return _host({"training_ppl": _v(torch.exp(train_log_ppl).mean()), "training_log_ppl": _v(train_log_ppl.mean()),
-                  "rollout_ppl": _v(torch.exp(rollout_log_ppl).mean()), "rollout_log_ppl": _v(rollout_log_ppl.mean()),
-                  "kl": _v(masked_mean(ro - old, mask)), "k3_kl": _v(masked_mean(torch.exp(r) - r - 1, mask)),
-                  "log_ppl_diff": _v(diff.mean()), "log_ppl_abs_diff": _v(diff.abs().mean()),
-                  "log_ppl_diff_max": _v(diff.max()), "log_ppl_diff_min": _v(diff.min()),
-                  "ppl_ratio": _v(torch.exp(diff).mean()),
-                  "chi2_token": _v(masked_mean(torch.exp(clamped) ** 2, mask) - 1),
-                  "chi2_seq": _v(torch.exp(2 * seq_log).mean() - 1)})
+    metrics["rollout_rs_masked_fraction"] = mmean(1 - keep_all, mask)
+    metrics["rollout_rs_seq_masked_fraction"] = ((1 - keep_all) * mask).amax(-1).mean()  # every row, as veRL
+    return new_mask, host(metrics)
 
 
 def compute_rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,

@@ -30,12 +30,13 @@ def _close(tensor, expected):
 def test_token_is_truncates_and_masks_by_hand():
     w, m = rollout_is_weights(OLD, RO, MASK, "token", threshold=2.0)
     assert _close(w, [[min(E ** .5, 2), 1, E ** -1], [1, 2.0, 0]])  # e^1 truncated at 2
-    assert m["rollout_is_max"] == pytest.approx(E) and m["rollout_is_min"] == pytest.approx(1 / E)
-    assert m["rollout_is_ratio_fraction_high"] == pytest.approx(1 / 5)  # e > 2
+    # the metrics summarise the applied weights (veRL 0.9.1): max 2 after truncation, not e
+    assert m["rollout_is_max"] == pytest.approx(2.0) and m["rollout_is_min"] == pytest.approx(1 / E)
+    assert m["rollout_is_ratio_fraction_high"] == pytest.approx(1 / 5)  # raw e > 2
     assert m["rollout_is_ratio_fraction_low"] == pytest.approx(1 / 5)  # 1/e < 0.5
     w, m = rollout_is_weights(OLD, RO, MASK, "token", threshold="0.5_2.0")  # IcePop: zero outside [0.5, 2]
     assert _close(w, [[E ** .5, 1, 0], [1, 0, 0]])
-    assert m["rollout_is_masked_fraction"] == pytest.approx(2 / 5)
+    assert m["rollout_is_oob_ratio"] == pytest.approx(2 / 5)
     assert not w.requires_grad
 
 
@@ -68,7 +69,7 @@ def test_rejection_criteria_by_hand():
     mask, m = rejection_mask(OLD, RO, MASK, parse_rejection_specs("seq_mean_k3", 0.2))
     means = [sum(k3[0]) / 3, sum(k3[1]) / 2]  # [0.172, 0.359]: row 1 rejected whole
     assert mask.tolist() == [[1, 1, 1], [0, 0, 0]]
-    assert m["rollout_rs_seq_mean_k3_mean"] == pytest.approx(sum(means) / 2)
+    assert m["rollout_rs_seq_mean_k3_mean"] == pytest.approx((3 * means[0] + 2 * means[1]) / 5)  # token-weighted
     assert m["rollout_rs_seq_masked_fraction"] == pytest.approx(0.5)
     mask, _ = rejection_mask(OLD, RO, MASK, parse_rejection_specs("seq_sum_k1,seq_max_k2", "1.5,0.4"))
     # seq_sum_k1: row0 -(-.5) = .5 in [log 1/1.5, log 1.5]? no (.5 > .405) -> rejected; row1 -1 -> rejected
