@@ -21,9 +21,10 @@ from hybrid_rl.algorithms.distillation import distillation_loss_info
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.single_controller import Dispatch, register
 from hybrid_rl.utils.memory import phase_peak
+from hybrid_rl.workers.batching import all_reduce_max_int
 from hybrid_rl.workers.distillation_config import DistillationConfig, TeacherModelConfig
 
-__all__ = ["TeacherMixin", "route_rows"]
+__all__ = ["TeacherMixin", "route_rows", "rows_on_every_rank"]
 
 
 def route_rows(data: DataProto, teachers: dict[str, TeacherModelConfig], teacher_key: str) -> dict[str, np.ndarray]:
@@ -42,6 +43,20 @@ def route_rows(data: DataProto, teachers: dict[str, TeacherModelConfig], teacher
         raise ValueError(f"distillation: rows with {teacher_key}={orphans} have no teacher (keys: "
                          f"{[t.key for t in teachers.values()]}); add a teacher with that key.")
     return routed
+
+
+def rows_on_every_rank(idx: np.ndarray, num_rows: int, device: Any) -> np.ndarray:
+    """``idx`` (this rank's rows of one teacher) followed by filler rows, to the largest count over the
+    data-parallel ranks. Every rank then runs the teacher's forward on as many rows, so its FSDP
+    all-gathers and the dynamic batch's all-reduce meet the other ranks' (a rank with fewer or no rows
+    of a teacher would otherwise skip passes and hang the others). The fillers repeat this rank's rows
+    (its batch's first rows when it has none of this teacher's); their outputs are dropped."""
+    target = all_reduce_max_int(len(idx), device)
+    if target == len(idx):
+        return idx
+    pool = idx if len(idx) else np.arange(num_rows)
+    fill = np.resize(pool, target - len(idx))  # cycles through ``pool``
+    return np.concatenate([idx, fill]).astype(np.int64)
 
 
 class TeacherMixin:
@@ -90,19 +105,20 @@ class TeacherMixin:
         configs = {name: entry[0] for name, entry in self.teachers.items()}
         with phase_peak(metrics, "perf/peak_rss_gib/teacher"):
             for name, idx in route_rows(data, configs, self.distillation.teacher_key).items():
-                if len(idx) == 0:
+                padded = rows_on_every_rank(idx, len(data), self.device) if len(configs) > 1 else idx
+                if len(padded) == 0:  # no rank has rows for this teacher: every rank skips it
                     continue
                 teacher, policy, weights = self.teachers[name]
                 micro = teacher.log_prob_micro_batch_size_per_gpu or ref.log_prob_micro_batch_size_per_gpu
                 max_len = teacher.log_prob_max_token_len_per_gpu or ref.log_prob_max_token_len_per_gpu
-                view = self._log_prob_meta(data.select_idxs(idx), micro, ref.log_prob_use_dynamic_bsz, max_len)
-                rows = torch.as_tensor(idx)
+                view = self._log_prob_meta(data.select_idxs(padded), micro, ref.log_prob_use_dynamic_bsz, max_len)
+                rows, real = torch.as_tensor(idx, dtype=torch.long), len(idx)  # fillers come after the real rows
                 if k:
                     values, ids, log_probs = policy.compute_topk(view, k)
-                    out["teacher_topk_log_probs"][rows], out["teacher_topk_ids"][rows] = values, ids
+                    out["teacher_topk_log_probs"][rows], out["teacher_topk_ids"][rows] = values[:real], ids[:real]
                 else:
                     log_probs, _ = policy.compute_log_prob(view)
-                out["teacher_log_prob"][rows] = log_probs.float()
+                out["teacher_log_prob"][rows] = log_probs[:real].float()
                 if weights is not None:
                     weights.release()  # out of memory until the next pass (disk_offload)
         metrics["timing_s/compute_teacher_log_prob_worker"] = time.perf_counter() - start
