@@ -31,7 +31,6 @@ SFT or RL model writes on the same prompts. Files: ``sft_{train,test}.parquet`` 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import re
 from pathlib import Path
@@ -39,6 +38,8 @@ from typing import Iterable, Optional
 
 from hybrid_rl.data.arithmetic import (DATA_SOURCE as ARITH_SOURCE, OPS, PROMPT_TEMPLATE, _write_parquet,
                                        operand_range, sample_problems, solve)
+from hybrid_rl.data.bad_rows import BadRows
+from hybrid_rl.data.files import numbered_rows
 
 __all__ = ["REJECTED_KINDS", "arithmetic_examples", "gsm8k_examples", "write_rlhf_data"]
 
@@ -107,11 +108,14 @@ def arithmetic_examples(num_train: int, num_test: int, seed: int = 0, max_digits
     return out
 
 
-def _gsm8k_lines(path: Path) -> Iterable[dict]:
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)
+def _gsm8k_lines(path: Path) -> Iterable[tuple[int, dict]]:
+    """``(row number from 1, row)`` of a GSM8K JSONL file; a line that cannot be read, or a row without
+    the question and answer, is a ValueError naming the file and the line."""
+    for number, item in numbered_rows(path, BadRows(what="GSM8K rows")):
+        if not (isinstance(item.get("question"), str) and isinstance(item.get("answer"), str)):
+            raise ValueError(f"{path}, row {number}: needs GSM8K's 'question' and 'answer' texts (columns: "
+                             f"{sorted(item)}). Fix: give the openai/gsm8k JSONL files.")
+        yield number, item
 
 
 def gsm8k_examples(gsm8k_dir: str, seed: int = 0, limit: Optional[int] = None):
@@ -124,12 +128,13 @@ def gsm8k_examples(gsm8k_dir: str, seed: int = 0, limit: Optional[int] = None):
             raise ValueError(f"no GSM8K file {path}. Fix: --gsm8k_dir must hold train.jsonl and test.jsonl "
                              "(../shared/data/gsm8k has them).")
         rows = []
-        for i, item in enumerate(_gsm8k_lines(path)):
+        for i, (number, item) in enumerate(_gsm8k_lines(path)):
             if limit is not None and i >= limit:
                 break
             match = _FINAL.search(item["answer"])
             if match is None:
-                raise ValueError(f"{path}, row {i}: the answer has no '#### <number>' line.")
+                raise ValueError(f"{path}, row {number}: the answer has no '#### <number>' line. Fix: give the "
+                                 "openai/gsm8k JSONL files (each answer ends with '#### <number>').")
             reasoning = _ANNOTATION.sub("", item["answer"][: match.start()]).strip()
             answer = match.group(1).replace(",", "")
             prompt = [{"role": "user", "content": f"{item['question']} {GSM8K_INSTRUCTION}"}]

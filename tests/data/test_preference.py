@@ -124,3 +124,26 @@ def test_gsm8k_pairs_from_the_real_files():
         assert default_compute_score("openai/gsm8k", row["rejected"], truth) == 0.0, row
     with pytest.raises(ValueError, match="no GSM8K file"):
         gsm8k_examples("/nonexistent")
+
+
+def test_gsm8k_files_with_a_bad_line_or_answer_are_one_line(tmp_path):
+    good = {"question": "Ann has 2 apples and buys 3. How many?", "answer": "2 + 3 = <<2+3=5>>5\n#### 5"}
+    (tmp_path / "test.jsonl").write_text(json.dumps(good) + "\n")
+    train = tmp_path / "train.jsonl"
+    train.write_text(json.dumps(good) + "\n\n{oops\n")
+    with pytest.raises(ValueError) as info:
+        gsm8k_examples(str(tmp_path))
+    assert str(info.value) == (f"data file {str(train)!r} line 3: invalid JSON (Expecting property name enclosed in "
+                               "double quotes at column 2); fix or remove the line")
+    train.write_text(json.dumps(good) + "\n\n" + json.dumps({**good, "answer": "5"}) + "\n")
+    with pytest.raises(ValueError) as info:
+        gsm8k_examples(str(tmp_path))
+    assert str(info.value) == (f"{train}, row 3: the answer has no '#### <number>' line. Fix: give the openai/gsm8k "
+                               "JSONL files (each answer ends with '#### <number>').")
+    train.write_text(json.dumps({"question": "q"}) + "\n")
+    with pytest.raises(ValueError, match=r"train.jsonl, row 1: needs GSM8K's 'question' and 'answer' texts "
+                                         r"\(columns: \['question'\]\)"):
+        gsm8k_examples(str(tmp_path))
+    train.write_text(json.dumps(good) + "\n")
+    sft, pairs = gsm8k_examples(str(tmp_path))["train"]
+    assert sft[0]["response"] == "2 + 3 = 5\n#### 5" and len(pairs) == 4  # one pair of each rejected kind
