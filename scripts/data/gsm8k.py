@@ -4,8 +4,16 @@ Same semantics as veRL's ``examples/data_preprocess/gsm8k.py``: the question is 
 instruction below, ``data_source="openai/gsm8k"``, the ground truth is the number after ``####``
 in the reference answer (commas removed), and ``extra_info`` keeps split/index/answer/question.
 
-    python scripts/data/gsm8k.py --input_dir ../shared/data/gsm8k --output_dir data/gsm8k   # local JSONL
-    python scripts/data/gsm8k.py --hf_dataset openai/gsm8k --output_dir data/gsm8k           # hub (online)
+    python scripts/data/gsm8k.py                                    # openai/gsm8k via datasets (cached)
+    python scripts/data/gsm8k.py --input_dir ../shared/data/gsm8k   # offline: a local JSONL copy
+
+Where the rows come from, as veRL's script: without ``--input_dir``, ``datasets.load_dataset("openai/gsm8k",
+"main")`` (``--hf_dataset`` names another hub copy), downloaded once into the datasets cache
+(``HF_DATASETS_CACHE``) and read from there afterwards, also with ``HF_DATASETS_OFFLINE=1`` /
+``HF_HUB_OFFLINE=1``. ``--input_dir`` is the offline path: a folder with ``train.jsonl`` and
+``test.jsonl`` (``question``/``answer`` per line, as in openai/grade-school-math). The parquet files go
+to ``--local_save_dir`` (veRL's name; ``--output_dir`` and ``--local_dir`` also work), ``~/data/gsm8k``
+by default.
 
 ``--tool_agent`` writes rows for the multi-turn rollout with the built-in ``calculator`` tool (as
 veRL's ``gsm8k_tool_agent_loop.py`` preprocessing, with our calculator instead of its answer-checking
@@ -115,19 +123,61 @@ def rows_from_jsonl(path: Path, split: str) -> list[dict]:
     return rows
 
 
-def rows_from_hub(name: str, split: str) -> list[dict]:
-    """Rows of one split of a hub dataset (needs the optional ``datasets`` package and network)."""
+OFFLINE_ENV = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+"""Either set to 1 keeps ``datasets`` off the network: only a cached copy of the hub dataset is read."""
+
+
+def hub_offline() -> str | None:
+    """The name of the variable that makes the hub read offline (``HF_DATASETS_OFFLINE=1`` ...), or None."""
+    return next((f"{var}={os.environ[var]}" for var in OFFLINE_ENV
+                 if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")), None)
+
+
+def load_hub(name: str = DATA_SOURCE):
+    """``datasets.load_dataset(name, "main")`` as veRL's script loads it (from the datasets cache after
+    the first download); a ValueError with the fix when ``datasets`` is missing or the copy cannot be had."""
     try:
         import datasets
     except ImportError as err:
-        raise RuntimeError("--hf_dataset needs the 'datasets' package (pip install datasets); "
-                           "or download the JSONL files and use --input_dir") from err
+        raise ValueError(f"reading {name!r} from the hub needs the 'datasets' package ({err}). Fix: pip install "
+                         "datasets, or pass --input_dir <folder with train.jsonl and test.jsonl>") from err
     try:
-        ds = datasets.load_dataset(name, "main", split=split)
-    except Exception as err:  # offline, unknown name, ...: the hub raises many types
-        raise RuntimeError(f"could not load {name!r} split {split!r} from the hub ({err}); "
-                           f"use --input_dir with local train.jsonl/test.jsonl instead") from err
-    return [make_row(ex["question"], ex["answer"], split, i, f"{name}[{split}] row {i}") for i, ex in enumerate(ds)]
+        return datasets.load_dataset(name, "main")
+    except Exception as err:  # offline, not cached, unknown name...: the hub raises many types
+        offline = hub_offline()
+        why = (f"it is not in the datasets cache and {offline} forbids the download" if offline
+               else "the download failed")
+        detail = " ".join(str(err).split())[:200]
+        raise ValueError(f"could not load {name!r} ('main') with datasets: {why} ({type(err).__name__}: {detail}). "
+                         "Fix: pass --input_dir <folder with train.jsonl and test.jsonl> (offline), or run once "
+                         "with network access to fill the datasets cache") from err
+
+
+def rows_from_hub(dataset, name: str, split: str) -> list[dict]:
+    """Rows of one split of a loaded hub dataset (``dataset[split]`` iterates question/answer dicts)."""
+    try:
+        examples = dataset[split]
+    except KeyError as err:
+        raise ValueError(f"{name!r} has no split {split!r}. Fix: use a copy with train and test splits") from err
+    return [make_row(ex.get("question"), ex.get("answer"), split, i, f"{name}[{split}] row {i}")
+            for i, ex in enumerate(examples)]
+
+
+def read_splits(splits: Iterable[str] = SPLITS, *, input_dir: str | os.PathLike | None = None,
+                hf_dataset: str | None = None) -> dict[str, list[dict]]:
+    """``{split: rows}`` from ``input_dir``'s ``<split>.jsonl`` files when it is given, else from the hub
+    dataset ``hf_dataset`` (``openai/gsm8k`` by default), loaded once for all splits."""
+    if input_dir is not None and hf_dataset is not None:
+        raise ValueError("give at most one of --input_dir (local JSONL folder) or --hf_dataset (hub name)")
+    if input_dir is not None:
+        if not Path(input_dir).expanduser().is_dir():
+            raise ValueError(f"--input_dir {str(input_dir)!r} is not a folder. Fix: pass the folder that holds "
+                             "train.jsonl and test.jsonl, or leave --input_dir out to load openai/gsm8k with datasets")
+        folder = Path(input_dir).expanduser()
+        return {split: rows_from_jsonl(folder / f"{split}.jsonl", split) for split in splits}
+    name = hf_dataset or DATA_SOURCE
+    dataset = load_hub(name)
+    return {split: rows_from_hub(dataset, name, split) for split in splits}
 
 
 def write_parquet(rows: list[dict], path: Path) -> None:
@@ -142,21 +192,17 @@ def write_parquet(rows: list[dict], path: Path) -> None:
 def convert(output_dir: str | os.PathLike, *, input_dir: str | os.PathLike | None = None,
             hf_dataset: str | None = None, splits: Iterable[str] = SPLITS,
             tool_agent: bool = False, verl_tool: bool = False) -> dict[str, str]:
-    """Write ``<split>.parquet`` for each split into ``output_dir``; return {split: path}.
-    ``tool_agent``: rows for the multi-turn calculator rollout (:func:`tool_agent_row`); ``verl_tool``:
-    rows for veRL's answer-checking tool (:func:`verl_tool_row`)."""
+    """Write ``<split>.parquet`` for each split into ``output_dir``; return {split: path}. The rows come
+    from :func:`read_splits` (``input_dir``, else the hub). ``tool_agent``: rows for the multi-turn
+    calculator rollout (:func:`tool_agent_row`); ``verl_tool``: rows for veRL's answer-checking tool
+    (:func:`verl_tool_row`)."""
     if tool_agent and verl_tool:
         raise ValueError("give at most one of --tool_agent (calculator rows) and --verl_tool (calc_gsm8k_reward rows)")
-    if (input_dir is None) == (hf_dataset is None):
-        raise ValueError("give exactly one of --input_dir (local JSONL folder) or --hf_dataset (hub name)")
-    out = Path(output_dir)
+    by_split = read_splits(splits, input_dir=input_dir, hf_dataset=hf_dataset)
+    out = Path(output_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for split in splits:
-        if input_dir is not None:
-            rows = rows_from_jsonl(Path(input_dir) / f"{split}.jsonl", split)
-        else:
-            rows = rows_from_hub(hf_dataset, split)
+    for split, rows in by_split.items():
         if tool_agent or verl_tool:
             rows = [(tool_agent_row if tool_agent else verl_tool_row)(r) for r in rows]
         paths[split] = str(out / f"{split}.parquet")
@@ -166,20 +212,24 @@ def convert(output_dir: str | os.PathLike, *, input_dir: str | os.PathLike | Non
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, str]:
-    parser = argparse.ArgumentParser(description="Convert GSM8K to hybrid_rl parquet.")
-    src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--input_dir", help="folder with train.jsonl and test.jsonl")
-    src.add_argument("--hf_dataset", help="hub dataset name, e.g. openai/gsm8k (needs network + datasets)")
-    parser.add_argument("--output_dir", "--local_dir", dest="output_dir", default="data/gsm8k",
-                        help="where train.parquet/test.parquet go (--local_dir as in veRL)")
+    parser = argparse.ArgumentParser(description="Convert GSM8K to hybrid_rl/veRL parquet.")
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--input_dir", help="offline: folder with train.jsonl and test.jsonl (default: the hub)")
+    src.add_argument("--hf_dataset", default=None,
+                     help=f"hub dataset read with datasets.load_dataset(NAME, 'main') (default {DATA_SOURCE})")
+    parser.add_argument("--local_save_dir", "--output_dir", "--local_dir", dest="output_dir", default="~/data/gsm8k",
+                        help="where train.parquet/test.parquet go (veRL's --local_save_dir; default ~/data/gsm8k)")
     parser.add_argument("--tool_agent", action="store_true",
                         help="rows for the multi-turn rollout with the calculator tool (recipes/gsm8k_tool)")
     parser.add_argument("--verl_tool", action="store_true",
                         help="rows for veRL's calc_gsm8k_reward tool (recipes/gsm8k_verl_tool)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    return convert(args.output_dir, input_dir=args.input_dir, hf_dataset=args.hf_dataset,
-                   tool_agent=args.tool_agent, verl_tool=args.verl_tool)
+    try:
+        return convert(args.output_dir, input_dir=args.input_dir, hf_dataset=args.hf_dataset,
+                       tool_agent=args.tool_agent, verl_tool=args.verl_tool)
+    except ValueError as err:  # bad input or no data source: one line, no traceback
+        parser.exit(2, f"gsm8k.py: error: {err}\n")
 
 
 if __name__ == "__main__":

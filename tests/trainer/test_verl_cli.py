@@ -152,18 +152,15 @@ def test_verl_gsm8k_sft_command_line_runs(tmp_path, tiny_model_dir):
     """veRL's GSM8K SFT example (v0.6 ``examples/sft/gsm8k/run_gemma_2b.sh``, ``verl_cli/``): the prompt
     and response are ``extra_info.question`` / ``.answer`` of scripts/data/gsm8k.py's parquet
     (``data.prompt_dict_keys`` / ``response_dict_keys``), on real GSM8K rows; model and sizes local."""
-    import importlib.util
     import json
 
-    spec = importlib.util.spec_from_file_location("gsm8k_script", Path(REPO) / "scripts" / "data" / "gsm8k.py")
-    gsm8k = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gsm8k)
-    shared = Path(REPO).parent / "shared" / "data" / "gsm8k"
-    (tmp_path / "raw").mkdir()
+    import gsm8k_data
+
+    gsm8k = gsm8k_data.script()
+    rows = gsm8k.read_splits(**gsm8k_data.source())  # the real GSM8K, or a skip saying it is not here
+    (tmp_path / "gsm8k").mkdir()
     for split in ("train", "test"):
-        lines = (shared / f"{split}.jsonl").read_text().splitlines()[:8]
-        (tmp_path / "raw" / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
-    gsm8k.convert(tmp_path / "gsm8k", input_dir=tmp_path / "raw")
+        gsm8k.write_parquet(rows[split][:8], tmp_path / "gsm8k" / f"{split}.parquet")
     argv = [a.replace("/home/user/data/gsm8k", str(tmp_path / "gsm8k")).replace("$save_path", str(tmp_path / "run"))
             for a in verl_argv("sft_run_gemma_2b")]
     local = [f"model.partial_pretrain={tiny_model_dir}", "trainer.logger=[jsonl]", "data.train_batch_size=4",
