@@ -14,8 +14,13 @@ template's delta for the new messages (``ObservationEncoder``). Any other reques
 (``apply_chat_template(messages, tools=...)``). Such a request *extends* the earlier call; the
 trajectory row is built from the chain of extensions (docs/agents.md, "Black-box agents").
 
-Not supported (a 400 answer saying so): ``stream=true``, ``n`` other than 1; ``stop`` sequences are
-ignored (the model's end-of-turn ids end a completion).
+Each request is checked on its own before it joins a round (:mod:`hybrid_rl.agents.request_checks`):
+a parameter out of range (``top_p=-1``, ``temperature=NaN``, ``max_tokens=0``, a token id outside the
+vocabulary, ``stream=true``, ``n`` other than 1) is answered ``400`` in OpenAI's error shape naming
+the parameter and its range, and the other rows' calls go on. A call the engine fails on alone is
+answered ``500`` (``server_error``). ``temperature``, ``top_p``, ``top_k`` (vLLM's extension) and
+``max_tokens`` / ``max_completion_tokens`` are applied; ``stop`` sequences are ignored (the model's
+end-of-turn ids end a completion), as are ``seed`` and the penalties.
 """
 
 
@@ -29,6 +34,8 @@ from typing import Any, Optional
 
 from hybrid_rl.agents.chat import ObservationEncoder
 from hybrid_rl.agents.parser import get_tool_parser, text_before_calls
+from hybrid_rl.agents.request_checks import InvalidParam, check_openai_body, check_prompt_ids
+from hybrid_rl.agents.server import RequestFailed
 
 __all__ = ["CallRecord", "OpenAIEndpoint", "get_endpoint"]
 
@@ -163,8 +170,9 @@ class OpenAIEndpoint:
         return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"]), None
 
     def _sampling(self, session: _Session, body: dict) -> dict:
+        """The call's sampling settings: the row's, overridden by the request's (checked beforehand)."""
         sampling = dict(session.sampling_params)
-        for key in ("temperature", "top_p"):
+        for key in ("temperature", "top_p", "top_k"):
             if body.get(key) is not None:
                 sampling[key] = body[key]
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -172,17 +180,10 @@ class OpenAIEndpoint:
             sampling["max_tokens"] = int(limit)
         return sampling
 
-    @staticmethod
-    def _check(body: dict) -> None:
-        if body.get("stream"):
-            raise _RequestError("stream=true is not supported: hybrid_rl records whole completions. Fix: stream=false")
-        if body.get("n", 1) not in (1, None):
-            raise _RequestError("n must be 1: each sample is its own call. Fix: call the endpoint once per sample")
-
     async def chat(self, key: str, body: dict) -> dict:
         """``/v1/chat/completions``."""
         session = self._session(key)
-        self._check(body)
+        check_openai_body(body, "chat")
         messages, tools = body.get("messages"), body.get("tools")
         prompt, parent = self._chat_prompt(session, messages, tools)
         call = await self._generate(session, prompt, self._sampling(session, body), parent)
@@ -215,16 +216,15 @@ class OpenAIEndpoint:
     async def completions(self, key: str, body: dict) -> dict:
         """``/v1/completions`` (a prompt string, or token ids used exactly)."""
         session = self._session(key)
-        self._check(body)
+        check_openai_body(body, "completions")
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
             prompt = prompt[0]
         if isinstance(prompt, str):
             ids = list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            ids = list(prompt)
         else:
-            raise _RequestError("'prompt' must be a string or a list of token ids (one prompt per call)")
+            ids = prompt
+        ids = check_prompt_ids(ids, len(self.tokenizer))
         call = await self._generate(session, ids, self._sampling(session, body), None)
         choice = {"index": 0, "text": self.tokenizer.decode(call.completion_ids, skip_special_tokens=True),
                   "finish_reason": "stop" if call.stop_reason == "completed" else "length",
@@ -271,14 +271,21 @@ class OpenAIEndpoint:
 
         app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 
+        def error(status: int, kind: str, exc: Exception) -> JSONResponse:
+            param, code = getattr(exc, "param", None), getattr(exc, "code", None)
+            return JSONResponse({"error": {"message": str(exc), "type": kind, "param": param, "code": code}},
+                                status_code=status)
+
         async def answer(handler, key: str, request: Request):
             try:
                 body = await request.json()
                 if not isinstance(body, dict):
                     raise _RequestError("the request body must be a JSON object")
                 return JSONResponse(await handler(key, body))
-            except (_RequestError, json.JSONDecodeError, ValueError) as exc:
-                return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=400)
+            except (_RequestError, InvalidParam, json.JSONDecodeError, ValueError) as exc:
+                return error(400, "invalid_request_error", exc)
+            except RequestFailed as exc:  # this call failed in the engine; the round's others were served
+                return error(500, "server_error", exc)
 
         @app.post("/{key}/v1/chat/completions")
         async def chat(key: str, request: Request):

@@ -18,7 +18,11 @@ many token lists. :class:`BatchingServer` joins the two:
 
 Every agent is bounded by ``timeout_s`` and never raises into the rollout: its result is
 ``("ok", value)``, ``("error", message)`` or ``("timeout", message)``, as tools' are
-(:mod:`hybrid_rl.agents.executor`). An engine failure is not an agent's fault and is raised.
+(:mod:`hybrid_rl.agents.executor`). Nothing one agent sends fails the round: its sampling settings
+are checked when it asks (:func:`~hybrid_rl.agents.request_checks.check_sampling`: the error is
+raised into that agent only), and an engine call that raises is retried one request at a time, so a
+request the engine fails on alone fails only its agent (:class:`RequestFailed`). A failure with the
+rollout's own settings where no request of the round could be served is the engine's, and is raised.
 """
 
 from __future__ import annotations
@@ -26,12 +30,17 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Optional, Sequence
 
-__all__ = ["BatchingServer", "LLMServerManager", "TokenOutput", "TURN_SEED_STRIDE"]
+from hybrid_rl.agents.request_checks import InvalidParam, check_sampling
+
+__all__ = ["BatchingServer", "LLMServerManager", "RequestFailed", "TokenOutput", "TURN_SEED_STRIDE"]
+
+logger = logging.getLogger(__name__)
 
 TURN_SEED_STRIDE = 10**12 + 39
 """Turn (round) t of a call seeded s samples with seed s + t * stride: far above the per-rank stride
@@ -43,6 +52,12 @@ TurnFn = Callable[[list[list[int]], list[int], Any], list[tuple[list[int], list[
 
 _GRACE_S = 1.0
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k")
+MIN_TEMPERATURE = 1e-2
+"""A positive temperature below this samples at it (vLLM's rule): smaller ones overflow the logits."""
+
+
+class RequestFailed(RuntimeError):
+    """A request was not served: the engine failed on it (alone or with its round), or its rollout ended."""
 
 
 @dataclass
@@ -99,6 +114,9 @@ class BatchingServer:
         come back whenever the rollout computes them. ``order``: the request's place in its round.
         """
         prompt = [int(t) for t in prompt_ids]
+        if not prompt or min(prompt) < 0:
+            raise InvalidParam("prompt_ids", f"prompt_ids must be a non-empty list of token ids >= 0, got "
+                                             f"{prompt[:8]!r}. Fix: pass the tokenized prompt.")
         request = _Request(prompt, self._max_tokens(len(prompt), sampling_params or {}),
                            self._request_params(sampling_params or {}), tuple(order))
         if request.max_tokens <= 0:
@@ -115,16 +133,19 @@ class BatchingServer:
         return room if asked is None else min(room, int(asked))
 
     def _request_params(self, sampling: dict) -> Any:
+        check_sampling(sampling, where="sampling_params.")  # raised into this agent, not the round
         changes = {k: sampling[k] for k in _SAMPLING_KEYS if sampling.get(k) is not None}
+        for key, cast in (("top_p", float), ("top_k", int)):
+            if key in changes:
+                changes[key] = cast(changes[key])
+        if changes.get("top_k") == 0:  # vLLM's spelling of "no top-k cut"; the engines' is -1
+            changes["top_k"] = -1
         if "temperature" in changes:
             changes["temperature"] = float(changes["temperature"])
             if changes["temperature"] <= 0:  # greedy, as OpenAI-compatible servers read temperature 0
                 changes.update(temperature=0.0, do_sample=False, top_p=1.0, top_k=-1)
             else:  # a positive temperature samples on every engine (vLLM reads only the temperature)
-                changes["do_sample"] = True
-        for key, cast in (("top_p", float), ("top_k", int)):
-            if key in changes:
-                changes[key] = cast(changes[key])
+                changes.update(temperature=max(changes["temperature"], MIN_TEMPERATURE), do_sample=True)
         return dataclasses.replace(self.params, **changes) if changes else self.params
 
     # ------------------------------------------------------------------ the engine's side (calling thread)
@@ -198,39 +219,81 @@ class BatchingServer:
 
     def _dispatch(self, requests: list[_Request]) -> None:
         """Serve one round: one engine call per sampling setting, requests in (row, call) order. A request
-        whose agent was cancelled meanwhile is skipped (its future can no longer be set); an engine
-        failure fails every request of the round and is raised."""
+        whose agent was cancelled meanwhile is skipped (its future can no longer be set). An engine call
+        that raises is retried one request at a time: a request the engine fails on alone fails only its
+        agent, unless no request of the round was served and it used the rollout's own settings (then the
+        engine is at fault: every request fails and the error is raised)."""
         groups: dict[Any, list[_Request]] = {}
         for request in sorted(requests, key=lambda r: r.order):
             if request.future.set_running_or_notify_cancel():  # running futures cannot be cancelled any more
                 groups.setdefault(request.params, []).append(request)
         seed_base = self.params.seed
+        failed: list[tuple[_Request, Exception, bool]] = []  # (request, its error, with the rollout's settings)
+        served = 0
         try:
             for params, group in groups.items():
                 seed = None if seed_base is None else seed_base + self.rounds * TURN_SEED_STRIDE
                 self.rounds += 1
-                outputs = self.turn_fn([r.prompt_ids for r in group], [r.max_tokens for r in group],
-                                       dataclasses.replace(params, seed=seed))
-                for request, (ids, log_probs) in zip(group, outputs):
-                    ids = list(ids)[: request.max_tokens]
-                    ended = bool(ids) and ids[-1] in params.eos_token_ids
-                    request.future.set_result(TokenOutput(
-                        token_ids=ids, log_probs=list(log_probs)[: len(ids)] if log_probs else None,
-                        stop_reason="completed" if ended else "length"))
+                served += self._serve_group(group, dataclasses.replace(params, seed=seed), failed,
+                                            own=params == self.params)
+            if failed:
+                self._settle(failed, served)
         except BaseException as exc:
             for group in groups.values():
                 for request in group:
                     if not request.future.done():
-                        request.future.set_exception(RuntimeError(f"the rollout engine failed: {exc!r}"))
+                        request.future.set_exception(RequestFailed(f"the rollout engine failed: {exc!r}"))
             raise
         self.requests += len(requests)
+
+    def _serve_group(self, group: list[_Request], params: Any, failed: list, own: bool) -> int:
+        """Serve ``group`` in one engine call, or one call per request if that raises; returns how many
+        were served and appends the requests the engine failed on alone to ``failed``."""
+        try:
+            self._answer(group, params)
+            return len(group)
+        except Exception as exc:
+            if len(group) == 1:
+                failed.append((group[0], exc, own))
+                return 0
+        served = 0
+        for request in group:
+            try:
+                self._answer([request], params)
+                served += 1
+            except Exception as exc:
+                failed.append((request, exc, own))
+        return served
+
+    def _answer(self, group: list[_Request], params: Any) -> None:
+        outputs = list(self.turn_fn([r.prompt_ids for r in group], [r.max_tokens for r in group], params))
+        if len(outputs) != len(group):
+            raise RuntimeError(f"the engine returned {len(outputs)} completions for {len(group)} prompts")
+        for request, (ids, log_probs) in zip(group, outputs):
+            ids = list(ids)[: request.max_tokens]
+            ended = bool(ids) and ids[-1] in params.eos_token_ids
+            request.future.set_result(TokenOutput(
+                token_ids=ids, log_probs=list(log_probs)[: len(ids)] if log_probs else None,
+                stop_reason="completed" if ended else "length"))
+
+    def _settle(self, failed: list[tuple[_Request, Exception, bool]], served: int) -> None:
+        """Fail the requests the engine failed on alone; raise when the engine itself is at fault."""
+        if served == 0 and any(own for _, _, own in failed):
+            raise failed[0][1]  # _dispatch fails every request of the round
+        for request, exc, _ in failed:
+            request.future.set_exception(RequestFailed(
+                f"the rollout engine failed on this request alone ({type(exc).__name__}: {str(exc)[:200]}); "
+                "the round's other requests were served"))
+        request, exc, _ = failed[0]
+        logger.warning("%d request(s) of a round failed in the engine alone; only their agents fail (first: "
+                       "call %s, %s: %s)", len(failed), request.order, type(exc).__name__, str(exc)[:200])
 
     def _fail_pending(self, why: str) -> None:
         with self._cond:
             pending, self._pending = self._pending, []
         for request in pending:
             if not request.future.done():
-                request.future.set_exception(RuntimeError(why))
+                request.future.set_exception(RequestFailed(why))
 
 
 def _run_until_stopped(loop: asyncio.AbstractEventLoop) -> None:
