@@ -5,7 +5,8 @@ reference (:class:`~hybrid_rl.workers.actor.DataParallelPPOActor`'s ``compute_lo
 ids, with the teacher's weights. It is built like the reference (frozen, stored in its compute dtype,
 on CPU out of the resident set between passes: ``disk_offload``), with the teacher's own dtype and
 micro-batching. Several teachers each score the rows whose ``distillation.teacher_key`` field equals
-their ``key``.
+their ``key``. Teachers score at temperature 1 (:data:`TEACHER_TEMPERATURE`), whatever the rollout's,
+as veRL 0.9.1's teacher does (its vLLM ``prompt_logprobs`` are always taken at T=1).
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ from hybrid_rl.utils.memory import phase_peak
 from hybrid_rl.workers.batching import all_reduce_max_int
 from hybrid_rl.workers.distillation_config import DistillationConfig, TeacherModelConfig
 
-__all__ = ["TeacherMixin", "route_rows", "rows_on_every_rank"]
+__all__ = ["TEACHER_TEMPERATURE", "TeacherMixin", "route_rows", "rows_on_every_rank"]
+
+TEACHER_TEMPERATURE = 1.0
+"""The teacher's softmax temperature: its own distribution, not the rollout's sampling temperature
+(veRL 0.9.1 forces 1.0 for the teacher; the student's log-probs stay at the rollout temperature)."""
 
 
 def route_rows(data: DataProto, teachers: dict[str, TeacherModelConfig], teacher_key: str) -> dict[str, np.ndarray]:
@@ -112,6 +117,7 @@ class TeacherMixin:
                 micro = teacher.log_prob_micro_batch_size_per_gpu or ref.log_prob_micro_batch_size_per_gpu
                 max_len = teacher.log_prob_max_token_len_per_gpu or ref.log_prob_max_token_len_per_gpu
                 view = self._log_prob_meta(data.select_idxs(padded), micro, ref.log_prob_use_dynamic_bsz, max_len)
+                view.meta_info["temperature"] = TEACHER_TEMPERATURE  # not the rollout's (veRL's teacher: T=1)
                 rows, real = torch.as_tensor(idx, dtype=torch.long), len(idx)  # fillers come after the real rows
                 if k:
                     values, ids, log_probs = policy.compute_topk(view, k)

@@ -18,8 +18,9 @@ from hybrid_rl.workers.teacher import route_rows
 from tests.workers.helpers import hf_response_log_probs, make_batch
 
 
-TEMPERATURE = ActorRolloutRefConfig().rollout.temperature
-"""Teachers score at the rollout's temperature, as the student's log-probs are taken."""
+TEMPERATURE = 1.0
+"""Teachers score at temperature 1 as veRL's (the rollout's default, 0.8, is not theirs:
+tests/workers/test_teacher_temperature.py)."""
 
 
 @pytest.fixture(autouse=True)
