@@ -9,7 +9,7 @@ from hybrid_rl.buffer.base import BUFFER_STORAGE_TYPES, BufferConfig, Experience
 from hybrid_rl.buffer.experience import STATUSES, Experience, batch_from_experiences, experiences_from_batch
 
 __all__ = ["BUFFER_STORAGE_TYPES", "STATUSES", "BufferConfig", "Experience", "ExperienceBuffer", "MemoryBuffer",
-           "SQLBuffer", "batch_from_experiences", "build_buffer", "experiences_from_batch"]
+           "SQLBuffer", "batch_from_experiences", "build_buffer", "experiences_from_batch", "sql_location"]
 
 
 def __getattr__(name: str):
@@ -20,16 +20,23 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-def build_buffer(config: BufferConfig, run_dir: str, experiment_name: str = "") -> ExperienceBuffer:
-    """The backend ``config`` names; sql without a path = table ``experiences`` of
-    ``<run_dir>/experiences.db``; with a path (perhaps shared) the table is ``config.name`` or the
+def sql_location(config: BufferConfig, run_dir: str, experiment_name: str = "") -> tuple[str, str]:
+    """(database, table) of a sql buffer: without a path, table ``experiences`` of
+    ``<run_dir>/experiences.db``; with a path (perhaps shared), table ``config.name`` or the
     experiment's name."""
-    if config.storage_type == "memory":
-        return MemoryBuffer()
     import os
 
-    from hybrid_rl.buffer.sql import DEFAULT_TABLE, SQLBuffer, table_name
+    from hybrid_rl.buffer.sql import DEFAULT_TABLE, table_name
 
     if config.path is None:
-        return SQLBuffer(os.path.join(run_dir, "experiences.db"), config.name or DEFAULT_TABLE)
-    return SQLBuffer(config.path, config.name or table_name(experiment_name or DEFAULT_TABLE))
+        return os.path.join(run_dir, "experiences.db"), config.name or DEFAULT_TABLE
+    return config.path, config.name or table_name(experiment_name or DEFAULT_TABLE)
+
+
+def build_buffer(config: BufferConfig, run_dir: str, experiment_name: str = "") -> ExperienceBuffer:
+    """The backend ``config`` names, at :func:`sql_location` for sql."""
+    if config.storage_type == "memory":
+        return MemoryBuffer()
+    from hybrid_rl.buffer.sql import SQLBuffer
+
+    return SQLBuffer(*sql_location(config, run_dir, experiment_name))

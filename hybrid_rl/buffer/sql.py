@@ -18,6 +18,11 @@ never get the same experience. How it claims depends on the database:
     buffer = SQLBuffer("checkpoints/hybrid_rl/run/experiences.db")
     for e in buffer.read(limit=5):
         print(e.policy_version, e.reward, e.status, e.response_text)
+
+Values are stored faithfully (NUL, NaN, infinities, any Unicode; :mod:`hybrid_rl.buffer.codec`), each
+row recording its ``codec``; a table written before the ``codec`` column existed gains it when opened
+(its rows are read as they were stored). Creating or migrating a table is safe from several
+processes at once (a PostgreSQL advisory lock, and a re-check after a lost race elsewhere).
 """
 
 from __future__ import annotations
@@ -25,18 +30,20 @@ from __future__ import annotations
 import os
 import re
 import uuid
+import zlib
 from dataclasses import fields
 from typing import Any, Optional, Sequence
 
-from sqlalchemy import (JSON, Column, Float, Integer, MetaData, String, Table, Text, create_engine, delete, func,
-                        insert, select, update)
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy import (JSON, Column, Engine, Float, Integer, MetaData, String, Table, Text, create_engine, delete,
+                        func, insert, inspect, select, text, update)
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
 
 from hybrid_rl.buffer.base import TABLE_NAME, ExperienceBuffer, _check_status
+from hybrid_rl.buffer.codec import CODEC_VERSION, decode_float, decode_json, decode_text, encode_json, encode_text
 from hybrid_rl.buffer.experience import Experience
 
-__all__ = ["DEFAULT_TABLE", "SQLBuffer", "as_sqlalchemy_url", "table_name"]
+__all__ = ["DEFAULT_TABLE", "NotABufferTable", "SQLBuffer", "as_sqlalchemy_url", "table_name"]
 
 DEFAULT_TABLE = "experiences"
 SKIP_LOCKED_DIALECTS = ("postgresql", "mysql", "mariadb", "oracle")
@@ -71,26 +78,102 @@ def _table(name: str, metadata: MetaData) -> Table:
         Column("status", String(16), index=True),
         Column("taken_step", Integer, nullable=True),
         Column("lease", String(36), nullable=True, index=True),
+        Column("codec", Integer, nullable=True),  # hybrid_rl.buffer.codec; NULL = written before it existed
     )
 
 
 _FIELDS = [f.name for f in fields(Experience)]
+_TEXT_FIELDS = ("uid", "data_source", "prompt_text", "response_text")
+_JSON_FIELDS = ("prompt_ids", "response_ids", "response_mask", "rollout_log_probs", "ground_truth", "extra")
+_FLOAT_FIELDS = ("reward", "created_at")
+_DRIVERLESS_POSTGRES = ("postgres", "postgresql")
+"""``postgres://`` (Heroku's and libpq's spelling) and ``postgresql://`` name no driver: psycopg 3 is
+the one hybrid_rl installs (its ``postgres`` extra); SQLAlchemy would pick psycopg2 or fail."""
+
+
+class NotABufferTable(ValueError):
+    """The table exists but lacks columns an experience buffer has (another program's table)."""
+
+
+def _unparsed_url(path: str) -> str:
+    """A URL that does not parse, shown without what may be a password (all before its last ``@``)."""
+    from hybrid_rl.utils.redact import redact_url
+
+    shown = redact_url(path)
+    if "@" in shown and "***" not in shown:
+        shown = shown.split("://", 1)[0] + "://***@" + shown.rsplit("@", 1)[1]
+    return shown
 
 
 def as_sqlalchemy_url(path: str) -> str:
-    """A SQLAlchemy URL as is; a plain file path as ``sqlite:///<absolute path>``."""
+    """A SQLAlchemy URL (``postgres://`` and ``postgresql://`` with the psycopg driver named); a plain
+    file path as ``sqlite:///<absolute path>``."""
     if "://" in path:
         try:
-            make_url(path)
-        except ArgumentError as exc:
-            raise ValueError(f"buffer.path={path!r} is not a valid SQLAlchemy URL ({exc}). Fix: use e.g. "
-                             "sqlite:///experiences.db or a plain file path.") from None
+            url = make_url(path)
+        except ArgumentError:
+            raise ValueError(f"{_unparsed_url(path)!r} is not a valid SQLAlchemy URL. Fix: use e.g. "
+                             "sqlite:///experiences.db, postgresql+psycopg://user:password@host/db or a plain "
+                             "file path.") from None
+        if url.drivername in _DRIVERLESS_POSTGRES:
+            return url.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
         return path
     return "sqlite:///" + os.path.abspath(os.path.expanduser(path))
 
 
+def _encode_row(e: Experience) -> dict[str, Any]:
+    row = {n: getattr(e, n) for n in _FIELDS if n != "id"}
+    row.update({n: encode_text(row[n]) for n in _TEXT_FIELDS})
+    row.update({n: encode_json(row[n]) for n in _JSON_FIELDS})
+    return {**row, "status": "ready", "taken_step": None, "codec": CODEC_VERSION}
+
+
 def _to_experience(row: Any) -> Experience:
-    return Experience(**{name: row._mapping[name] for name in _FIELDS})
+    values = {name: row._mapping[name] for name in _FIELDS}
+    if row._mapping["codec"] is not None:  # None: a row written before the codec, stored as given
+        values.update({n: decode_text(values[n]) for n in _TEXT_FIELDS})
+        values.update({n: decode_json(values[n]) for n in _JSON_FIELDS})
+    values.update({n: decode_float(values[n]) for n in _FLOAT_FIELDS})  # SQLite's NULL was a NaN
+    return Experience(**values)
+
+
+def _lock_key(name: str) -> int:
+    """A PostgreSQL advisory lock id (bigint) for creating or migrating table ``name``."""
+    return zlib.crc32(f"hybrid_rl.buffer:{name}".encode())
+
+
+def _columns(conn: Connection, name: str) -> Optional[set[str]]:
+    """The column names of table ``name``; None when there is no such table."""
+    inspector = inspect(conn)
+    return {c["name"] for c in inspector.get_columns(name)} if inspector.has_table(name) else None
+
+
+def _create_or_migrate(conn: Connection, table: Table) -> None:
+    """Create ``table`` (with its indexes) if missing; add ``codec`` to a table from before it."""
+    if conn.dialect.name == "postgresql":  # one creator at a time (pg_type's unique index otherwise)
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _lock_key(table.name)})
+    table.metadata.create_all(conn)
+    have = _columns(conn, table.name) or set()
+    missing = {c.name for c in table.columns} - have - {"codec"}
+    if missing:
+        raise NotABufferTable(f"table {table.name!r} exists but is not an experience buffer: it lacks the columns "
+                              f"{sorted(missing)}")
+    if "codec" not in have:
+        conn.execute(text(f'ALTER TABLE "{table.name}" ADD COLUMN codec INTEGER'))
+
+
+def prepare_table(engine: Engine, table: Table, attempts: int = 3) -> None:
+    """:func:`_create_or_migrate` in one transaction; a race lost to another process (its table, index
+    or column appeared meanwhile: SQLite, or a server without advisory locks) is retried."""
+    for attempt in range(attempts):
+        try:
+            with engine.begin() as conn:
+                _create_or_migrate(conn, table)
+            return
+        except DBAPIError:
+            with engine.connect() as conn:
+                if attempt == attempts - 1 or not _columns(conn, table.name):
+                    raise
 
 
 class SQLBuffer(ExperienceBuffer):
@@ -108,12 +191,11 @@ class SQLBuffer(ExperienceBuffer):
         connect_args = {"timeout": 60} if self.url.startswith("sqlite") else {}
         self.engine = create_engine(self.url, connect_args=connect_args)
         self.table = _table(name, MetaData())
-        self.table.metadata.create_all(self.engine)
+        prepare_table(self.engine, self.table)
         self._skip_locked = self.engine.dialect.name in SKIP_LOCKED_DIALECTS
 
     def put(self, experiences: Sequence[Experience]) -> list[int]:
-        rows = [{**{n: getattr(e, n) for n in _FIELDS if n != "id"}, "status": "ready", "taken_step": None}
-                for e in experiences]
+        rows = [_encode_row(e) for e in experiences]
         t = self.table
         with self.engine.begin() as conn:
             if self.engine.dialect.insert_executemany_returning_sort_by_parameter_order and rows:
@@ -178,11 +260,12 @@ class SQLBuffer(ExperienceBuffer):
     def extra_values(self, key: str, status: Optional[str] = None) -> list:
         _check_status(status)
         t = self.table
-        query = select(t.c.extra).order_by(t.c.id)  # the JSON column only: no token ids, no text
+        query = select(t.c.extra, t.c.codec).order_by(t.c.id)  # no token ids, no text
         if status is not None:
             query = query.where(t.c.status == status)
         with self.engine.connect() as conn:
-            return [(extra or {}).get(key) for extra in conn.scalars(query).all()]
+            rows = conn.execute(query).all()
+        return [((decode_json(extra) if codec is not None else extra) or {}).get(key) for extra, codec in rows]
 
     def close(self) -> None:
         self.engine.dispose()

@@ -2,7 +2,9 @@
 
 :func:`start_postgres` runs Debian's ``initdb`` and ``pg_ctl`` (as the ``postgres`` user when this
 process is root, which initdb refuses to be) on a fresh data folder, listening only on a Unix socket
-in that folder, trust-authenticated; :meth:`PostgresServer.stop` stops it and removes the folder.
+in that folder, UTF-8; the ``postgres`` superuser is trust-authenticated, other roles
+(:meth:`PostgresServer.create_user`) by password. :meth:`PostgresServer.stop` stops it and removes
+the folder.
 :func:`postgres_unavailable` says why no server can be started here (no binaries, no driver).
 """
 
@@ -62,6 +64,23 @@ class PostgresServer:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url.replace("/postgres?", f"/{name}?")
 
+    def create_user(self, name: str, password: str, database: str = "postgres") -> str:
+        """A new login role that authenticates by ``password`` (SCRAM); returns its SQLAlchemy URL of
+        ``database``. It has the rights PUBLIC has (PostgreSQL 15: no CREATE on schema public)."""
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(host=self.folder, port=PORT, user="postgres", dbname="postgres", autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(name), sql.Literal(password)))
+        return f"postgresql+psycopg://{name}:{password}@/{database}?host={self.folder}&port={PORT}"
+
+    def execute(self, statement: str, database: str = "postgres") -> None:
+        """Run one SQL statement as the superuser (grants, revokes) in ``database``."""
+        import psycopg
+
+        with psycopg.connect(host=self.folder, port=PORT, user="postgres", dbname=database, autocommit=True) as conn:
+            conn.execute(statement)
+
     def stop(self) -> None:
         _run([os.path.join(self.bin_dir, "pg_ctl"), "-D", os.path.join(self.folder, "data"), "-m", "immediate",
               "-w", "stop"], check=False)
@@ -86,7 +105,10 @@ def start_postgres() -> PostgresServer:
         shutil.chown(folder, user="postgres")
     data = os.path.join(folder, "data")
     try:
-        _run([os.path.join(bin_dir, "initdb"), "-D", data, "-A", "trust", "-U", "postgres", "--no-sync"])
+        _run([os.path.join(bin_dir, "initdb"), "-D", data, "-A", "trust", "-U", "postgres", "--no-sync",
+              "--encoding=UTF8", "--locale=C"])
+        with open(os.path.join(data, "pg_hba.conf"), "w") as hba:  # the superuser as before; others by password
+            hba.write("local all postgres trust\nlocal all all scram-sha-256\n")
         options = f"-k {folder} -p {PORT} -c listen_addresses='' -c fsync=off -c max_connections=50"
         _run([os.path.join(bin_dir, "pg_ctl"), "-D", data, "-o", options, "-l", os.path.join(folder, "log"),
               "-w", "start"])

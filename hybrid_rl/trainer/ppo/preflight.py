@@ -12,7 +12,21 @@ from typing import Any, Iterable
 
 from hybrid_rl.trainer.config import PPOConfig
 
-__all__ = ["check_agent_config", "check_agent_names", "check_reward_coverage"]
+__all__ = ["check_agent_config", "check_agent_names", "check_experience_buffer", "check_reward_coverage"]
+
+
+def check_experience_buffer(cfg: PPOConfig, run_dir: str) -> None:
+    """With the decoupled mode's sql buffer: connect to its database, create or verify the table and
+    check that this user can write it (:func:`hybrid_rl.buffer.check.open_checked`), so that a wrong
+    URL, password or permission is one line naming ``async_training.buffer.path`` before Ray and the
+    workers start, not a traceback after them."""
+    a = cfg.async_training
+    if not a.enable or a.buffer.storage_type != "sql":
+        return
+    from hybrid_rl.buffer import sql_location
+    from hybrid_rl.buffer.check import open_checked
+
+    open_checked(*sql_location(a.buffer, run_dir, cfg.trainer.experiment_name)).close()
 
 
 def check_agent_config(cfg: PPOConfig, tokenizer: Any) -> None:
