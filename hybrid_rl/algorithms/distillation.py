@@ -4,9 +4,13 @@ The student samples; a teacher scores every sampled token; the student is traine
 teacher on its own samples. Per response token (``[B, R]``), with ``s`` the student's log-prob of the
 sampled token (with gradient) and ``t`` the teacher's:
 
-* the single-sample estimators of the reverse KL(student || teacher), registered under veRL's names:
+* single-sample estimators on the sampled token, registered under veRL's names:
   ``kl``/``k1`` = s - t, ``abs`` = |s - t|, ``mse``/``k2`` = (s - t)^2 / 2, ``low_var_kl``/``k3`` =
-  e^d - d - 1 with d = t - s (:func:`~hybrid_rl.algorithms.kl.kl_penalty`, the reference KL's code);
+  e^d - d - 1 with d = t - s (:func:`~hybrid_rl.algorithms.kl.kl_penalty`, the reference KL's code).
+  Their values estimate the reverse KL(student || teacher) (k1, k3 unbiased), but backpropagated on
+  the student's own samples their gradients differ: in expectation k1's is 0, k2's the reverse KL's,
+  k3's the **forward** KL(teacher || student)'s, abs's twice the total variation's
+  (docs/distillation.md, tests/algorithms/test_distillation_gradients.py);
 * ``forward_kl_topk``: the teacher's top-K token ids and log-probs p_k at each position, the
   student's log-softmax q gathered at those ids: L = sum_k e^{p_k} (p_k - q_k), clamped at 0 from below
   (the top-K masses do not sum to 1, so the sum can be negative).
@@ -110,11 +114,11 @@ def _estimator(mode: str, description: str, needs_policy_gradient: bool = False)
 for _mode, _text, _pg in (
         ("kl", "k1 = s - t: the reverse KL's plain estimator; a reward only (use_policy_gradient).", True),
         ("k1", "k1 = s - t: the reverse KL's plain estimator; a reward only (use_policy_gradient).", True),
-        ("abs", "|s - t|.", False),
-        ("mse", "k2 = (s - t)^2 / 2.", False),
-        ("k2", "k2 = (s - t)^2 / 2.", False),
-        ("low_var_kl", "k3 = e^(t-s) - (t-s) - 1: unbiased, non-negative, low variance (veRL's default).", False),
-        ("k3", "k3 = e^(t-s) - (t-s) - 1: unbiased, non-negative, low variance (veRL's default).", False)):
+        ("abs", "|s - t|: its gradient descends the total variation.", False),
+        ("mse", "k2 = (s - t)^2 / 2: its gradient descends the reverse KL.", False),
+        ("k2", "k2 = (s - t)^2 / 2: its gradient descends the reverse KL.", False),
+        ("low_var_kl", "k3 = e^(t-s) - (t-s) - 1 (veRL's default): its gradient descends the forward KL.", False),
+        ("k3", "k3 = e^(t-s) - (t-s) - 1 (veRL's default): its gradient descends the forward KL.", False)):
     _estimator(_mode, _text, _pg)
 
 

@@ -27,8 +27,9 @@ class DistillationLossConfig:
     """How the teacher's scores train the student (veRL's ``distillation.distillation_loss``)."""
 
     loss_mode: str = "k3"
-    """Per-token loss: an estimator of KL(student || teacher) on the sampled token (``k3``/``low_var_kl``,
-    ``k1``/``kl``, ``k2``/``mse``, ``abs``) or ``forward_kl_topk`` (KL(teacher || student) over the
+    """Per-token loss: an estimator on the sampled token (``k3``/``low_var_kl``: its gradient descends the
+    forward KL(teacher || student); ``k2``/``mse``: the reverse KL(student || teacher); ``k1``/``kl``: a
+    reward only; ``abs``: the total variation) or ``forward_kl_topk`` (KL(teacher || student) over the
     teacher's top-``topk`` tokens). Registered entries: hybrid_rl.algorithms.distillation."""
     topk: Optional[int] = bounded(32, ge=1, fix="use e.g. 32")
     """K of ``forward_kl_topk``: the teacher's most likely tokens scored per position."""
