@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from hybrid_rl.studio.workspace import Workspace
 
 __all__ = ["PATH_ROLES", "describe_path", "human_label", "path_role"]
 
@@ -68,13 +71,18 @@ def path_role(key: str) -> Optional[str]:
     return None
 
 
-def _one_path(role: str, text: str) -> tuple[str, str]:
-    """``(state, message)`` of one path: ``ok``, ``missing`` or ``note`` (not checked here)."""
+def _one_path(role: str, text: str, workspace: Optional["Workspace"]) -> tuple[str, str]:
+    """``(state, message)`` of one path: ``ok``, ``missing``, ``note`` (not checked here) or
+    ``refused`` (outside the ``workspace``: never looked at)."""
     if "${" in text:
         return "note", f"follows {text}"
     if "://" in text:
         return "note", "a URL (not checked here)"
-    local = os.path.expanduser(text)
+    if workspace is not None:
+        refusal = workspace.refusal(text)
+        if refusal is not None:
+            return "refused", refusal
+    local = str(workspace.resolve(text)) if workspace is not None else os.path.expanduser(text)
     if role == "model":
         from hybrid_rl.workers.model_loader import EMBEDDED_MODEL_ID
 
@@ -88,24 +96,33 @@ def _one_path(role: str, text: str) -> tuple[str, str]:
         return ("ok", "exists") if os.path.exists(local) else ("note", "does not exist yet: the run creates it")
     if os.path.exists(local):
         return "ok", "a folder" if os.path.isdir(local) else "a file"
-    if glob.has_magic(local) and next(glob.iglob(local), None) is not None:  # stops at the first match
+    if glob.has_magic(text) and _matches(text, workspace):
         return "ok", "the pattern matches"
     return "missing", "does not exist"
 
 
-def describe_path(role: str, value: Any) -> Optional[dict[str, str]]:
-    """``{"state": "ok" | "missing" | "note", "message": ...}`` for a path field's value (a string or
-    a list of them); None when the value is unset."""
+def _matches(pattern: str, workspace: Optional["Workspace"]) -> bool:
+    """Whether a glob matches something (inside the workspace when one is given); stops at the first."""
+    if workspace is not None:
+        return workspace.glob_inside(pattern)
+    return next(glob.iglob(os.path.expanduser(pattern)), None) is not None
+
+
+def describe_path(role: str, value: Any, workspace: Optional["Workspace"] = None) -> Optional[dict[str, str]]:
+    """``{"state": "ok" | "missing" | "note" | "refused", "message": ...}`` for a path field's value (a
+    string or a list of them); None when the value is unset. With a ``workspace``, a path outside it
+    is ``refused`` and never looked at (:class:`hybrid_rl.studio.workspace.Workspace`)."""
     if value is None or value == "" or value == []:
         return None
     items = value if isinstance(value, (list, tuple)) else [value]
-    results = [_one_path(role, str(item)) for item in items]
-    bad = [(str(item), message) for item, (state, message) in zip(items, results) if state == "missing"]
-    if bad:
-        item, message = bad[0]
-        where = f"{item}: " if len(items) > 1 else ""
-        return {"state": "missing", "message": where + message + (f" ({len(bad)} of {len(items)})" if len(items) > 1 else "")}
+    results = [_one_path(role, str(item), workspace) for item in items]
+    for state in ("refused", "missing"):
+        bad = [(str(item), message) for item, (s, message) in zip(items, results) if s == state]
+        if bad:
+            item, message = bad[0]
+            where = f"{item}: " if len(items) > 1 and state == "missing" else ""
+            count = f" ({len(bad)} of {len(items)})" if len(items) > 1 else ""
+            return {"state": state, "message": where + message + count}
     if all(s == "ok" for s, _ in results):
         return {"state": "ok", "message": results[0][1] if len(results) == 1 else f"all {len(items)} exist"}
     return {"state": "note", "message": next(m for s, m in results if s == "note")}
-

@@ -18,7 +18,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from hybrid_rl.studio.form import to_yaml
 
@@ -43,9 +43,18 @@ CONSOLE_LINES = 20
 ``logs/driver.log``)."""
 
 
-def _rows(path: Path) -> list[dict[str, Any]]:
+Inside = Optional[Callable[[Path], bool]]
+"""Whether a resolved path may be read (:meth:`hybrid_rl.studio.workspace.Workspace.inside`); None = any."""
+
+
+def _readable(path: Path, inside: Inside) -> bool:
+    """Whether ``path`` is a file that ``inside`` allows once resolved (a link out of the workspace is not)."""
+    return path.is_file() and (inside is None or inside(path.resolve()))
+
+
+def _rows(path: Path, inside: Inside = None) -> list[dict[str, Any]]:
     """The parseable JSON lines of ``path`` (a line being written is skipped until complete)."""
-    if not path.is_file():
+    if not _readable(path, inside):
         return []
     rows = []
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
@@ -58,10 +67,10 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _tail(path: Path, lines: int = CONSOLE_LINES) -> list[str]:
+def _tail(path: Path, lines: int = CONSOLE_LINES, inside: Inside = None) -> list[str]:
     """The last ``lines`` lines of a text file (its last 64 KiB read), [] when there is none. A line
     redrawn with carriage returns (a progress bar) shows its last state."""
-    if not path.is_file():
+    if not _readable(path, inside):
         return []
     with open(path, "rb") as fh:
         fh.seek(max(0, path.stat().st_size - 65536))
@@ -104,26 +113,30 @@ def _is_val_curve(key: str) -> bool:
     return key.startswith("val-core/") and not key.endswith("/std")
 
 
-def read_progress(run_dir: str, num_samples: int = 3) -> dict[str, Any]:
+def read_progress(run_dir: str, num_samples: int = 3, inside: Inside = None) -> dict[str, Any]:
     """``{"run_dir", "metrics": [{step, curve keys...}], "samples": [last validation samples],
-    "status": run_status(...), "console": [last lines]}`` of a run folder."""
+    "status": run_status(...), "console": [last lines]}`` of a run folder; only files ``inside``
+    allows are read."""
     folder = Path(run_dir).expanduser()
     metrics = [{k: v for k, v in row.items() if k == "step" or k in CURVES or _is_val_curve(k)}
-               for row in _rows(folder / "metrics.jsonl")]
-    samples = _rows(folder / "val_generations.jsonl")[-num_samples:]
-    console = _tail(folder / CONSOLE_LOG) or _tail(folder / "logs" / "driver.log")
+               for row in _rows(folder / "metrics.jsonl", inside)]
+    samples = _rows(folder / "val_generations.jsonl", inside)[-num_samples:]
+    console = (_tail(folder / CONSOLE_LOG, inside=inside)
+               or _tail(folder / "logs" / "driver.log", inside=inside))
     return {"run_dir": str(folder.resolve()), "metrics": metrics, "samples": samples,
             "status": run_status(metrics), "console": console}
 
 
-def read_runs(folder: str) -> dict[str, Any]:
+def read_runs(folder: str, inside: Inside = None) -> dict[str, Any]:
     """A run folder's progress (:func:`read_progress`) with ``runs``: ``[{name, metrics}]`` of the run
     itself, or of every sub-folder holding a ``metrics.jsonl`` when it holds none (several runs of one
-    folder, overlaid; the samples, status and console are then the first run's)."""
+    folder, overlaid; the samples, status and console are then the first run's). Only files
+    ``inside`` allows are read."""
     root = Path(folder).expanduser()
-    children = [root] if (root / "metrics.jsonl").is_file() else sorted(p.parent for p in root.glob("*/metrics.jsonl"))
-    progress = [read_progress(str(child)) for child in children]
-    first = progress[0] if progress else read_progress(str(root))
+    children = [root] if (root / "metrics.jsonl").is_file() else sorted(
+        p.parent for p in root.glob("*/metrics.jsonl") if _readable(p, inside))
+    progress = [read_progress(str(child), inside=inside) for child in children]
+    first = progress[0] if progress else read_progress(str(root), inside=inside)
     runs = [{"name": child.name, "metrics": p["metrics"]} for child, p in zip(children, progress)]
     return {**first, "run_dir": str(root.resolve()), "runs": runs}
 
@@ -137,9 +150,10 @@ class LaunchedRun:
     process: subprocess.Popen = field(repr=False)
     """The ``main_ppo`` subprocess."""
 
-    def state(self) -> dict[str, Any]:
+    def state(self, inside: Inside = None) -> dict[str, Any]:
+        """Whether it runs, its exit code and its progress (:func:`read_runs`)."""
         code = self.process.poll()
-        return {"running": code is None, "returncode": code, **read_runs(str(self.run_dir))}
+        return {"running": code is None, "returncode": code, **read_runs(str(self.run_dir), inside)}
 
     def stop(self) -> None:
         """SIGINT to the run's process group (its own session), as Ctrl-C sends it to a terminal's."""
@@ -148,6 +162,16 @@ class LaunchedRun:
                 os.killpg(self.process.pid, signal.SIGINT)
             except ProcessLookupError:
                 pass
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What a launch would do, known before anything starts."""
+
+    run_dir: Path
+    """The run's folder (``trainer.default_local_dir``, resolved)."""
+    config: dict[str, Any] = field(repr=False)
+    """The composed config, interpolations resolved, as nested dicts (what the run will read)."""
 
 
 class RunLauncher:
@@ -159,21 +183,38 @@ class RunLauncher:
         self.runs: dict[int, LaunchedRun] = {}
         self._lock = threading.Lock()  # FastAPI runs plain endpoints in a thread pool
 
-    def launch(self, values: Mapping[str, Any]) -> int:
-        """Start a run of ``values`` (already checked); returns its id."""
+    def plan(self, values: Mapping[str, Any]) -> LaunchPlan:
+        """The run folder and composed config of ``values`` (already checked); ValueError naming
+        ``trainer.default_local_dir`` when it is a file."""
+        import dataclasses
+
         from hybrid_rl.studio.form import to_overrides
         from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
         from hybrid_rl.utils.log_setup import recorded_config_notices
 
         with recorded_config_notices():  # the launched run prints its own notices
-            folder = to_ppo_config(get_config(to_overrides(values))).trainer.default_local_dir  # interpolated
+            config = to_ppo_config(get_config(to_overrides(values)))  # interpolated
+        folder = config.trainer.default_local_dir
         run_dir = (self.cwd / os.path.expanduser(folder)).resolve()
+        if run_dir.exists() and not run_dir.is_dir():
+            raise ValueError(f"trainer.default_local_dir={folder!r} is a file ({run_dir}); a run writes its "
+                             "checkpoints, metrics and console into a folder. Fix: give a folder's path")
+        return LaunchPlan(run_dir=run_dir, config=dataclasses.asdict(config))
+
+    def launch(self, plan: LaunchPlan, values: Mapping[str, Any]) -> int:
+        """Start a run of ``values`` into ``plan.run_dir``; returns its id. ValueError when a run of
+        this studio still writes there, or the folder cannot be created."""
+        run_dir = plan.run_dir
         with self._lock:
             busy = [i for i, run in self.runs.items() if run.run_dir == run_dir and run.process.poll() is None]
             if busy:
                 raise ValueError(f"run {busy[0]} is still writing to {run_dir}; stop it or set "
                                  "trainer.default_local_dir (or trainer.experiment_name) to another folder")
-            return self._start(run_dir, values)
+            try:
+                return self._start(run_dir, values)
+            except OSError as error:  # unwritable, or a file on the way
+                raise ValueError(f"trainer.default_local_dir: cannot write the run folder {run_dir} "
+                                 f"({error.strerror or error}). Fix: give a folder you can write") from None
 
     def _start(self, run_dir: Path, values: Mapping[str, Any]) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,10 @@ returns and shows whatever ``/api/check`` says beside each field. Every value tr
 the user typed; :func:`parse_text` turns it into a value by the field's kind, so a non-number in a
 number field reaches the CLI's own check and comes back as its one-line message, never as a server
 error.
+
+Every route but the page needs the studio's token (:mod:`hybrid_rl.studio.access`); paths are
+answered, watched and run only inside the studio's folders, and a launch that executes code names
+it first and starts only once the request repeats those paths (:mod:`hybrid_rl.studio.workspace`).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import yaml
 
@@ -20,8 +24,10 @@ from hybrid_rl.studio.fields import describe_path, human_label
 from hybrid_rl.studio.form import (changed_values, check_values, command_line, format_value, parse_command_line,
                                    parse_overrides, to_yaml, values_from_yaml)
 from hybrid_rl.studio.presets import load_presets
-from hybrid_rl.studio.runs import CHARTS, RunLauncher, read_runs
+from hybrid_rl.studio.access import Access, add_guard, add_page, new_token
+from hybrid_rl.studio.runs import CHARTS, LaunchPlan, RunLauncher, read_runs
 from hybrid_rl.studio.schema import BEGINNER_KEYS, FieldSpec, config_schema
+from hybrid_rl.studio.workspace import Workspace, code_paths
 
 STATIC_DIR = Path(__file__).with_name("static")
 
@@ -81,9 +87,10 @@ def schema_json() -> dict[str, Any]:
     }
 
 
-def paths_json(texts: Mapping[str, Any]) -> dict[str, Any]:
+def paths_json(texts: Mapping[str, Any], workspace: Optional[Workspace] = None) -> dict[str, Any]:
     """``{key: {"state", "message"}}`` for the path fields among ``texts`` (whether what each names
-    exists; :func:`hybrid_rl.studio.fields.describe_path`); unset or unreadable fields are left out."""
+    exists; :func:`hybrid_rl.studio.fields.describe_path`); unset or unreadable fields are left out.
+    With a ``workspace``, a path outside it is ``refused`` unless it is the field's default."""
     specs = _specs_by_key()
     out = {}
     for key, text in texts.items():
@@ -91,9 +98,10 @@ def paths_json(texts: Mapping[str, Any]) -> dict[str, Any]:
         if spec is None or spec.path_role is None:
             continue
         try:
-            described = describe_path(spec.path_role, parse_text(spec, text))
+            value = parse_text(spec, text)
         except ValueError:
             continue  # the check names unreadable text
+        described = describe_path(spec.path_role, value, None if value == spec.default else workspace)
         if described is not None:
             out[key] = described
     return out
@@ -129,47 +137,32 @@ def import_json(text: str, kind: str) -> dict[str, Any]:
     return {"values": {k: to_text(v) for k, v in values.items()}}
 
 
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "testserver")
-"""Host names the server answers by default (``testserver``: FastAPI's test client)."""
+def create_app(token: Optional[str] = None, bind_host: str = "127.0.0.1", allow_remote: bool = False,
+               roots: tuple[str, ...] = (), plugins: tuple[str, ...] = (), port: Optional[int] = None) -> Any:
+    """The FastAPI application (``hybrid_rl[studio]``).
 
-
-def _same_origin_only(app: Any, hosts: tuple[str, ...]) -> None:
-    """Refuse requests addressed to another host name (DNS rebinding) and state-changing requests
-    from another page's origin: a web page the user visits must not launch runs (a run may execute
-    code: a reward file, ``trust_remote_code``)."""
-    from urllib.parse import urlsplit
-
-    from fastapi.responses import JSONResponse
-
-    @app.middleware("http")
-    async def guard(request: Any, call_next: Any) -> Any:
-        host = (request.headers.get("host") or "").rsplit(":", 1)[0].strip("[]")
-        origin = request.headers.get("origin")
-        if host not in hosts:
-            return JSONResponse({"error": f"host {host!r} is not served; open the studio by one of {list(hosts)}"},
-                                status_code=403)
-        if request.method != "GET" and origin and urlsplit(origin).netloc != request.headers.get("host"):
-            return JSONResponse({"error": "requests from another page are refused"}, status_code=403)
-        return await call_next(request)
-
-
-def create_app(hosts: tuple[str, ...] = LOCAL_HOSTS, plugins: tuple[str, ...] = ()) -> Any:
-    """The FastAPI application (``hybrid_rl[studio]``), answering requests addressed to ``hosts``;
-    ``plugins``: files imported now (their registered names join the choices) and by every run
-    launched from the page."""
+    ``token``: what every request but the page needs (None: a random one; ``app.state.token`` holds
+    it); ``bind_host``: the address the server will bind, loopback unless ``allow_remote``
+    (:class:`hybrid_rl.studio.access.Access`); ``roots``: folders the studio may read and run code
+    from besides the working folder (:class:`Workspace`); ``plugins``: files imported now (their
+    registered names join the choices) and by every run launched from the page; ``port``: names the
+    token cookie, so two studios on one machine keep their own. ValueError (one line) on a bad token
+    or a non-loopback ``bind_host`` without ``allow_remote``."""
     from hybrid_rl.studio.plugins import load_plugin_files
 
+    cookie = "hybrid_rl_studio_token" + (f"_{port}" if port else "")
+    access = Access(token=token or new_token(), bind_host=bind_host, allow_remote=allow_remote, cookie=cookie)
     load_plugin_files(list(plugins))
     from fastapi import Body, FastAPI
-    from fastapi.responses import FileResponse
 
-    app = FastAPI(title="hybrid_rl studio")
-    _same_origin_only(app, hosts)
-    launcher = RunLauncher(plugins=plugins)
-
-    @app.get("/")
-    def page() -> FileResponse:
-        return FileResponse(STATIC_DIR / "index.html")
+    # no /docs, /redoc, /openapi.json: the page is the studio's client (and /docs would load a CDN's scripts)
+    app = FastAPI(title="hybrid_rl studio", openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.token = access.token
+    workspace = Workspace([os.getcwd(), *roots])
+    app.state.workspace = workspace
+    add_guard(app, access)
+    add_page(app, access, STATIC_DIR / "index.html")
+    launcher = RunLauncher(cwd=str(workspace.base), plugins=plugins)
 
     from fastapi.staticfiles import StaticFiles
 
@@ -181,8 +174,12 @@ def create_app(hosts: tuple[str, ...] = LOCAL_HOSTS, plugins: tuple[str, ...] = 
         return check_json(values)
 
     @app.post("/api/paths")
-    def paths(values: dict = Body(..., embed=True)) -> dict:
-        return paths_json(values)
+    def paths(values: dict = Body(..., embed=True)) -> Any:
+        found = paths_json(values, workspace)
+        refused = [f"{key}: {p['message']}" for key, p in found.items() if p["state"] == "refused"]
+        if refused:  # the fields' states come back too, for the page to show beside each field
+            return _error(403, refused[0], paths=found)
+        return {"paths": found}
 
     @app.post("/api/export")
     def export(values: dict = Body(..., embed=True)) -> dict:
@@ -192,43 +189,75 @@ def create_app(hosts: tuple[str, ...] = LOCAL_HOSTS, plugins: tuple[str, ...] = 
     def load(text: str = Body(..., embed=True), kind: str = Body("yaml", embed=True)) -> dict:
         return import_json(text, kind)
 
-    _add_run_routes(app, launcher)
+    _add_run_routes(app, launcher, workspace)
     app.router.on_shutdown.append(launcher.stop_all)
     return app
 
 
-def _add_run_routes(app: Any, launcher: RunLauncher) -> None:
-    """Launch, follow and stop runs from the page; watch any run folder."""
+def _error(status: int, message: str, **extra: Any) -> Any:
+    """A JSON answer ``{"error": message, **extra}`` with an HTTP error status."""
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"error": message, **extra}, status_code=status)
+
+
+def _code_check(plan: LaunchPlan, workspace: Workspace, confirmed: list) -> Optional[Any]:
+    """The answer that stops a launch for its code paths, or None: 403 when one lies outside the
+    workspace, 409 with ``confirm`` (the paths, for the user to see) until the request repeats
+    exactly those paths as ``confirm_code``."""
+    found = code_paths(plan.config, workspace)
+    for code in found:
+        refusal = workspace.refusal(code.path) if code.local else None
+        if refusal is not None:
+            return _error(403, f"{code.key}={refusal}", errors={code.key: f"{code.key}={refusal}"})
+    if sorted(c.path for c in found) != sorted(str(c) for c in confirmed):
+        return _error(409, "this run executes the code listed in confirm; launch again with confirm_code set to "
+                           "those paths once you have checked them", errors={},
+                      confirm=[dataclasses.asdict(c) for c in found])
+    return None
+
+
+def _add_run_routes(app: Any, launcher: RunLauncher, workspace: Workspace) -> None:
+    """Launch (after its code paths are confirmed), follow and stop runs; watch a run folder of the workspace."""
     from fastapi import Body
 
     @app.post("/api/runs")
-    def launch(values: dict = Body(..., embed=True)) -> dict:
+    def launch(values: dict = Body(..., embed=True), confirm_code: list = Body([], embed=True)) -> Any:
         typed, errors = checked_values(values)
         if errors:
-            return {"errors": errors}
+            return _error(400, next(iter(errors.values())), errors=errors)
+        changed = changed_values(typed)
         try:
-            run_id = launcher.launch(changed_values(typed))
-        except ValueError as error:  # the folder is in use by a run still going
-            return {"errors": {"trainer.default_local_dir": str(error)}}
-        return {"errors": {}, "id": run_id, "run_dir": str(launcher.get(run_id).run_dir)}
+            plan = launcher.plan(changed)
+            stop = _code_check(plan, workspace, confirm_code)
+            if stop is not None:
+                return stop
+            run_id = launcher.launch(plan, changed)
+        except ValueError as error:  # a file for a folder; the folder in use by a run still going
+            return _error(400, str(error), errors={"trainer.default_local_dir": str(error)})
+        workspace.add(plan.run_dir)
+        return {"errors": {}, "id": run_id, "run_dir": str(plan.run_dir)}
 
     @app.get("/api/runs/{run_id}")
-    def run_state(run_id: int) -> dict:
+    def run_state(run_id: int) -> Any:
         try:
-            return launcher.get(run_id).state()
+            return launcher.get(run_id).state(workspace.inside)
         except KeyError as error:
-            return {"error": str(error.args[0])}
+            return _error(404, str(error.args[0]))
 
     @app.post("/api/runs/{run_id}/stop")
-    def stop(run_id: int) -> dict:
+    def stop(run_id: int) -> Any:
         try:
             launcher.get(run_id).stop()
         except KeyError as error:
-            return {"error": str(error.args[0])}
+            return _error(404, str(error.args[0]))
         return {"stopping": True}
 
     @app.get("/api/watch")
-    def watch(run_dir: str) -> dict:
-        if not os.path.isdir(os.path.expanduser(run_dir)):
-            return {"error": f"{run_dir} is not a folder; give a run's trainer.default_local_dir"}
-        return read_runs(run_dir)
+    def watch(run_dir: str) -> Any:
+        refusal = workspace.refusal(run_dir)
+        if refusal is not None:
+            return _error(403, f"run_dir={refusal}")
+        if not workspace.resolve(run_dir).is_dir():
+            return _error(400, f"{run_dir} is not a folder; give a run's trainer.default_local_dir")
+        return read_runs(str(workspace.resolve(run_dir)), workspace.inside)

@@ -19,15 +19,16 @@ import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
+from installed import import_installed, require_installed
+
 from hybrid_rl.studio.schema import BEGINNER_KEYS, config_schema
+from tests.studio.conftest import TOKEN
 from hybrid_rl.trainer.config.loader import to_ppo_config
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if CHROMIUM is None:
-    pytest.skip("no system Chromium (apt-get install chromium): the studio's browser test is skipped",
-                allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-uvicorn = pytest.importorskip("uvicorn", reason="the studio extra (uvicorn) is not installed")
+require_installed("chromium", None if CHROMIUM else "no chromium on PATH (apt-get install chromium)")
+sync_api = import_installed("playwright.sync_api", "test tools")
+uvicorn = import_installed("uvicorn", "studio")
 
 pytestmark = pytest.mark.slow
 SCREENSHOTS = os.path.abspath(os.environ["HYBRID_RL_STUDIO_SCREENSHOTS"]) if os.environ.get(
@@ -44,7 +45,9 @@ def studio_url(tmp_path_factory):
     # launched runs start in the server's working directory (Hydra writes main_ppo.log there)
     home = os.getcwd()
     os.chdir(tmp_path_factory.mktemp("studio_cwd"))
-    server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
+    # the session's temporary folders (the test's run folder, the tiny model) are the studio's too
+    app = create_app(TOKEN, roots=(str(tmp_path_factory.getbasetemp()),), port=port)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -60,7 +63,12 @@ def page(studio_url):
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1280, "height": 800})
-        page.goto(studio_url)
+        page.goto(studio_url)  # without the token: the page loads, the API refuses, the page says why
+        page.wait_for_function("document.querySelector('#access-error').textContent != ''")
+        assert "needs the studio's token" in page.locator("#access-error").inner_text()
+        assert page.locator("[data-error-for]").count() == 0
+        page.goto(f"{studio_url}/?token={TOKEN}")  # the URL the studio prints: sets the cookie, drops the token
+        assert page.url == studio_url + "/"
         page.wait_for_selector("[data-error-for]", state="attached")
         yield page
         browser.close()
@@ -133,9 +141,14 @@ def test_views_errors_export_launch_and_the_reward_curve(page, tmp_path, monkeyp
     assert "data.train_batch_size=0 is invalid: must be >= 1" in _error(page, "data.train_batch_size")
     assert batch.evaluate("el => el.validity.rangeUnderflow")  # the browser marks it below the range too
     assert page.locator("#export").is_disabled()
-    page.fill(_field("data.train_files"), "/no/such/train.parquet")  # a path field says what it finds
+    page.fill(_field("data.train_files"), f"{tmp_path}/no/such/train.parquet")  # a path field says what it finds
     page.wait_for_function("document.querySelector('[data-path-for=\"data.train_files\"]').dataset.state == 'missing'")
     assert "does not exist" in page.locator('[data-path-for="data.train_files"]').inner_text()
+    page.fill(_field("data.train_files"), "/etc/train.parquet")  # outside the studio's folders: not looked at
+    page.wait_for_function("document.querySelector('[data-path-for=\"data.train_files\"]').dataset.state == 'refused'")
+    assert "outside the studio's folders" in page.locator('[data-path-for="data.train_files"]').inner_text()
+    page.fill(_field("data.train_files"), f"{tmp_path}/no/such/train.parquet")
+    page.wait_for_function("document.querySelector('[data-path-for=\"data.train_files\"]').dataset.state == 'missing'")
     _shot(page, "3_invalid")
     page.fill(_field("data.train_files"), "")
 
@@ -144,6 +157,7 @@ def test_views_errors_export_launch_and_the_reward_curve(page, tmp_path, monkeyp
     page.wait_for_function("document.querySelector('[data-error-for=\"data.train_batch_size\"]').textContent == ''"
                            " && !document.querySelector('#export').disabled")
 
+    _check_code_confirmation(page, tmp_path)
     run_dir = tmp_path / "run"
     small = (f"data.train_batch_size=4 actor_rollout_ref.rollout.n=2 "
              f"actor_rollout_ref.actor.ppo_mini_batch_size=2 trainer.total_training_steps=2 "
@@ -183,6 +197,23 @@ def test_views_errors_export_launch_and_the_reward_curve(page, tmp_path, monkeyp
     assert yaml.safe_load((run_dir / "studio_config.yaml").read_text())["trainer"]["total_training_steps"] == 2
 
     _check_overlay(page, tmp_path, run_dir)
+
+
+def _check_code_confirmation(page, tmp_path) -> None:
+    """A launch that runs a reward file asks first, naming the file; declining launches nothing."""
+    reward = tmp_path / "my_reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
+    page.fill("#import-text", f"custom_reward_function.path={reward}")
+    page.click("#import-command")
+    page.wait_for_function("!document.querySelector('#launch').disabled")
+    asked = []
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+    page.click("#launch")
+    deadline = time.monotonic() + 60
+    while not asked and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+    assert asked and str(reward) in asked[0] and "custom_reward_function.path" in asked[0]
+    assert page.locator("#run-state").inner_text() == ""  # declined: nothing launched
 
 
 def _check_overlay(page, tmp_path, run_dir) -> None:

@@ -12,9 +12,9 @@ from hybrid_rl.algorithms import unregister_adv_est
 from hybrid_rl.studio.plugins import load_plugin_files
 
 pytest.importorskip("fastapi", reason="the studio extra (fastapi) is not installed")
-from fastapi.testclient import TestClient  # noqa: E402
 
 from hybrid_rl.studio.server import create_app  # noqa: E402
+from tests.studio.conftest import TOKEN  # noqa: E402
 
 NAME = "studio_plugin_grpo"
 PLUGIN = f'''
@@ -40,8 +40,8 @@ def plugin(tmp_path):
     sys.modules.pop("hybrid_rl_plugin_my_plugin", None)
 
 
-def test_a_plugins_estimator_is_a_choice_and_passes_the_check(plugin):
-    client = TestClient(create_app(plugins=(str(plugin),)))
+def test_a_plugins_estimator_is_a_choice_and_passes_the_check(plugin, local_client):
+    client = local_client(create_app(TOKEN, plugins=(str(plugin),)))
     fields = {f["key"]: f for f in client.get("/api/schema").json()["fields"]}
     assert NAME in fields["algorithm.adv_estimator"]["choices"]
     assert client.post("/api/check", json={"values": {"algorithm.adv_estimator": NAME}}).json() == {"errors": {}}
@@ -58,11 +58,11 @@ def test_a_missing_or_failing_plugin_file_is_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_launched_with_a_plugin_estimator_uses_it(plugin, tmp_path, tiny_model_dir, monkeypatch):
+def test_a_run_launched_with_a_plugin_estimator_uses_it(plugin, tmp_path, tiny_model_dir, monkeypatch, local_client):
     from tests.studio.test_studio_runs import _tiny_run, _wait
 
     monkeypatch.chdir(tmp_path)
-    client = TestClient(create_app(plugins=(str(plugin),)))
+    client = local_client(create_app(TOKEN, plugins=(str(plugin),)))
     values = {**_tiny_run(tmp_path, tiny_model_dir, steps=2), "algorithm.adv_estimator": NAME}
     out = client.post("/api/runs", json={"values": values}).json()
     assert out["errors"] == {}

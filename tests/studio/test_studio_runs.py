@@ -10,9 +10,9 @@ import pytest
 from hybrid_rl.studio.runs import CONFIG_NAME, CONSOLE_LOG, read_progress, read_runs
 
 fastapi = pytest.importorskip("fastapi", reason="the studio extra (fastapi) is not installed")
-from fastapi.testclient import TestClient  # noqa: E402
 
 from hybrid_rl.studio.server import create_app  # noqa: E402
+from tests.studio.conftest import TOKEN  # noqa: E402
 
 
 def _write_run(folder, reward=0.5):
@@ -52,20 +52,23 @@ def test_a_folder_of_runs_is_read_as_several_runs(tmp_path):
     assert [r["name"] for r in one["runs"]] == ["b"] and one["metrics"] == one["runs"][0]["metrics"]
 
 
-def test_a_cli_runs_folder_is_watched_the_same_way_and_a_bad_folder_is_one_line(tmp_path):
+def test_a_cli_runs_folder_is_watched_the_same_way_and_a_bad_folder_is_one_line(tmp_path, local_client):
     _write_run(tmp_path)
-    client = TestClient(create_app())
+    client = local_client(create_app(TOKEN, roots=(str(tmp_path),)))
     assert client.get("/api/watch", params={"run_dir": str(tmp_path)}).json()["metrics"][1]["critic/score/mean"] == 0.5
-    assert "is not a folder" in client.get("/api/watch", params={"run_dir": str(tmp_path / "nope")}).json()["error"]
-    assert "no run 7" in client.get("/api/runs/7").json()["error"]
+    missing = client.get("/api/watch", params={"run_dir": str(tmp_path / "nope")})
+    assert missing.status_code == 400 and "is not a folder" in missing.json()["error"]
+    unknown = client.get("/api/runs/7")
+    assert unknown.status_code == 404 and "no run 7" in unknown.json()["error"]
     charts = client.get("/api/schema").json()["charts"]
     assert [c["title"] for c in charts] == ["Reward", "Validation accuracy", "Response length", "KL", "Step time"]
 
 
-def test_an_invalid_form_launches_nothing(tmp_path):
-    client = TestClient(create_app())
-    out = client.post("/api/runs", json={"values": {"data.train_batch_size": "x"}}).json()
-    assert list(out["errors"]) == ["data.train_batch_size"] and "id" not in out
+def test_an_invalid_form_launches_nothing(tmp_path, local_client):
+    client = local_client(create_app(TOKEN))
+    response = client.post("/api/runs", json={"values": {"data.train_batch_size": "x"}})
+    out = response.json()
+    assert response.status_code == 400 and list(out["errors"]) == ["data.train_batch_size"] and "id" not in out
 
 
 def _tiny_run(tmp_path, tiny_model_dir, steps: int) -> dict:
@@ -85,10 +88,11 @@ def _wait(client, run_id, until, timeout_s=600):
 
 
 @pytest.mark.slow
-def test_a_two_step_run_launched_from_the_page_shows_its_reward_curve(tmp_path, tiny_model_dir, monkeypatch):
+def test_a_two_step_run_launched_from_the_page_shows_its_reward_curve(tmp_path, tiny_model_dir, monkeypatch,
+                                                                     local_client):
     monkeypatch.chdir(tmp_path)
     texts = _tiny_run(tmp_path, tiny_model_dir, steps=2)
-    client = TestClient(create_app())
+    client = local_client(create_app(TOKEN))
     out = client.post("/api/runs", json={"values": texts}).json()
     assert out["errors"] == {} and (tmp_path / "run" / f"{CONFIG_NAME}.yaml").is_file()
     state = _wait(client, out["id"], lambda s: not s["running"])
@@ -100,9 +104,9 @@ def test_a_two_step_run_launched_from_the_page_shows_its_reward_curve(tmp_path, 
 
 
 @pytest.mark.slow
-def test_stop_ends_a_launched_run_as_ctrl_c_does(tmp_path, tiny_model_dir, monkeypatch):
+def test_stop_ends_a_launched_run_as_ctrl_c_does(tmp_path, tiny_model_dir, monkeypatch, local_client):
     monkeypatch.chdir(tmp_path)
-    client = TestClient(create_app())
+    client = local_client(create_app(TOKEN))
     values = _tiny_run(tmp_path, tiny_model_dir, steps=500)
     run_id = client.post("/api/runs", json={"values": values}).json()["id"]
     assert _wait(client, run_id, lambda s: s["metrics"] or not s["running"])["running"]  # training

@@ -7,16 +7,21 @@ import yaml
 
 pytest.importorskip("fastapi", reason="the studio extra (fastapi) is not installed")
 pytest.importorskip("httpx", reason="FastAPI's test client needs httpx")
-from fastapi.testclient import TestClient  # noqa: E402
-
 from hybrid_rl.studio.form import values_from_yaml  # noqa: E402
 from hybrid_rl.studio.server import create_app, parse_text, to_text  # noqa: E402
 from hybrid_rl.studio.schema import config_schema  # noqa: E402
+from tests.studio.conftest import TOKEN  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def client():
-    return TestClient(create_app())
+def work(tmp_path_factory):
+    """A folder the studio may look into (besides the one the tests run in)."""
+    return tmp_path_factory.mktemp("studio_server")
+
+
+@pytest.fixture(scope="module")
+def client(local_client, work):
+    return local_client(create_app(TOKEN, roots=(str(work),)))
 
 
 def test_the_page_and_the_schema_are_served(client):
@@ -70,20 +75,20 @@ def test_other_hosts_and_cross_site_posts_are_refused(client):
     assert client.get("/api/schema", headers={"host": "evil.example"}).status_code == 403
     cross = client.post("/api/check", json={"values": {}}, headers={"origin": "http://evil.example"})
     assert cross.status_code == 403
-    same = client.post("/api/check", json={"values": {}}, headers={"origin": "http://testserver"})
+    same = client.post("/api/check", json={"values": {}}, headers={"origin": "http://127.0.0.1"})
     assert same.status_code == 200
 
 
-def test_the_schema_has_labels_and_paths_are_checked(client, tmp_path):
+def test_the_schema_has_labels_and_paths_are_checked(client, work):
     schema = client.get("/api/schema").json()
     field = next(f for f in schema["fields"] if f["key"] == "data.train_batch_size")
     assert field["label"] == "Train batch size" and field["path_role"] is None
     assert all(g["label"] for g in schema["groups"])
-    (tmp_path / "train.parquet").write_text("x")
+    (work / "train.parquet").write_text("x")
     found = client.post("/api/paths", json={"values": {
-        "data.train_files": f"[{tmp_path}/train.parquet, /no/such.parquet]", "data.val_files": "null",
-        "data.train_batch_size": "4", "actor_rollout_ref.model.path": "HuggingFaceTB/SmolLM2-135M-Instruct"}}).json()
+        "data.train_files": f"[{work}/train.parquet, {work}/no/such.parquet]", "data.val_files": "null",
+        "data.train_batch_size": "4", "actor_rollout_ref.model.path": "HuggingFaceTB/SmolLM2-135M-Instruct"}}).json()["paths"]
     assert set(found) == {"data.train_files", "actor_rollout_ref.model.path"}  # unset and non-path keys left out
-    assert found["data.train_files"]["state"] == "missing" and "/no/such.parquet" in found["data.train_files"]["message"]
+    assert found["data.train_files"]["state"] == "missing" and f"{work}/no/such.parquet" in found["data.train_files"]["message"]
     assert found["actor_rollout_ref.model.path"]["state"] == "ok"
     assert client.get("/static/form.js").status_code == 200

@@ -2,8 +2,17 @@
 "use strict";
 let schema = null, texts = {}, timer = null;
 const byId = (id) => document.getElementById(id);
+// Every request carries the token's cookie (set by the URL the studio printed); without it the
+// server answers 401 and the page says how to get in.
+function answer(r) {
+  return r.json().then((out) => {
+    if (r.status === 401) byId("access-error").textContent = out.error;
+    return out;
+  });
+}
 const post = (url, body) => fetch(url, {method: "POST", headers: {"Content-Type": "application/json"},
-                                       body: JSON.stringify(body)}).then((r) => r.json());
+                                       body: JSON.stringify(body)}).then(answer);
+const get = (url) => fetch(url).then(answer);
 
 // The form: the beginner view groups its handful of keys by section; the expert view shows those
 // "Essentials" first, then every section of the config (collapsed below the top level).
@@ -61,10 +70,10 @@ async function check() {  // only the newest answer counts: answers may arrive o
   for (const f of schema.fields) if (f.path_role) paths[f.key] = f.key in texts ? texts[f.key] : f.default;
   const [out, found] = await Promise.all([post("/api/check", {values: texts}), post("/api/paths", {values: paths})]);
   if (mine !== checks) return;
-  show(out.errors);
+  show(out.errors || {});
   for (const el of document.querySelectorAll("[data-path-for]")) {
-    const p = found[el.dataset.pathFor];
-    el.textContent = p ? (p.state === "ok" ? "\u2713 " : p.state === "missing" ? "\u2717 " : "") + p.message : "";
+    const p = (found.paths || {})[el.dataset.pathFor];  // a path outside the studio's folders: "refused"
+    el.textContent = p ? (p.state === "ok" ? "\u2713 " : ["missing", "refused"].includes(p.state) ? "\u2717 " : "") + p.message : "";
     el.dataset.state = p ? p.state : "";
   }
 }
@@ -89,17 +98,24 @@ async function exportConfig() {
 
 let runId = null, watchDir = null, poller = null;
 async function poll() {
-  const out = runId ? await (await fetch(`/api/runs/${runId}`)).json()
-                    : await (await fetch(`/api/watch?run_dir=${encodeURIComponent(watchDir)}`)).json();
+  const out = runId ? await get(`/api/runs/${runId}`) : await get(`/api/watch?run_dir=${encodeURIComponent(watchDir)}`);
   if (out.error) { byId("run-state").textContent = out.error; return; }
   showRun(out);
 }
 
 function startPolling() { clearInterval(poller); poll(); poller = setInterval(poll, 2000); }
 
-async function launch() {
-  const out = await post("/api/runs", {values: texts});
-  show(out.errors);
+// A run that executes code (a reward file, a tool's YAML, trust_remote_code) starts only once the
+// user has seen its paths: the server answers them in "confirm", and the launch repeats them.
+async function launch(confirmCode) {
+  const out = await post("/api/runs", {values: texts, confirm_code: confirmCode || []});
+  show(out.errors || {});
+  if (out.confirm) {
+    const list = out.confirm.map((c) => `${c.key}: ${c.path}\n    (${c.what})`).join("\n");
+    if (window.confirm(`This run executes code from:\n${list}\n\nLaunch it?`)) launch(out.confirm.map((c) => c.path));
+    return;
+  }
+  if (out.error && !Object.keys(out.errors || {}).length) byId("form-error").textContent = out.error;
   if (out.id) { runId = out.id; byId("watch-dir").value = out.run_dir; startPolling(); }
 }
 
@@ -109,13 +125,14 @@ async function load(kind) {
   texts = out.values; render();
 }
 
-fetch("/api/schema").then((r) => r.json()).then((s) => {
+get("/api/schema").then((s) => {
+  if (!s.fields) return;  // refused: the access message is shown
   schema = s;
   for (const name of Object.keys(s.presets)) byId("preset").add(new Option(name, name));
   byId("preset").addEventListener("change", (e) => { texts = {...schema.presets[e.target.value]}; render(); });
   for (const r of document.querySelectorAll("input[name=view]")) r.addEventListener("change", render);
   byId("export").addEventListener("click", exportConfig);
-  byId("launch").addEventListener("click", launch);
+  byId("launch").addEventListener("click", () => launch());
   byId("watch").addEventListener("click", () => { runId = null; watchDir = byId("watch-dir").value; startPolling(); });
   byId("stop").addEventListener("click", () => post(`/api/runs/${runId}/stop`, {}));
   byId("import-yaml").addEventListener("click", () => load("yaml"));
