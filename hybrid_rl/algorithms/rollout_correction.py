@@ -139,10 +139,12 @@ def resolve_preset(cfg: RolloutCorrectionConfig) -> RolloutCorrectionConfig:
 def parse_is_threshold(value: Any) -> tuple[Optional[float], float]:
     """``(lower, upper)`` of ``rollout_is_threshold``: a number truncates (lower None), ``"L_U"`` masks."""
     key = "algorithm.rollout_correction.rollout_is_threshold"
+    if isinstance(value, bool):
+        raise ValueError(f"{key}={value!r} is a boolean; give a number (truncation, e.g. 2.0) or 'lower_upper'.")
     if isinstance(value, str) and "_" in value:
         lower, upper = _floats(value.split("_", 1), key)
-        if not 0 < lower < upper:
-            raise ValueError(f"{key}={value!r}: need 0 < lower < upper, e.g. '0.5_2.0'.")
+        if not 0 < lower <= upper:
+            raise ValueError(f"{key}={value!r}: need 0 < lower <= upper, e.g. '0.5_2.0'.")
         return lower, upper
     (upper,) = _floats([value], key)
     if upper <= 0:
@@ -203,6 +205,8 @@ def _spec(option: str, value: str) -> RejectionSpec:
         lower = 1.0 / upper if lower is None and upper > 0 else lower
         if not (lower > 0 and upper > 0):
             raise ValueError(f"{key}={value!r}: bounds must be > 0 (e.g. '0.999_1.001').")
+        if lower > upper:
+            raise ValueError(f"{key}={value!r}: need lower <= upper (e.g. '0.999_1.001').")
         return RejectionSpec(option, lower, upper)
     if "_" in value:
         raise ValueError(f"{key}={value!r}: k2/k3 take one upper bound (e.g. 0.01), not 'lower_upper'.")

@@ -196,9 +196,12 @@ def test_presets_parse_and_a_set_key_wins():
     ("token_k1,token_k2", "1,2,3", "gives 3 values for 2 criteria"),
     ("seq_mean_k3", "0.1_0.2", "k2/k3 take one upper bound"),
     ("token_k1", "x", "is not a number"),
+    ("seq_mean_k1", "1.001_0.999", "need lower <= upper"),
 ])
 def test_malformed_rejection_settings_are_one_line(options, thresholds, message):
     with pytest.raises(ValueError, match=message):
         parse_rejection_specs(options, thresholds)
-    with pytest.raises(ValueError, match="need 0 < lower < upper"):
+    with pytest.raises(ValueError, match="need 0 < lower <= upper"):
         parse_is_threshold("2.0_0.5")
+    with pytest.raises(ValueError, match="is a boolean"):
+        parse_is_threshold(True)
