@@ -10,6 +10,8 @@ depend on another key (a mini-batch that divides the batch) stay in the cross-fi
 from __future__ import annotations
 
 import dataclasses
+import math
+import types
 import typing
 from dataclasses import dataclass
 from functools import lru_cache
@@ -35,8 +37,9 @@ class Bounds:
     """The fix-it half of the message (default: ``use a value <rule>``)."""
 
     def holds(self, value: float) -> bool:
-        """``value`` lies in the interval (NaN lies in none)."""
-        if value != value:
+        """``value`` lies in the interval; NaN and +-inf lie in none (an ``lr=inf`` would ruin the
+        weights at the first step, so no range is open-ended up to infinity)."""
+        if not math.isfinite(value):
             return False
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
@@ -52,7 +55,7 @@ class Bounds:
             return f"{'>' if self.low_open else '>='} {_num(self.low)}"
         if self.high is not None:
             return f"{'<' if self.high_open else '<='} {_num(self.high)}"
-        return "any number"
+        return "any finite number"
 
     def as_json(self) -> dict[str, Any]:
         """The interval for the studio's page (``min``/``max`` of the number input, the rule as text)."""
@@ -80,13 +83,24 @@ def field_bounds(field: dataclasses.Field) -> Optional[Bounds]:
     return field.metadata.get(BOUNDS_KEY)
 
 
+FINITE = Bounds(fix="use a finite number")
+"""The range of a ``float`` field that declares none: any finite number (NaN and +-inf are refused)."""
+
+
+def _is_float_annotation(hint: Any) -> bool:
+    """``float`` or ``Optional[float]``."""
+    return hint is float or (typing.get_origin(hint) in (typing.Union, types.UnionType)
+                             and set(typing.get_args(hint)) == {float, type(None)})
+
+
 @lru_cache(maxsize=None)
 def _bounded_fields(cls: type) -> tuple[tuple[str, Bounds, bool], ...]:
-    """``(name, bounds, null allowed)`` of every bounded field of ``cls``."""
+    """``(name, bounds, null allowed)`` of every bounded field of ``cls``, and of every ``float`` field
+    without declared bounds (:data:`FINITE`)."""
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
-        bounds = field_bounds(f)
+        bounds = field_bounds(f) or (FINITE if _is_float_annotation(hints[f.name]) else None)
         if bounds is not None:
             out.append((f.name, bounds, type(None) in typing.get_args(hints[f.name])))
     return tuple(out)
@@ -97,9 +111,12 @@ def _problem(key: str, value: Any, bounds: Bounds, nullable: bool) -> Optional[s
     if value is None and nullable:
         return None
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if number and bounds.holds(value):
-        return None
-    rule = ("must be a number " + bounds.rule) if not number else f"must be {bounds.rule}"
+    if number and bounds.holds(value) or bounds is FINITE and not isinstance(value, float):
+        return None  # an undeclared float field is only checked for NaN / inf
+    if number and not math.isfinite(value):
+        rule = f"must be a finite number{'' if bounds is FINITE else ' ' + bounds.rule}"
+    else:
+        rule = ("must be a number " + bounds.rule) if not number else f"must be {bounds.rule}"
     rule += " or null" if nullable else ""
     fix = bounds.fix or f"use a value {bounds.rule}"
     return f"{key}={value!r} is invalid: {rule}. Fix: {fix}."

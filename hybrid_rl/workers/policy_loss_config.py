@@ -18,9 +18,11 @@ class PolicyLossConfig:
     loss_mode: str = "vanilla"
     """Name in hybrid_rl.algorithms' policy-loss registry (``--help`` lists the registered ones and
     what each needs; ``@hybrid_rl.algorithms.register_policy_loss`` adds one)."""
-    behav_imp_weight_cap: Optional[float] = bounded(None, gt=1, fix="use e.g. 5, or null")
+    behav_imp_weight_cap: Optional[float] = bounded(5.0, gt=1, fix="use e.g. 5, or null")
     """decoupled loss (AReaL's name): tokens whose behaviour importance weight pi_prox / pi_behav
-    exceeds this are dropped from the loss; must be > 1. null keeps every token."""
+    exceeds this are dropped from the loss; must be > 1. Default 5 (AReaL's example setting): a
+    token the trained policy now finds over 5x likelier than its sampler did is too stale to
+    correct. null keeps every token (weights up to e^20, the log-ratio clamp)."""
     clip_cov_ratio: float = bounded(0.0002, gt=0, le=1, fix="use a share such as 0.0002")
     """clip_cov loss: share of the tokens whose gradient may be detached."""
     clip_cov_lb: float = 1.0

@@ -21,6 +21,9 @@ def _cfg(*overrides):
     return to_ppo_config(get_config(list(overrides)))
 
 
+ETA0 = ["async_training.max_head_offpolicyness=0"]  # the decoupled mode without stale rows: no correction needed
+
+
 def _flat_keys(node, prefix=""):
     keys = set()
     for key, value in node.items():
@@ -147,9 +150,16 @@ def test_worker_group_checks_run_on_conversion():
         (["async_training.enable=true", "async_training.max_head_offpolicyness=0",
           "async_training.trigger_parameter_sync_step=2"], r"trigger_parameter_sync_step=2 must be between 1 and"),
         (["async_training.enable=true", "async_training.max_head_offpolicyness=-1"], r"max_head_offpolicyness=-1"),
-        (["async_training.enable=true", "rollout.n_gpus_per_node=0"], r"rollout.n_gpus_per_node=0"),
-        (["async_training.enable=true", "ray_init.num_cpus=2", "trainer.n_gpus_per_node=2"], r"sum to at most"),
-        (["async_training.enable=true", "algorithm.adv_estimator=remax"], r"remax generates a greedy baseline"),
+        (["async_training.enable=true", *ETA0, "rollout.n_gpus_per_node=0"], r"rollout.n_gpus_per_node=0"),
+        (["async_training.enable=true", *ETA0, "ray_init.num_cpus=2", "trainer.n_gpus_per_node=2"], r"sum to at most"),
+        (["async_training.enable=true", *ETA0, "algorithm.adv_estimator=remax"], r"remax generates a greedy baseline"),
+        (["async_training.enable=true", "ray_init.num_cpus=2", "trainer.n_gpus_per_node=1"],
+         r"^async_training.max_head_offpolicyness=1 trains rows sampled by weights up to 1 version\(s\) old, but "
+         r"actor_rollout_ref.actor.policy_loss.loss_mode=vanilla without a rollout correction .* Fix: set "
+         r"actor_rollout_ref.actor.policy_loss.loss_mode=decoupled .*algorithm.rollout_correction.preset=token_tis"),
+        (["async_training.enable=true", "async_training.max_head_offpolicyness=2", "ray_init.num_cpus=2",
+          "trainer.n_gpus_per_node=1", "algorithm.rollout_correction.preset=metrics",
+          "actor_rollout_ref.rollout.calculate_log_probs=true"], r"max_head_offpolicyness=2 trains rows"),
         (["async_training.enable=true", "actor_rollout_ref.actor.policy_loss.loss_mode=decoupled"],
          r"loss_mode=decoupled needs the behaviour log-probs"),
     ],
@@ -159,6 +169,33 @@ def test_each_inconsistency_is_one_error(overrides, message):
     with pytest.raises(ValueError, match=message) as info:
         validate_config(cfg)
     assert "config problems" not in str(info.value)  # exactly one problem reported
+
+
+DECOUPLED = ["async_training.enable=true", "ray_init.num_cpus=2", "trainer.n_gpus_per_node=1"]
+BEHAVIOUR = "actor_rollout_ref.rollout.calculate_log_probs=true"
+
+
+@pytest.mark.parametrize("overrides", [
+    ETA0,
+    ["async_training.max_head_offpolicyness=3", "async_training.trigger_parameter_sync_step=4",
+     "actor_rollout_ref.actor.policy_loss.loss_mode=decoupled", BEHAVIOUR],
+    ["algorithm.rollout_correction.preset=token_tis", BEHAVIOUR],
+    ["algorithm.rollout_correction.rollout_rs=seq_mean_k3", "algorithm.rollout_correction.rollout_rs_threshold=0.01",
+     BEHAVIOUR],
+    ["algorithm.rollout_correction.bypass_mode=true", BEHAVIOUR],
+], ids=["eta0", "decoupled_loss", "rollout_is", "rollout_rs", "bypass"])
+def test_stale_rows_are_accepted_with_a_correction_or_without_staleness(overrides):
+    """eta >= 1 needs the decoupled loss or a rollout correction (the vanilla loss alone trains stale
+    rows as on-policy); each of these is one, and eta = 0 has no stale rows."""
+    validate_config(_cfg(*DECOUPLED, *overrides))
+
+
+def test_the_decoupled_loss_caps_the_behaviour_weight_by_default():
+    """AReaL's 5: a null cap would let one very stale token weigh up to e^20."""
+    cap = _cfg().actor_rollout_ref.actor.policy_loss.behav_imp_weight_cap
+    assert cap == 5.0
+    cfg = _cfg("actor_rollout_ref.actor.policy_loss.behav_imp_weight_cap=null")
+    assert cfg.actor_rollout_ref.actor.policy_loss.behav_imp_weight_cap is None
 
 
 def test_unknown_buffer_storage_is_one_line_naming_the_key():

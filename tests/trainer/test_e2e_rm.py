@@ -83,7 +83,7 @@ def test_the_decoupled_mode_scores_with_a_remote_reward_service(tmp_path, tiny_m
     try:
         _assert_ok(_run_cli(tmp_path, tiny_model_dir, "reward_model.enable=true", f"reward_model.model.path={service.url}",
                             "async_training.enable=true", "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1",
-                            "trainer.total_training_steps=2",
+                            "async_training.max_head_offpolicyness=0", "trainer.total_training_steps=2",
                             "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false"))
     finally:
         service.server.shutdown()

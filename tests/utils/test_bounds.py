@@ -4,6 +4,7 @@ declared on the configs is refused outside by the command line's checks, under i
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -20,6 +21,8 @@ from hybrid_rl.utils.bounds import Bounds, bound_problems, bounded, check_bounds
 class _Inner:
     share: float = bounded(0.5, gt=0, le=1, fix="use e.g. 0.5")
     cap: Optional[int] = bounded(None, ge=2)
+    floor: float = bounded(1.0, ge=0)
+    weight: float = 1.0
 
 
 @dataclass
@@ -35,8 +38,9 @@ class _Outer:
     (Bounds(low=0, low_open=True, high=1), [1, 0.5], [0, 1.0001], "in (0, 1]"),
     (Bounds(low=0, high=1, high_open=True), [0, 0.999], [1, -0.1], "in [0, 1)"),
     (Bounds(high=2.5), [-7, 2.5], [2.6], "<= 2.5"),
-    (Bounds(low=-1), [-1, 0, 5], [-2, float("nan")], ">= -1"),
+    (Bounds(low=-1), [-1, 0, 5], [-2, float("nan"), float("inf")], ">= -1"),
     (Bounds(low=0, high=1), [0.5], [float("nan"), float("inf")], "in [0, 1]"),
+    (Bounds(), [-1e300, 0, 1e300], [float("nan"), float("inf"), float("-inf")], "any finite number"),
 ])
 def test_intervals_and_their_rule(bounds, inside, outside, rule):
     assert all(bounds.holds(v) for v in inside) and not any(bounds.holds(v) for v in outside)
@@ -58,8 +62,13 @@ def test_check_bounds_raises_the_house_line():
         check_bounds(_Inner(share=0), "x")
     with pytest.raises(ValueError, match=r"^x.cap=1 is invalid: must be >= 2 or null. Fix: use a value >= 2.$"):
         check_bounds(_Inner(cap=1), "x")
-    with pytest.raises(ValueError, match=r"^x.share=nan is invalid: must be in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"^x.share=nan is invalid: must be a finite number in \(0, 1\]"):
         check_bounds(_Inner(share=float("nan")), "x")  # a comparison with NaN is false: refused, not passed
+    with pytest.raises(ValueError, match=r"^x.floor=inf is invalid: must be a finite number >= 0. Fix: "):
+        check_bounds(_Inner(floor=float("inf")), "x")  # open-ended above, but infinity is no number to train with
+    with pytest.raises(ValueError, match=r"^x.weight=-inf is invalid: must be a finite number. Fix: use a finite"):
+        check_bounds(_Inner(weight=float("-inf")), "x")  # a float field that declares no range: finite
+    check_bounds(_Inner(weight=-1e300), "x")
     for not_a_number in ("3", True, [3]):
         with pytest.raises(ValueError, match=r"x.share=.* is invalid: must be a number in \(0, 1\]"):
             check_bounds(_Inner(share=not_a_number), "x")
@@ -130,6 +139,35 @@ def test_every_declared_range_is_refused_outside_under_its_key(mode):
                 f"{key}={value!r} is invalid: must be " in str(error), (key, str(error))
         else:
             pytest.fail(f"{key}={value} passed its declared range {bounds.rule}")
+
+
+def _float_keys(cfg, prefix=""):
+    """Every ``float`` / ``Optional[float]`` field of the tree, declared range or not."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _float_keys(value, f"{prefix}{f.name}.")
+        elif hints[f.name] in (float, Optional[float]):
+            yield prefix + f.name
+
+
+@pytest.mark.parametrize("mode", ["ppo", "sft", "rm"])
+def test_every_float_key_refuses_nan_and_infinity_under_its_key(mode):
+    """Exhaustive per mode: NaN, inf and -inf lie in no range (an ``optim.lr=inf`` would ruin the
+    weights at the first step), also where a float key declares none."""
+    _, base, validate = next(v for v in _validators() if v[0] == mode)
+    keys = list(_float_keys(base))
+    assert len(keys) > (40 if mode == "ppo" else 5) and any(k.endswith("optim.lr") for k in keys)
+    for key in keys:
+        leaf = key.rpartition(".")[2]
+        for value in (float("inf"), float("-inf"), float("nan")):
+            try:
+                validate(_with(base, key, value))
+            except ValueError as error:
+                assert f"{leaf}={value!r} is invalid: must be a finite number" in str(error), (key, str(error))
+            else:
+                pytest.fail(f"{key}={value} passed")
 
 
 @pytest.mark.parametrize("mode, overrides, key", [

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from hybrid_rl.trainer.config.reward_model import is_remote
 from hybrid_rl.trainer.config.run_checks import (RunPlan, as_file_list, check_data_files, check_devices,
-                                                 check_model_path, check_resume, check_trainer, raise_problems,
-                                                 run_dir, worker_layout, world_size_problems)
+                                                 check_model_path, check_resume, check_trainer, file_problem,
+                                                 raise_problems, run_dir, worker_layout, world_size_problems)
 from hybrid_rl.trainer.config.schema import PPOConfig
 from hybrid_rl.utils.bounds import bound_problems
 from hybrid_rl.utils.devices import DEVICES, resolve_device
@@ -350,9 +350,16 @@ def _check_files(cfg: PPOConfig) -> list[str]:
     errors = check_data_files(cfg.data)
     model = cfg.actor_rollout_ref.model
     errors.extend(check_model_path("actor_rollout_ref.model.path", model.path, model.trust_remote_code))
-    path = cfg.custom_reward_function.path
-    if path is not None and not os.path.isfile(os.path.expanduser(path)):
-        errors.append(f"custom_reward_function.path={path!r} does not exist; point it at a .py file or set it to null.")
+    rollout = cfg.actor_rollout_ref.rollout
+    files = [("custom_reward_function.path", cfg.custom_reward_function.path, "point it at a .py file or set it to null"),
+             ("actor_rollout_ref.rollout.multi_turn.tool_config_path", rollout.multi_turn.tool_config_path,
+              "point it at a YAML file (see docs/agents.md)"),
+             ("actor_rollout_ref.rollout.multi_turn.interaction_config_path",
+              rollout.multi_turn.interaction_config_path, "point it at a YAML file (see docs/agents.md)"),
+             ("actor_rollout_ref.rollout.agent.agent_loop_config_path", rollout.agent.agent_loop_config_path,
+              "point it at a YAML file (see docs/agents.md)")]
+    errors.extend(problem for key, path, fix in files if path is not None
+                  for problem in [file_problem(key, path, fix)] if problem)
     return errors
 
 
@@ -398,6 +405,14 @@ def _check_async(cfg: PPOConfig) -> list[str]:
         errors.append(f"async_training.trigger_parameter_sync_step={every} must be between 1 and "
                       f"max_head_offpolicyness + 1 = {max(eta, 0) + 1}: with fewer weight pushes the rollout could "
                       "never produce samples fresh enough. Fix: lower it or raise max_head_offpolicyness.")
+    if eta >= 1 and not _corrects_staleness(cfg):
+        loss = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+        errors.append(f"async_training.max_head_offpolicyness={eta} trains rows sampled by weights up to {eta} "
+                      f"version(s) old, but actor_rollout_ref.actor.policy_loss.loss_mode={loss} without a rollout "
+                      "correction trains them as on-policy (no importance weight for the stale sampler). Fix: set "
+                      "actor_rollout_ref.actor.policy_loss.loss_mode=decoupled (AReaL's loss), or a rollout correction "
+                      "such as algorithm.rollout_correction.preset=token_tis, each with "
+                      "actor_rollout_ref.rollout.calculate_log_probs=true; or async_training.max_head_offpolicyness=0.")
     t = cfg.trainer
     if t.nnodes == 1 and pool.nnodes == 1 and resolve_device(t.device) == "cpu":
         cores = cfg.ray_init.num_cpus or os.cpu_count() or 1
@@ -410,3 +425,16 @@ def _check_async(cfg: PPOConfig) -> list[str]:
                       "training step, which the decoupled mode does not run; use one that needs none with "
                       f"async_training.enable=true ({estimators_where(lambda i: not i.needs_greedy_baseline)}).")
     return errors
+
+
+def _corrects_staleness(cfg: PPOConfig) -> bool:
+    """The update weights stale rows by their sampler: a loss that reads the behaviour log-probs (the
+    decoupled loss), or a rollout correction (importance weights, rejection or bypass mode)."""
+    from hybrid_rl.algorithms.rollout_correction import resolve_preset
+
+    if loss_needs(cfg).needs_rollout_log_probs:
+        return True
+    try:
+        return resolve_preset(cfg.algorithm.rollout_correction).enabled
+    except ValueError:
+        return True  # an unknown preset is reported by _check_rollout_correction

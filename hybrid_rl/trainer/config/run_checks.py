@@ -10,6 +10,7 @@ start from these. Every problem is one line naming the keys, their values and th
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -17,7 +18,8 @@ from hybrid_rl.utils.cpu_env import CPU_ALLOCATORS
 from hybrid_rl.utils.devices import DEVICES, resolve_device
 
 __all__ = ["RunPlan", "as_file_list", "check_data_files", "check_devices", "check_model_path", "check_resume",
-           "check_trainer", "raise_problems", "run_dir", "worker_layout", "world_size_problems"]
+           "check_trainer", "file_problem", "raise_problems", "run_dir", "run_dir_problems", "worker_layout",
+           "world_size_problems"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,38 @@ def as_file_list(files: Any) -> list[str]:
 def run_dir(cfg: Any) -> str:
     """Absolute run folder (``trainer.default_local_dir``): checkpoints, metrics, plot, logs/."""
     return os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
+
+
+def file_problem(key: str, path: str, fix: str) -> Optional[str]:
+    """The one line for a key that must name an existing file (``fix``: what to point it at), or None."""
+    local = os.path.expanduser(path)
+    if os.path.isfile(local):
+        return None
+    what = "is a folder, not a file" if os.path.isdir(local) else "does not exist"
+    return f"{key}={path!r} {what}; {fix}."
+
+
+def _unwritable(folder: str) -> Optional[str]:
+    """Why the run could not create or write ``folder`` (probed with a folder it creates and removes
+    in the nearest existing one, since ``os.access`` says yes to root on a read-only mount), or None."""
+    probe = folder
+    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        return f"{probe} is a file, not a folder"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".hybrid_rl_write_probe_", dir=probe))
+    except OSError as error:
+        return f"cannot create a folder in {probe} ({error.strerror or error})"
+    return None
+
+
+def run_dir_problems(cfg: Any) -> list[str]:
+    """``trainer.default_local_dir`` can be created and written (checkpoints, metrics, logs)."""
+    key, value = "trainer.default_local_dir", cfg.trainer.default_local_dir
+    why = _unwritable(run_dir(cfg))
+    return [] if why is None else [f"{key}={value!r} cannot hold the run's files: {why}. Fix: point {key} at a "
+                                   "folder you can write (it is created if missing)."]
 
 
 def check_devices(cfg: Any) -> list[str]:
@@ -113,7 +147,7 @@ def check_trainer(cfg: Any) -> list[str]:
     if not isinstance(t.logger, str) and not all(isinstance(b, str) for b in t.logger or []):
         return [f"trainer.logger={t.logger!r} must be a tracker name or a list of them, e.g. "
                 "trainer.logger=console or trainer.logger=[console,jsonl]."]
-    errors = check_backends(as_backend_list(t.logger))
+    errors = check_backends(as_backend_list(t.logger)) + run_dir_problems(cfg)
     if t.use_legacy_worker_impl not in ("auto", "enable"):
         errors.append(f"trainer.use_legacy_worker_impl={t.use_legacy_worker_impl!r} asks for veRL's new engine "
                       "workers, which hybrid_rl does not have; set it to auto (or enable).")

@@ -8,15 +8,15 @@ naming the keys, their values and the fix, all reported together.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Union
 
 from hybrid_rl.trainer.config.run_checks import (RunPlan, check_data_files, check_devices, check_model_path,
-                                                 check_resume, check_trainer, raise_problems, worker_layout)
+                                                 check_resume, check_trainer, file_problem, raise_problems,
+                                                 worker_layout)
 from hybrid_rl.trainer.config.supervised import RMConfig, SFTConfig, rm_critic_config, sft_actor_config
 from hybrid_rl.utils.bounds import bound_problems
 
-__all__ = ["supervised_plan", "validate_rm_config", "validate_sft_config"]
+__all__ = ["supervised_plan", "validate_rm_config", "validate_sft_config", "validate_supervised_config"]
 
 TRUNCATIONS = ("error", "left", "right")
 
@@ -75,11 +75,17 @@ def validate_sft_config(cfg: SFTConfig, *, training: bool = True) -> None:
             errors.append(f"rollout.{rollout_key}={getattr(rollout, rollout_key)} differs from data.{data_key}="
                           f"{getattr(d, data_key)}; set only data.{data_key} (rollout.{rollout_key} follows it).")
     path = cfg.custom_reward_function.path
-    if path is not None and not os.path.isfile(os.path.expanduser(path)):
-        errors.append(f"custom_reward_function.path={path!r} does not exist; point it at a .py file or set it to null.")
+    problem = None if path is None else file_problem("custom_reward_function.path", path,
+                                                     "point it at a .py file or set it to null")
+    errors += [problem] if problem else []
     raise_problems(errors or _worker_config_problem(sft_actor_config, cfg))  # else a problem is told twice
 
 
 def validate_rm_config(cfg: RMConfig, *, training: bool = True) -> None:
     """Raise one ValueError listing every problem of a reward-model config."""
     raise_problems(_common(cfg, training) or _worker_config_problem(rm_critic_config, cfg))
+
+
+def validate_supervised_config(cfg: Union[SFTConfig, RMConfig], *, training: bool = True) -> None:
+    """:func:`validate_sft_config` or :func:`validate_rm_config`, by the type of ``cfg``."""
+    (validate_sft_config if isinstance(cfg, SFTConfig) else validate_rm_config)(cfg, training=training)
