@@ -45,11 +45,12 @@ def _configure_driver_logging(cfg: Union[DictConfig, PPOConfig], always: bool) -
     """The quiet console of ``trainer.log_level`` and ``<run>/logs/driver.log``
     (hybrid_rl/utils/log_setup.py). From a notebook (``always=False``) only when the caller
     configured no logging at all: a user's own logging set-up is left as it is."""
-    from hybrid_rl.trainer.config.checks import run_dir
+    from hybrid_rl.trainer.config.run_checks import raise_problems, run_dir, run_dir_problems
     from hybrid_rl.utils.log_setup import configure_logging, only_own_handlers
 
     if always or (only_own_handlers() and not logging.getLogger("hybrid_rl").handlers):
         cfg = to_ppo_config(cfg)
+        raise_problems(run_dir_problems(cfg))  # one line, not the log file's FileNotFoundError
         configure_logging(cfg.trainer.log_level, os.path.join(run_dir(cfg), "logs", "driver.log"))
 
 
@@ -221,10 +222,15 @@ def main(argv: Optional[list[str]] = None) -> None:
         # HYDRA_FULL_ERROR hint for a wrong type instead of one line.
         with recorded_config_notices() as deprecated:  # a run prints them with its own composition (_hydra_task)
             cfg = to_ppo_config(get_config([o for o in overrides if not o.lstrip("+~").startswith("hydra.")]))
-        if {"--cfg", "-c"} & set(sys.argv[1:]):  # Hydra prints the config and runs no task
+        print_only = bool({"--cfg", "-c"} & set(sys.argv[1:]))  # Hydra prints the config and runs no task
+        if print_only:
             sys.stderr.write("".join(notice + "\n" for notice in deprecated))
         if argv is None:
             cfg = resolve_single_process(cfg)
+        if print_only:  # the run's own checks, none that loads a model or starts Ray
+            from hybrid_rl.trainer.config.checks import validate_config
+
+            validate_config(cfg)
     except ValueError as error:
         _fail(error)
     command_line = argv is None

@@ -91,7 +91,7 @@ def run_cli(argv: Sequence[str], mode: SupervisedMode, command_line: bool = Fals
     ``<run>/logs/driver.log`` set up as ``main_ppo`` sets them. ``command_line``: this process was
     started for the run (``python -m ...``), so, as ``main_ppo``, a run of one worker that needs
     nothing only Ray gives hosts it in this process (``trainer.single_process`` null = auto)."""
-    from hybrid_rl.trainer.config.run_checks import run_dir
+    from hybrid_rl.trainer.config.run_checks import raise_problems, run_dir, run_dir_problems
     from hybrid_rl.trainer.main_ppo import _fail, _is_reported_user_error
     from hybrid_rl.utils.log_setup import configure_logging, recorded_config_notices
 
@@ -112,8 +112,10 @@ def run_cli(argv: Sequence[str], mode: SupervisedMode, command_line: bool = Fals
             from omegaconf import OmegaConf
 
             from hybrid_rl.trainer.config.loader import to_container
+            from hybrid_rl.trainer.config.supervised_checks import validate_supervised_config
 
             sys.stderr.write("".join(notice + "\n" for notice in deprecated))
+            validate_supervised_config(cfg)  # the run's own checks, none that loads a model or starts Ray
             sys.stdout.write(OmegaConf.to_yaml(to_container(cfg)))
             return
         if command_line:
@@ -126,6 +128,7 @@ def run_cli(argv: Sequence[str], mode: SupervisedMode, command_line: bool = Fals
             console = logging.StreamHandler(sys.stdout)
             console.setFormatter(logging.Formatter("%(message)s"))
             logging.getLogger().addHandler(console)
+        raise_problems(run_dir_problems(cfg))  # one line, not the log file's FileNotFoundError
         configure_logging(cfg.trainer.log_level, os.path.join(run_dir(cfg), "logs", "driver.log"))
         for notice in deprecated:
             logging.getLogger("hybrid_rl").warning(notice)

@@ -27,6 +27,11 @@ def _reward_args(tmp_path):
             "trainer.n_gpus_per_node=1"]
 
 
+DECOUPLED_LOSS = ["actor_rollout_ref.actor.policy_loss.loss_mode=decoupled",
+                  "actor_rollout_ref.rollout.calculate_log_probs=true"]
+"""eta >= 1 (the default) trains stale rows: AReaL's loss corrects them (the config checks require a correction)."""
+
+
 def _async_args(*extra):
     return ["async_training.enable=true", "rollout.n_gpus_per_node=1", *extra]
 
@@ -106,7 +111,7 @@ def test_sigkill_resumes_with_the_sql_buffer_nothing_lost_nothing_twice(request,
         other.put([Experience(uid="b", data_source="s", prompt_ids=[1], response_ids=[2], response_mask=[1],
                               reward=0.0, policy_version=0)] * 5)
         other.close()
-    args = [*_reward_args(tmp_path), *_async_args("async_training.buffer.storage_type=sql"), *where,
+    args = [*_reward_args(tmp_path), *_async_args("async_training.buffer.storage_type=sql", *DECOUPLED_LOSS), *where,
             "trainer.total_training_steps=4", f"trainer.max_restarts={restarts}"]
     env = {"HYBRID_RL_FAULT": fault, "HYBRID_RL_FAULT_STATE": str(tmp_path / "faults")}
     first = _run_cli(tmp_path, tiny_model_dir, *args, env=env)
@@ -143,7 +148,7 @@ def test_two_node_cluster_places_the_pools_by_resources(tmp_path, tiny_model_dir
     cluster.wait_for_nodes()
     trainer = None
     try:
-        overrides = _overrides(tmp_path, tiny_model_dir, *_reward_args(tmp_path), *_async_args(),
+        overrides = _overrides(tmp_path, tiny_model_dir, *_reward_args(tmp_path), *_async_args(*DECOUPLED_LOSS),
                                "trainer.total_training_steps=2", f"ray_init.address={cluster.address}")
         trainer = build_trainer(get_config(overrides))
         trainer.init_workers()
