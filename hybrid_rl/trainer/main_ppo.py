@@ -128,7 +128,9 @@ def _value_error_in_text(text: str) -> Optional[str]:
 def _fail(error: BaseException) -> None:
     # One line on stderr and a distinct exit status: a user mistake is not a crash.
     sys.stderr.flush()
-    sys.stderr.write(f"hybrid_rl config error: {user_error_message(error) or error}\n")
+    from hybrid_rl.utils.redact import redact_text
+
+    sys.stderr.write(f"hybrid_rl config error: {redact_text(str(user_error_message(error) or error))}\n")
     sys.stderr.flush()
     sys.exit(CONFIG_ERROR_EXIT_CODE)
 
@@ -241,8 +243,17 @@ def main(argv: Optional[list[str]] = None) -> None:
     def hydra_task(config: DictConfig) -> None:
         _hydra_task(config, command_line)
 
+    from hybrid_rl.utils.redact import redacted_console
+
     task = hydra.main(config_path=CONFIG_DIR, config_name=CONFIG_NAME, version_base="1.3")(hydra_task)
-    task()
+    if not any(a.lstrip("+~").startswith("hydra.output_subdir=") for a in sys.argv[1:]):
+        # No .hydra/{config,overrides}.yaml copy of the overrides (a database password) for a user's YAML
+        # that lacks the package's hydra section.
+        # Beside the other overrides: argparse takes them as one run (``k=v --cfg job`` + k2=v2 fails).
+        first = next((i for i, a in enumerate(sys.argv[1:], 1) if not a.startswith("-") and "=" in a), None)
+        sys.argv.insert(len(sys.argv) if first is None else first + 1, "hydra.output_subdir=null")
+    with redacted_console():  # Hydra's "Error executing job with overrides: [...]" and --cfg print
+        task()
 
 
 if __name__ == "__main__":

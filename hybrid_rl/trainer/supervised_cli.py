@@ -116,7 +116,9 @@ def run_cli(argv: Sequence[str], mode: SupervisedMode, command_line: bool = Fals
 
             sys.stderr.write("".join(notice + "\n" for notice in deprecated))
             validate_supervised_config(cfg)  # the run's own checks, none that loads a model or starts Ray
-            sys.stdout.write(OmegaConf.to_yaml(to_container(cfg)))
+            from hybrid_rl.utils.redact import redact_config
+
+            sys.stdout.write(OmegaConf.to_yaml(redact_config(to_container(cfg))))  # a console: no passwords
             return
         if command_line:
             from hybrid_rl.trainer.core.single_process import reexec_for_single_process, resolve_single_process

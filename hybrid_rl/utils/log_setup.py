@@ -5,7 +5,8 @@ the driver (from WARNING up in the workers, whose start-up lines would repeat pe
 libraries' (vLLM, Ray, transformers, torch) from WARNING up, minus the known-harmless
 warnings of :data:`HARMLESS_WARNINGS`. Every process also writes everything from INFO up,
 unfiltered, to its own file in ``$HYBRID_RL_LOG_DIR`` (the run folder's ``logs/``: ``driver.log``,
-``worker_<rank>.log``). ``trainer.log_level=debug`` (or ``HYBRID_RL_LOG_LEVEL=debug`` in the
+``worker_<rank>.log``), each handler with :class:`~hybrid_rl.utils.redact.RedactingFilter`: a database
+URL's password is ``***`` there. ``trainer.log_level=debug`` (or ``HYBRID_RL_LOG_LEVEL=debug`` in the
 environment, which wins) shows everything on the console, from DEBUG up, unfiltered.
 
 vLLM configures its own stdout handler unless ``VLLM_CONFIGURE_LOGGING=0``; the workers set that
@@ -155,7 +156,17 @@ def configure_logging(level: str = "info", log_file: Optional[str] = None, own_l
         _quiet_progress_bars()
     if log_file:
         _use_log_file(root, os.path.abspath(log_file))
+    _redact_secrets(root.handlers + _library_handlers())
     return level
+
+
+def _redact_secrets(handlers: list[logging.Handler]) -> None:
+    """No database password or secret-named key reaches the console or a log file (driver.log)."""
+    from hybrid_rl.utils.redact import RedactingFilter
+
+    for handler in handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
 
 
 def _use_log_file(root: logging.Logger, path: str) -> None:

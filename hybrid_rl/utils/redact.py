@@ -9,15 +9,24 @@ key whose name says password, secret, token or api key gets ``***`` (``None`` an
 show that nothing is set).
 
 Redaction errs on the side of hiding: a password holding an unescaped ``@`` hides up to the last
-``@`` of the URL.
+``@`` of the URL. Two catch-alls back up the printers that redact their own text:
+:class:`RedactingFilter` on every logging handler (console, ``logs/driver.log``, the workers' logs) and
+:func:`redacted_console`, which passes what a command line writes to ``sys.stdout``/``sys.stderr``
+(Hydra's ``Error executing job with overrides: [...]`` line, its ``--cfg`` print) through
+:func:`redact_text`.
 """
 
 from __future__ import annotations
 
+import logging
 import re
-from typing import Any, Mapping
+import sys
+import traceback
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Mapping, TextIO
 
-__all__ = ["REDACTED", "is_secret_key", "redact_config", "redact_text", "redact_url"]
+__all__ = ["REDACTED", "RedactingFilter", "is_secret_key", "redact_config", "redact_text", "redact_url",
+           "redacted_console"]
 
 REDACTED = "***"
 
@@ -27,7 +36,11 @@ _SECRET_PARAM = r"(?:password|passwd|pwd|secret|token|access_token|auth_token|ap
 # ?password=...&... in a URL's query string
 _QUERY_SECRET = re.compile(r"(?P<head>[?&]" + _SECRET_PARAM + r"=)(?P<value>[^&\s'\"#]+)", re.IGNORECASE)
 # key=value (a command-line override, a log line) whose key's last part names a secret
-_KEY_VALUE = re.compile(r"(?P<head>(?<![\w.\-])[+~]{0,2}(?P<key>[A-Za-z_][\w.\-]*)=)(?P<value>[^\s'\",\]]+)")
+_KEY_VALUE = re.compile(r"(?P<head>(?<![\w.\-])[+~]{0,2}(?P<key>[A-Za-z_][\w.\-]*)=)"
+                        r"(?P<value>'[^']*'|\"[^\"]*\"|[^\s'\",\]]+)")
+# key: value -- a line of YAML (a printed config) whose key names a secret
+_YAML_LINE = re.compile(r"^(?P<head>[ \t]*(?:- )?(?P<key>[A-Za-z_][\w.\-]*):[ \t]+)(?P<value>[^\n]*?)[ \t]*$", re.M)
+_NO_VALUE = frozenset({"", "null", "~", "''", '""'})
 
 _SECRET_WORDS = frozenset({"password", "passwd", "pwd", "secret", "secrets", "apikey", "credential",
                            "credentials", "passphrase"})
@@ -56,10 +69,11 @@ def redact_url(url: str) -> str:
 
 
 def redact_text(text: str) -> str:
-    """``text`` (an error message, a log line, a list of overrides) with every URL's password and the
-    value of every ``key=value`` whose key names a secret hidden."""
-    text = redact_url(text)
-    return _KEY_VALUE.sub(lambda m: m["head"] + REDACTED if is_secret_key(m["key"]) else m[0], text)
+    """``text`` (an error message, a log line, a list of overrides, a printed YAML config) with every
+    URL's password and the value of every ``key=value`` / ``key: value`` whose key names a secret hidden."""
+    text = _KEY_VALUE.sub(lambda m: m["head"] + REDACTED if is_secret_key(m["key"]) else m[0], redact_url(text))
+    return _YAML_LINE.sub(lambda m: m["head"] + REDACTED if is_secret_key(m["key"]) and m["value"] not in _NO_VALUE
+                          else m[0], text)
 
 
 def redact_config(tree: Any) -> Any:
@@ -89,3 +103,59 @@ def _is_list_config(value: Any) -> bool:
 def _hide(head: str):
     """A ``re.sub`` replacement keeping group ``head`` and hiding what follows it (empty stays empty)."""
     return lambda m: m[head] + REDACTED if m[0] != m[head] else m[0]
+
+
+class RedactingFilter(logging.Filter):
+    """A handler filter that hides secrets in a record's message, traceback and stack before any
+    handler formats it (the record is shared: every handler then prints the redacted text)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record: logging reports it when it formats it
+            return True
+        redacted = redact_text(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        if record.exc_info and not record.exc_text:  # what Formatter.formatException would write
+            record.exc_text = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
+        if record.exc_text:
+            record.exc_text = redact_text(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact_text(record.stack_info)
+        return True
+
+
+class _RedactingStream:
+    """A text stream whose ``write`` passes the text through :func:`redact_text`; everything else is
+    the wrapped stream's (``fileno``, ``isatty``, ``encoding``, ``flush``)."""
+
+    def __init__(self, stream: TextIO):
+        self.wrapped = stream
+
+    def write(self, text: str) -> int:
+        return self.wrapped.write(redact_text(text) if isinstance(text, str) else text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+
+@contextmanager
+def redacted_console() -> Iterator[None]:
+    """Within: what is written to ``sys.stdout`` and ``sys.stderr`` has its secrets hidden (a URL's
+    password, a secret-named key's value). Writes that bypass them (a child process, a C library)
+    are not seen."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (s if isinstance(s, _RedactingStream) else _RedactingStream(s) for s in saved)
+    installed = sys.stdout, sys.stderr
+    try:
+        yield
+    finally:  # put back what was there, unless someone replaced ours meanwhile
+        if sys.stdout is installed[0]:
+            sys.stdout = saved[0]
+        if sys.stderr is installed[1]:
+            sys.stderr = saved[1]

@@ -1,9 +1,14 @@
 """The redaction helper: URLs' passwords, secret-named keys, whole configs."""
 
+import io
+import logging
+import sys
+
 import pytest
 from omegaconf import OmegaConf
 
-from hybrid_rl.utils.redact import REDACTED, is_secret_key, redact_config, redact_text, redact_url
+from hybrid_rl.utils.redact import (REDACTED, RedactingFilter, is_secret_key, redact_config, redact_text, redact_url,
+                                    redacted_console)
 
 PG = "postgresql+psycopg://alice:s3cr%40t@db.example:5432/rl"
 
@@ -68,3 +73,48 @@ def test_redact_config_of_an_omegaconf_container():
     assert out == {"buffer": {"path": "postgresql+psycopg://alice:***@db.example:5432/rl"},
                    "items": ["postgresql+psycopg://alice:***@db.example:5432/rl"], "password": REDACTED}
     assert "s3cr" not in repr(out)
+
+
+def test_redact_text_hides_quoted_overrides_and_yaml_lines():
+    assert redact_text("+reward.api_key='sk 1' x=2") == "+reward.api_key=*** x=2"
+    printed = "reward:\n  api_key: sk-1\n  token: null\n  max_tokens: 8\n  - password: pw\n"
+    assert redact_text(printed) == "reward:\n  api_key: ***\n  token: null\n  max_tokens: 8\n  - password: ***\n"
+
+
+def _logged(*args, exc: BaseException | None = None) -> str:
+    """What a handler with the filter writes for ``logger.error(*args)`` (with ``exc`` as exc_info)."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(RedactingFilter())
+    log = logging.getLogger(f"test_redact.{len(args)}.{exc is not None}")
+    log.propagate, log.handlers = False, [handler]
+    try:
+        if exc is None:
+            log.error(*args)
+        else:
+            try:
+                raise exc
+            except type(exc):
+                log.exception(*args)
+    finally:
+        log.handlers = []
+    return stream.getvalue()
+
+
+def test_the_logging_filter_hides_messages_arguments_and_tracebacks():
+    assert _logged("buffer at %s (%d rows)", PG, 3) == "buffer at postgresql+psycopg://alice:***@db.example:5432/rl (3 rows)\n"
+    text = _logged("failed", exc=RuntimeError(f"cannot open {PG}"))
+    assert "s3cr" not in text and "RuntimeError: cannot open postgresql+psycopg://alice:***@db.example" in text
+    assert "Traceback (most recent call last)" in text
+
+
+def test_redacted_console_hides_writes_and_puts_the_streams_back(capsys):
+    before = sys.stdout, sys.stderr
+    with redacted_console():
+        print(f"url={PG}")
+        sys.stderr.write(f"Error executing job with overrides: ['a.b.path={PG}']\n")
+        assert sys.stdout.isatty() == before[0].isatty()  # everything else is the wrapped stream's
+    assert (sys.stdout, sys.stderr) == before
+    out, err = capsys.readouterr()
+    assert out == "url=postgresql+psycopg://alice:***@db.example:5432/rl\n"
+    assert err == "Error executing job with overrides: ['a.b.path=postgresql+psycopg://alice:***@db.example:5432/rl']\n"
