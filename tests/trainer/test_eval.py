@@ -26,7 +26,33 @@ def _ray_down_after_module():
     ray.shutdown()
 
 
-def test_hf_folder_and_its_checkpoint_evaluate_the_same(tmp_path, tiny_model_dir):
+RECORDING_REWARD = """
+import json, os
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    with open(os.environ["EVAL_RESPONSES"], "a", encoding="utf-8") as f:  # one short line: an atomic append
+        f.write(json.dumps([ground_truth, solution_str]) + "\\n")
+    return (sum(map(ord, solution_str)) % 7 + 1) / 7.0  # > 0 and varies with the text
+"""
+
+
+def _evaluate(tmp_path, monkeypatch, name, model, *args):
+    """``main`` on ``model`` with a reward that records every (ground truth, response) it scores;
+    returns the result and the sorted records."""
+    log = tmp_path / f"{name}.responses.jsonl"
+    monkeypatch.setenv("EVAL_RESPONSES", str(log))
+    reward = tmp_path / "recording_reward.py"
+    reward.write_text(RECORDING_REWARD)
+    result = main(["--model", model, "--n", "2", "--engine", "hf", *args, *_task(tmp_path),
+                   f"custom_reward_function.path={reward}"])
+    return result, sorted(json.loads(line) for line in log.read_text().splitlines())
+
+
+def test_hf_folder_and_its_checkpoint_evaluate_the_same(tmp_path, tiny_model_dir, monkeypatch):
+    """The same weights give the same sampled responses, token for token, and the same table; a
+    checkpoint of other weights gives other responses (so the comparison sees which weights loaded)."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hybrid_rl.workers.checkpoint import save_checkpoint
@@ -35,14 +61,24 @@ def test_hf_folder_and_its_checkpoint_evaluate_the_same(tmp_path, tiny_model_dir
     step = tmp_path / "run" / "global_step_2"
     save_checkpoint(str(step / "actor"), model=model, hf_config=model.config, tokenizer=tok, contents=("model",),
                     state_dict_type="full", global_step=2)
+    with torch.no_grad():  # other weights: the embeddings scaled
+        model.get_input_embeddings().weight.mul_(3.0)
+    other = tmp_path / "run" / "global_step_3"
+    save_checkpoint(str(other / "actor"), model=model, hf_config=model.config, tokenizer=tok, contents=("model",),
+                    state_dict_type="full", global_step=3)
     out = tmp_path / "eval" / "hf.json"
-    from_folder = main(["--model", tiny_model_dir, "--n", "2", "--engine", "hf", "--output", str(out), *_task(tmp_path)])
-    from_ckpt = main(["--model", str(step), "--n", "2", "--engine", "hf", *_task(tmp_path)])
+    from_folder, said_folder = _evaluate(tmp_path, monkeypatch, "folder", tiny_model_dir, "--output", str(out))
+    from_ckpt, said_ckpt = _evaluate(tmp_path, monkeypatch, "ckpt", str(step))
+    _, said_other = _evaluate(tmp_path, monkeypatch, "other", str(other))
     assert from_folder["rows"] == 6 and from_folder["n"] == 2
     row = from_folder["table"]["arithmetic"]
     assert set(row) == {"mean@2", "pass@1", "pass@2", "best@2"} and 0.0 <= row["pass@1"] <= row["pass@2"] <= 1.0
-    assert row["mean@2"] <= row["best@2"] <= row["pass@2"]  # with replacement: between the two
-    assert from_ckpt["table"] == from_folder["table"]  # the same weights, the same seeded samples
+    assert row["mean@2"] <= row["best@2"]
+    assert row["mean@2"] > 0  # the recording reward scores every response above 0: not an all-zero table
+    # every one of the 6 x 2 sampled responses, the same text from the folder and from its checkpoint
+    assert len(said_folder) == 12 and any(response for _, response in said_folder)
+    assert said_ckpt == said_folder and from_ckpt["table"] == from_folder["table"]
+    assert len(said_other) == 12 and said_other != said_folder  # other weights: other responses
     assert json.loads(out.read_text())["table"] == from_folder["table"]
 
 
