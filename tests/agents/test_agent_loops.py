@@ -243,3 +243,17 @@ def test_loops_that_cannot_be_built_fail_at_start_up_in_one_line(tmp_path, monke
     with pytest.raises(ValueError, match=r"agent loop 'typo_loop' \(.*TwoCalls\): agent loop TwoCalls got "
                                          r"unexpected settings \['notes'\]"):
         check_agent_loops(loops, tree, build_byte_tokenizer())
+
+
+def test_a_greedy_call_sends_custom_loops_temperature_zero():
+    """validation's do_sample=false (and ReMax's greedy baseline) must not sample at the training
+    temperature inside a custom loop: veRL's sampling_params then carry temperature 0 (greedy)."""
+    import dataclasses
+
+    from hybrid_rl.workers.rollout.multi_turn import verl_sampling_params
+
+    sampled = dataclasses.replace(PARAMS, do_sample=True, temperature=0.7)
+    greedy = dataclasses.replace(sampled, do_sample=False)
+    assert verl_sampling_params(sampled, True)["temperature"] == 0.7
+    assert verl_sampling_params(greedy, False) == {"temperature": 0.0, "top_p": sampled.top_p, "top_k": sampled.top_k,
+                                                    "repetition_penalty": 1.0, "logprobs": False}

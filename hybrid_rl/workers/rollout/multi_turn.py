@@ -251,6 +251,9 @@ def rollout_config_tree(config: RolloutConfig) -> Any:
 
 
 def verl_sampling_params(params: GenerationParams, logprobs: bool) -> dict[str, Any]:
-    """The ``sampling_params`` veRL passes to an agent loop's ``run``."""
-    return {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+    """The ``sampling_params`` veRL passes to an agent loop's ``run``. A greedy call (validation's
+    default ``do_sample=false``, ReMax's baseline) sends temperature 0, which the endpoint and the
+    batching server read as greedy; the configured temperature would make the loop sample."""
+    temperature = params.temperature if params.do_sample else 0.0
+    return {"temperature": temperature, "top_p": params.top_p, "top_k": params.top_k,
             "repetition_penalty": 1.0, "logprobs": logprobs}
