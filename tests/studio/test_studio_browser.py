@@ -131,24 +131,8 @@ def test_views_errors_export_launch_and_the_reward_curve(page, tmp_path, monkeyp
     page.check("input[name=view][value=beginner]")
     page.wait_for_selector(_field("data.train_batch_size"))
 
-    with pytest.raises(sync_api.Error, match="Cannot type text into input\\[type=number\\]"):
-        page.fill(_field("data.train_batch_size"), "abc")  # a number input refuses text
-    batch = page.locator(_field("data.train_batch_size"))
-    assert batch.get_attribute("min") == "1" and batch.get_attribute("max") is None
-    assert page.locator('[data-range-for="data.train_batch_size"]').inner_text() == "\u2265 1"
-    page.fill(_field("data.train_batch_size"), "0")  # a bad number: the CLI's message beside the field
-    page.wait_for_function("document.querySelector('[data-error-for=\"data.train_batch_size\"]').textContent != ''")
-    assert "data.train_batch_size=0 is invalid: must be >= 1" in _error(page, "data.train_batch_size")
-    assert batch.evaluate("el => el.validity.rangeUnderflow")  # the browser marks it below the range too
-    assert page.locator("#export").is_disabled()
-    page.fill(_field("data.train_files"), f"{tmp_path}/no/such/train.parquet")  # a path field says what it finds
-    page.wait_for_function("document.querySelector('[data-path-for=\"data.train_files\"]').dataset.state == 'missing'")
-    assert "does not exist" in page.locator('[data-path-for="data.train_files"]').inner_text()
-    page.fill(_field("data.train_files"), "/etc/train.parquet")  # outside the studio's folders: not looked at
-    page.wait_for_function("document.querySelector('[data-path-for=\"data.train_files\"]').dataset.state == 'refused'")
-    assert "outside the studio's folders" in page.locator('[data-path-for="data.train_files"]').inner_text()
-    page.fill(_field("data.train_files"), f"{tmp_path}/no/such/train.parquet")
-    page.wait_for_function("document.querySelector('[data-path-for=\"data.train_files\"]').dataset.state == 'missing'")
+    _check_bad_number(page)
+    _check_path_states(page, tmp_path)
     _shot(page, "3_invalid")
     page.fill(_field("data.train_files"), "")
 
@@ -171,16 +155,7 @@ def test_views_errors_export_launch_and_the_reward_curve(page, tmp_path, monkeyp
     page.click("#import-command")
     page.wait_for_function("document.querySelector('[data-error-for=\"data.train_batch_size\"]').textContent == ''"
                            " && !document.querySelector('#export').disabled")
-    page.click("#export")
-    page.wait_for_function("document.querySelector('#yaml').textContent.length > 0")
-    _shot(page, "4_exported")
-    with page.expect_download() as download:  # the YAML as a file, as a user saves it
-        page.click("#download")
-    download.value.save_as(tmp_path / "exported.yaml")
-    assert "trainer.total_training_steps=2" in page.locator("#command").inner_text()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):  # main_ppo --config-path/-name
-        assert to_ppo_config(compose(config_name="exported")).data.train_batch_size == 4
+    _check_export(page, tmp_path)
 
     page.click("#launch")  # 2 steps (the embedded model for the screenshots)
     page.wait_for_function("document.querySelector('#run-state').textContent.startsWith('finished')",
@@ -199,13 +174,54 @@ def test_views_errors_export_launch_and_the_reward_curve(page, tmp_path, monkeyp
     _check_overlay(page, tmp_path, run_dir)
 
 
+def _check_bad_number(page) -> None:
+    """A number input refuses text; a number out of range gets the CLI's message and disables Export."""
+    with pytest.raises(sync_api.Error, match="Cannot type text into input\\[type=number\\]"):
+        page.fill(_field("data.train_batch_size"), "abc")  # a number input refuses text
+    batch = page.locator(_field("data.train_batch_size"))
+    assert batch.get_attribute("min") == "1" and batch.get_attribute("max") is None
+    assert page.locator('[data-range-for="data.train_batch_size"]').inner_text() == "\u2265 1"
+    page.fill(_field("data.train_batch_size"), "0")  # a bad number: the CLI's message beside the field
+    page.wait_for_function("document.querySelector('[data-error-for=\"data.train_batch_size\"]').textContent != ''")
+    assert "data.train_batch_size=0 is invalid: must be >= 1" in _error(page, "data.train_batch_size")
+    assert batch.evaluate("el => el.validity.rangeUnderflow")  # the browser marks it below the range too
+    assert page.locator("#export").is_disabled()
+
+
+def _check_path_states(page, tmp_path) -> None:
+    """A path field says whether what it names exists; one outside the studio's folders is refused."""
+    page.fill(_field("data.train_files"), f"{tmp_path}/no/such/train.parquet")  # a path field says what it finds
+    page.wait_for_function("document.querySelector('[data-path-for=\"data.train_files\"]').dataset.state == 'missing'")
+    assert "does not exist" in page.locator('[data-path-for="data.train_files"]').inner_text()
+    page.fill(_field("data.train_files"), "/etc/train.parquet")  # outside the studio's folders: not looked at
+    page.wait_for_function("document.querySelector('[data-path-for=\"data.train_files\"]').dataset.state == 'refused'")
+    assert "outside the studio's folders" in page.locator('[data-path-for="data.train_files"]').inner_text()
+    page.fill(_field("data.train_files"), f"{tmp_path}/no/such/train.parquet")
+    page.wait_for_function("document.querySelector('[data-path-for=\"data.train_files\"]').dataset.state == 'missing'")
+
+
+def _check_export(page, tmp_path) -> None:
+    """Export shows the YAML and command line; the downloaded YAML composes as main_ppo's --config-name."""
+    page.click("#export")
+    page.wait_for_function("document.querySelector('#yaml').textContent.length > 0")
+    _shot(page, "4_exported")
+    with page.expect_download() as download:  # the YAML as a file, as a user saves it
+        page.click("#download")
+    download.value.save_as(tmp_path / "exported.yaml")
+    assert "trainer.total_training_steps=2" in page.locator("#command").inner_text()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):  # main_ppo --config-path/-name
+        assert to_ppo_config(compose(config_name="exported")).data.train_batch_size == 4
+
+
 def _check_code_confirmation(page, tmp_path) -> None:
     """A launch that runs a reward file asks first, naming the file; declining launches nothing."""
     reward = tmp_path / "my_reward.py"
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
     page.fill("#import-text", f"custom_reward_function.path={reward}")
     page.click("#import-command")
-    page.wait_for_function("!document.querySelector('#launch').disabled")
+    page.wait_for_function("texts['custom_reward_function.path'] !== undefined"
+                           " && !document.querySelector('#launch').disabled")
     asked = []
     page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
     page.click("#launch")
