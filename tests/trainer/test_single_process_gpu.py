@@ -2,6 +2,7 @@
 resumes from its checkpoint. Runs where CUDA is (``pytest -m gpu``), Ray installed or not."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -37,12 +38,40 @@ def _rows(out):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.timeout(240)  # two runs of a process each (start-up, one or two steps, a checkpoint)
+def _weights(step_dir):
+    """The actor's tensors of a checkpoint step, by file and name; asserts the files were written."""
+    from safetensors.torch import load_file
+
+    files = sorted((step_dir / "actor").glob("model*.safetensors"))
+    assert files, f"no model*.safetensors in {step_dir / 'actor'}"
+    return {f"{f.name}:{k}": v.float() for f in files for k, v in load_file(f).items()}
+
+
+def _distance(a, b):
+    assert a and a.keys() == b.keys()
+    return sum(float((a[k] - b[k]).pow(2).sum()) for k in a) ** 0.5
+
+
+@pytest.mark.timeout(420)  # three runs of a process each (start-up, one or two steps, a checkpoint)
 def test_one_gpu_runs_in_the_drivers_process_and_resumes(tmp_path, tiny_model_dir):
-    _run(tmp_path, tiny_model_dir, "trainer.total_training_steps=1")
-    log = (tmp_path / "run" / "logs" / "driver.log").read_text()
+    resumed, straight = tmp_path / "resumed", tmp_path / "straight"
+    for folder in (resumed, straight):
+        folder.mkdir()
+    _run(resumed, tiny_model_dir, "trainer.total_training_steps=1")
+    log = (resumed / "run" / "logs" / "driver.log").read_text()
     assert "in the driver's process" in log, log[-2000:]
-    _run(tmp_path, tiny_model_dir, "trainer.total_training_steps=2", "trainer.resume_mode=auto")
-    rows = _rows(tmp_path)
+    _run(resumed, tiny_model_dir, "trainer.total_training_steps=2", "trainer.resume_mode=auto")
+    log = (resumed / "run" / "logs" / "driver.log").read_text()
+    assert "Resumed from" in log and "global_step_1 (step 1)" in log, log[-2000:]  # not a fresh 2-step run
+    _run(straight, tiny_model_dir, "trainer.total_training_steps=2")
+    rows = _rows(resumed)
     assert [r["step"] for r in rows][-1] == 2
-    assert all(r["actor/pg_loss"] == r["actor/pg_loss"] for r in rows)  # finite, not NaN
+    assert all(math.isfinite(r["actor/pg_loss"]) for r in rows)
+    # The resumed step 2 continues from step 1's weights: it lands where the uninterrupted run's step 2
+    # does (the distance is exactly 0 with trainer.device=cpu). CUDA's attention backward
+    # accumulates with atomics, so float noise is allowed; restarting from other weights (the base
+    # model) is off by about a whole step (ratio ~1). Bit-exact resume is tests/reliability's, on CPU.
+    step1, want, got = (_weights(straight / "run" / "global_step_1"), _weights(straight / "run" / "global_step_2"),
+                        _weights(resumed / "run" / "global_step_2"))
+    step_size = _distance(want, step1)
+    assert step_size > 0 and _distance(got, want) < 0.1 * step_size, (_distance(got, want), step_size)
