@@ -159,7 +159,7 @@ def _create_or_migrate(conn: Connection, table: Table) -> None:
         raise NotABufferTable(f"table {table.name!r} exists but is not an experience buffer: it lacks the columns "
                               f"{sorted(missing)}")
     if "codec" not in have:
-        conn.execute(text(f'ALTER TABLE "{table.name}" ADD COLUMN codec INTEGER'))
+        conn.execute(text(f"ALTER TABLE {conn.dialect.identifier_preparer.quote(table.name)} ADD COLUMN codec INTEGER"))
 
 
 def prepare_table(engine: Engine, table: Table, attempts: int = 3) -> None:
