@@ -58,7 +58,7 @@ def _start() -> dict:
     process = subprocess.Popen(cmd, env={**env, **auth}, cwd=folder, stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)
     head = {"process": process, "folder": folder, "log": log, "auth": auth, "address": f"127.0.0.1:{port}"}
-    deadline = time.time() + 120
+    deadline = time.time() + 300  # generous: a loaded 2-core machine starts Ray slowly
     while not os.path.exists(os.path.join(folder, "ray_current_cluster")):
         if process.poll() is not None or time.time() > deadline:
             text = open(log.name).read()[-2000:]

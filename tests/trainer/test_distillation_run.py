@@ -2,6 +2,7 @@
 tiny run with the teacher pass and its metrics (learning itself: tests/workers/test_teacher.py)."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -83,7 +84,7 @@ def test_a_tiny_run_scores_with_the_teacher_and_logs_its_metrics(tmp_path, tiny_
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
-        assert r["timing_s/teacher"] > 0 and r["actor/distillation/loss"] == r["actor/distillation/loss"]
+        assert r["timing_s/teacher"] > 0 and math.isfinite(r["actor/distillation/loss"])
         assert r["actor/distillation/teacher_log_prob"] < 0
     assert all(r["actor/distillation/teacher_kl"] > 0 for r in rows)  # two different random models
     if "use_policy_gradient=true" in str(loss):

@@ -59,6 +59,7 @@ def test_the_decoupled_mode_scores_with_the_reward_model_in_the_rollout_processe
     assert all("timing_s/compute_rm_score" not in r for r in decoupled)  # scored by the producer, not a step
     assert (root / "async" / "run" / "logs" / "rollout").is_dir()
     want, got = _weights(root / "sync" / "run" / "global_step_2"), _weights(root / "async" / "run" / "global_step_2")
+    assert want and got, "no model*.safetensors written at global_step_2"  # {} == {} would pass below
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
 
 

@@ -86,6 +86,7 @@ def test_sft_lowers_the_held_out_loss_and_resumes_bit_exactly(tmp_path, tiny_mod
     resumed = _sft(tmp_path, tiny_model_dir, "killed", env=env)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     want, got = _weights(tmp_path / "run" / "global_step_4"), _weights(tmp_path / "killed" / "global_step_4")
+    assert want and got, "no model*.safetensors written at global_step_4"  # {} == {} would pass below
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
 
 
