@@ -10,6 +10,7 @@ rewritten.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -246,6 +247,9 @@ def _check_estimator(cfg: PPOConfig) -> list[str]:
     errors = [f"algorithm.adv_estimator={name} needs {key} set (it is {getattr(*key_owner(cfg, key))!r}); e.g. "
               f"{key}=[acc,format]." for key in needs.requires if not getattr(*key_owner(cfg, key))]
     keys, weights = cfg.algorithm.gdpo_reward_keys, cfg.algorithm.gdpo_reward_weights
+    if weights is not None and not all(math.isfinite(w) for w in weights):
+        errors.append(f"algorithm.gdpo_reward_weights={list(weights)} is invalid: must be finite numbers. Fix: use "
+                      "e.g. [1.0, 0.5], or null (1 each).")
     if keys and weights is not None and len(weights) != len(keys):
         errors.append(f"algorithm.gdpo_reward_weights has {len(weights)} weights for {len(keys)} "
                       f"algorithm.gdpo_reward_keys {list(keys)}; give one weight per key (or null for 1 each).")
@@ -315,8 +319,15 @@ def _check_rollout_correction(cfg: PPOConfig) -> list[str]:
         rc = resolve_preset(cfg.algorithm.rollout_correction)
         if rc.rollout_is not in (None, "token", "sequence"):
             raise ValueError(f"{key}.rollout_is={rc.rollout_is!r} must be token, sequence or null.")
-        parse_is_threshold(rc.rollout_is_threshold)
-        parse_rejection_specs(rc.rollout_rs, rc.rollout_rs_threshold)
+        is_bounds = parse_is_threshold(rc.rollout_is_threshold)
+        specs = parse_rejection_specs(rc.rollout_rs, rc.rollout_rs_threshold)
+        for name, bounds, fix in (
+                ("rollout_is_threshold", is_bounds, "2.0 or '0.5_2.0'"),
+                ("rollout_rs_threshold", [b for s in specs for b in (s.lower, s.upper)],
+                 "0.01 (k2/k3) or '0.999_1.001' (k1)")):
+            if not all(math.isfinite(b) for b in bounds if b is not None):  # NaN passes the parsers' comparisons
+                raise ValueError(f"{key}.{name}={getattr(rc, name)!r} is invalid: must be finite numbers. Fix: "
+                                 f"use e.g. {fix}.")
         if rc.loss_type not in LOSS_TYPES:
             raise ValueError(f"{key}.loss_type={rc.loss_type!r} must be one of {LOSS_TYPES} (bypass mode's loss).")
     except ValueError as error:
