@@ -210,7 +210,7 @@ def _code_check(plan: LaunchPlan, workspace: Workspace, confirmed: list) -> Opti
         refusal = workspace.refusal(code.path) if code.local else None
         if refusal is not None:
             return _error(403, f"{code.key}={refusal}", errors={code.key: f"{code.key}={refusal}"})
-    if sorted(c.path for c in found) != sorted(str(c) for c in confirmed):
+    if found and sorted(c.path for c in found) != sorted(str(c) for c in confirmed):
         return _error(409, "this run executes the code listed in confirm; launch again with confirm_code set to "
                            "those paths once you have checked them", errors={},
                       confirm=[dataclasses.asdict(c) for c in found])
@@ -255,6 +255,8 @@ def _add_run_routes(app: Any, launcher: RunLauncher, workspace: Workspace) -> No
 
     @app.get("/api/watch")
     def watch(run_dir: str) -> Any:
+        if "\x00" in run_dir:
+            return _error(400, f"run_dir={run_dir!r} holds a NUL character, which no path can. Fix: remove it")
         refusal = workspace.refusal(run_dir)
         if refusal is not None:
             return _error(403, f"run_dir={refusal}")

@@ -27,6 +27,10 @@ class Workspace:
         self.base = Path(base or os.getcwd()).resolve()
         """Where a relative path starts (the studio's working folder; launched runs start there too)."""
         self._roots = [self.resolve(r) for r in roots] or [self.base]
+        for given, root in zip(roots, self._roots):
+            if not root.is_dir():
+                raise ValueError(f"--root {given}: {root} is not a folder. Fix: give an existing folder the studio "
+                                 "may read and run code from")
         self._lock = threading.Lock()  # FastAPI runs plain endpoints in a thread pool
 
     @property

@@ -164,7 +164,7 @@ def test_watch_answers_inside_the_workspace_only(work, local_client, tmp_path_fa
     assert client.get("/api/watch", params={"run_dir": "run"}).json()["console"] == []
     file = client.get("/api/watch", params={"run_dir": "a_file"})
     assert file.status_code == 400 and "is not a folder" in file.json()["error"]
-    assert client.get("/api/watch", params={"run_dir": "bad\x00"}).status_code in (400, 403)
+    assert client.get("/api/watch", params={"run_dir": "bad\x00"}).status_code == 400
     roots = local_client(create_app(TOKEN, roots=(str(outside),)))  # --root opens another folder
     assert roots.get("/api/watch", params={"run_dir": str(outside)}).json()["metrics"][0]["critic/score/mean"] == 0.5
 
@@ -191,6 +191,8 @@ def test_a_launch_that_runs_code_is_shown_first_and_needs_its_paths_confirmed(wo
     assert done.status_code == 200 and done.json()["id"] == 1 and len(started) == 1
     plain = client.post("/api/runs", json={"values": {"trainer.experiment_name": "plain"}})  # no code: no question
     assert plain.status_code == 200 and len(started) == 2
+    extra = client.post("/api/runs", json={"values": {"trainer.experiment_name": "extra"}, "confirm_code": ["x.py"]})
+    assert extra.status_code == 200 and len(started) == 3  # confirming code a run does not have changes nothing
 
 
 def test_code_outside_the_working_folder_is_refused(work, local_client, started, tmp_path_factory):
@@ -244,7 +246,8 @@ def _studio(tmp_path, *args):
 
 
 def test_a_non_loopback_host_or_a_weak_token_ends_the_command_in_one_line(tmp_path):
-    for args, words in ((["--host", "0.0.0.0"], "is not a loopback address"), (["--token", "short"], "at least 16")):
+    for args, words in ((["--host", "0.0.0.0"], "is not a loopback address"), (["--token", "short"], "at least 16"),
+                        (["--root", "nope"], "is not a folder")):
         process = _studio(tmp_path, *args)
         output = process.communicate(timeout=300)[0]
         assert process.returncode == 2, output
