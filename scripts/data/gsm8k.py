@@ -124,13 +124,15 @@ def rows_from_jsonl(path: Path, split: str) -> list[dict]:
 
 
 OFFLINE_ENV = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
-"""Either set to 1 keeps ``datasets`` off the network: only a cached copy of the hub dataset is read."""
+"""Set to 1, these keep ``datasets`` off the network (only a cached copy is read); as in ``datasets``,
+``HF_DATASETS_OFFLINE`` decides when it is set, else ``HF_HUB_OFFLINE``."""
 
 
 def hub_offline() -> str | None:
-    """The name of the variable that makes the hub read offline (``HF_DATASETS_OFFLINE=1`` ...), or None."""
-    return next((f"{var}={os.environ[var]}" for var in OFFLINE_ENV
-                 if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")), None)
+    """``"VAR=value"`` of the variable that keeps ``datasets`` offline here, or None when it may download."""
+    var = next((v for v in OFFLINE_ENV if os.environ.get(v) is not None), None)
+    on = var is not None and os.environ[var].strip().upper() in ("1", "ON", "YES", "TRUE")
+    return f"{var}={os.environ[var]}" if on else None
 
 
 def load_hub(name: str = DATA_SOURCE):

@@ -150,6 +150,10 @@ def test_hub_failures_say_how_to_get_the_data(gsm8k, tmp_path, monkeypatch, caps
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1
     assert err.startswith("gsm8k.py: error: could not load 'openai/gsm8k' ('main') with datasets: the download failed")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as in datasets: HF_DATASETS_OFFLINE, when set, decides
+    assert gsm8k.hub_offline() is None
+    monkeypatch.delenv("HF_DATASETS_OFFLINE")
+    assert gsm8k.hub_offline() == "HF_HUB_OFFLINE=1"
     monkeypatch.setitem(sys.modules, "datasets", FakeDatasets({"train": []}))
     with pytest.raises(ValueError, match="'openai/gsm8k' has no split 'test'"):
         gsm8k.convert(tmp_path / "out", splits=["test"])
