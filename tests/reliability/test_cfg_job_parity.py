@@ -89,6 +89,13 @@ PPO_CASES: dict[str, Case] = {
                                       "async_training.max_head_offpolicyness=1 trains rows sampled by weights up to 1 "
                                       "version(s) old, but actor_rollout_ref.actor.policy_loss.loss_mode=vanilla "
                                       "without a rollout correction"),
+    "tokenizer_path_missing": (lambda t: [f"actor_rollout_ref.model.tokenizer_path={t}/no_tok"],
+                               "actor_rollout_ref.model.tokenizer_path='{t}/no_tok' does not exist; point it at a local "
+                               "tokenizer folder or set it to null (the model's own)."),
+    "arithmetic_cache_is_a_file": (lambda t: ["data.train_files=null", f"data.arithmetic.cache_dir={t}/good.jsonl"],
+                                   "data.arithmetic.cache_dir='{t}/good.jsonl' cannot hold the built-in task's files: "
+                                   "{t}/good.jsonl is a file, not a folder. Fix: point it at a folder you can write, "
+                                   "or set data.train_files."),
     "unknown_bad_rows_policy": (lambda t: ["data.bad_rows=ignore"], "data.bad_rows='ignore' must be one of"),
     "grpo_with_n_1": (lambda t: ["actor_rollout_ref.rollout.n=1"], "algorithm.adv_estimator=grpo compares"),
     "resume_path_missing": (lambda t: ["trainer.resume_mode=resume_path"],
@@ -113,6 +120,9 @@ SFT_CASES: dict[str, Case] = {
                                 "custom_reward_function.path='{t}' is a folder, not a file;"),
     "run_dir_unwritable": (lambda t: [f"trainer.default_local_dir={UNWRITABLE}"],
                            f"trainer.default_local_dir='{UNWRITABLE}' cannot hold the run's files"),
+    "arithmetic_cache_under_a_file": (lambda t: [f"data.arithmetic.cache_dir={t}/file/arithmetic"],
+                                      "data.arithmetic.cache_dir='{t}/file/arithmetic' cannot hold the built-in "
+                                      "task's files: {t}/file is a file, not a folder."),
 }
 RM_CASES: dict[str, Case] = {
     "lr_1e999": (lambda t: ["optim.lr=1e999"], "optim.lr=inf is invalid: must be a finite number >= 0."),

@@ -361,6 +361,7 @@ def _check_files(cfg: PPOConfig) -> list[str]:
     errors = check_data_files(cfg.data)
     model = cfg.actor_rollout_ref.model
     errors.extend(check_model_path("actor_rollout_ref.model.path", model.path, model.trust_remote_code))
+    errors.extend(_tokenizer_problems(cfg))
     rollout = cfg.actor_rollout_ref.rollout
     files = [("custom_reward_function.path", cfg.custom_reward_function.path, "point it at a .py file or set it to null"),
              ("actor_rollout_ref.rollout.multi_turn.tool_config_path", rollout.multi_turn.tool_config_path,
@@ -372,6 +373,20 @@ def _check_files(cfg: PPOConfig) -> list[str]:
     errors.extend(problem for key, path, fix in files if path is not None
                   for problem in [file_problem(key, path, fix)] if problem)
     return errors
+
+
+def _tokenizer_problems(cfg: PPOConfig) -> list[str]:
+    """``data.tokenizer`` / ``actor_rollout_ref.model.tokenizer_path``, when set, name a folder (or the
+    embedded model's id), as the tokenizer loader will need."""
+    from hybrid_rl.workers.model_loader import EMBEDDED_MODEL_ID
+
+    key, path = (("data.tokenizer", cfg.data.tokenizer) if cfg.data.tokenizer
+                 else ("actor_rollout_ref.model.tokenizer_path", cfg.actor_rollout_ref.model.tokenizer_path))
+    local = os.path.expanduser(path or "")
+    if not path or path == EMBEDDED_MODEL_ID or os.path.isdir(local):
+        return []
+    what = "is a file, not a folder" if os.path.exists(local) else "does not exist"
+    return [f"{key}={path!r} {what}; point it at a local tokenizer folder or set it to null (the model's own)."]
 
 
 def _check_reward(cfg: PPOConfig) -> list[str]:

@@ -192,6 +192,10 @@ def check_data_files(data: Any) -> list[str]:
                 continue
             if not os.path.isfile(named[0]):
                 errors.append(f"{key}: file {path!r} does not exist; fix the path or leave {key} unset.")
+    why = _unwritable(os.path.abspath(os.path.expanduser(data.arithmetic.cache_dir))) if data.train_files is None else None
+    if why:  # the built-in task's files are generated there
+        errors.append(f"data.arithmetic.cache_dir={data.arithmetic.cache_dir!r} cannot hold the built-in task's files: "
+                      f"{why}. Fix: point it at a folder you can write, or set data.train_files.")
     if data.train_files is None and data.val_files is not None:
         errors.append(
             "data.val_files is set but data.train_files is not (the built-in arithmetic task is used); "
