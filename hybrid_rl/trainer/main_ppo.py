@@ -176,7 +176,8 @@ USAGE = ("usage: python -m hybrid_rl.trainer.main_ppo [key=value ...] [--cfg job
          "--config-name NAME]")
 INTRO = ("RL training of the PPO family (PPO, GRPO, RLOO, REINFORCE++, ReMax and any registered estimator), "
          "colocated or decoupled. Every key below is set as key=value on the command line (veRL's names); the "
-         "value shown is the one this command line gets. --cfg job prints the resolved config as YAML.")
+         "value shown is the one this command line gets. --cfg job prints the resolved config as YAML after the "
+         "run's config checks (a bad value gets the run's one-line error; no model is loaded, Ray is not started).")
 
 
 def print_help(overrides: list[str]) -> None:

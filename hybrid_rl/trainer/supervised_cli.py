@@ -2,7 +2,7 @@
 
     python -m hybrid_rl.trainer.main_sft [key=value ...]            # run
     python -m hybrid_rl.trainer.main_sft --help [key=value ...]     # every key, its value and documentation
-    python -m hybrid_rl.trainer.main_sft --cfg job [key=value ...]  # the resolved config as YAML
+    python -m hybrid_rl.trainer.main_sft --cfg job [key=value ...]  # the resolved config as YAML, once checked
     python -m hybrid_rl.trainer.main_sft --config-path DIR --config-name NAME [key=value ...]
 
 The keys are the mode's own dataclass's (:class:`~hybrid_rl.trainer.config.supervised.SFTConfig`,
@@ -63,7 +63,8 @@ def _help(mode: SupervisedMode, overrides: list[str], config_dir: Optional[str],
     usage = (f"usage: python -m hybrid_rl.trainer.{mode.schema.module} [key=value ...] [--cfg job] "
              "[--config-path DIR --config-name NAME]")
     intro = (f"{mode.summary} Every key below is set as key=value (veRL's SFT trainer names); the value shown "
-             "is the one this command line gets. --cfg job prints the resolved config as YAML.")
+             "is the one this command line gets. --cfg job prints the resolved config as YAML after the run's "
+             "config checks (a bad value gets the run's one-line error; no model is loaded).")
     return config_help(mode.schema.node, composed, usage, intro)
 
 
