@@ -76,7 +76,9 @@ def _cli(root, student, teacher, *extra, env=None):
     ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
      "actor_rollout_ref.actor.use_kl_loss=true"],  # a LoRA student; its reference is the adapters-off base
     ["trainer.single_process=false", "async_training.enable=true", "rollout.n_gpus_per_node=1",
-     "ray_init.num_cpus=2", "async_training.max_head_offpolicyness=0"],  # the decoupled mode: the teacher in the training pool, rows from the buffer
+     "ray_init.num_cpus=2", "actor_rollout_ref.actor.policy_loss.loss_mode=decoupled",
+     "actor_rollout_ref.rollout.calculate_log_probs=true"],  # the decoupled mode: the teacher in the training pool,
+    # rows from the buffer (eta 1: its stale rows need the decoupled loss)
 ], ids=["k1_as_reward", "lora_student", "decoupled"])
 def test_a_tiny_run_scores_with_the_teacher_and_logs_its_metrics(tmp_path, tiny_model_dir, teacher_dir, loss):
     result = _cli(tmp_path, tiny_model_dir, teacher_dir, "trainer.save_freq=-1", *loss)
