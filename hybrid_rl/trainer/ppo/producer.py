@@ -97,6 +97,7 @@ class RolloutProducer:
         self._taken, self._ready, self._running = taken_batches, ready_batches, 0
         self._version: Optional[int] = None  # the weights the rollout pool holds
         self._pending: Optional[tuple[Any, int]] = None  # (exported weights ref/future, version)
+        self._loading = False  # offered weights are being loaded (the version is about to change)
         self._jobs: list[tuple[Callable[[], Any], "queue.Queue"]] = []
         self._metrics: dict[int, dict] = {}  # batch index -> its generation and reward metrics
         self._idle_s = 0.0
@@ -207,7 +208,8 @@ class RolloutProducer:
         """True while the generation stage waits for capacity with nothing in flight and no weights
         to load: only the trainer taking rows can unblock it."""
         with self._lock:
-            return (self._threads != [] and self._running == 0 and self._pending is None and self._version is not None
+            return (self._threads != [] and self._running == 0 and self._pending is None and not self._loading
+                    and self._version is not None
                     and not may_start_batch(self._taken, self._ready, self._running, self._version, self.eta))
 
     @property
@@ -282,11 +284,18 @@ class RolloutProducer:
     def _apply_pending(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, None
+            self._loading = pending is not None
         if pending is None:
             return
         weights, version = pending
-        metrics = self._load_weights(weights)
-        with self._lock:
+        try:
+            metrics = self._load_weights(weights)
+        except BaseException:
+            with self._lock:
+                self._loading = False
+            raise
+        with self._lock:  # one step: never 'not loading' with the old version
+            self._loading = False
             self._version = version
             self._load_metrics = dict(metrics or {})
 
