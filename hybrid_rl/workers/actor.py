@@ -111,12 +111,15 @@ class DataParallelPPOActor:
         return log_prob, entropy if calculate_entropy else None
 
     @torch.no_grad()
-    def compute_topk(self, data: DataProto, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def compute_topk(self, data: DataProto, k: int, vocab_limit: Optional[int] = None,
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(top-K log-probs [B, R, K], their ids [B, R, K], log-probs of the responses [B, R])``
-        (``forward_kl_topk``'s teacher pass; micro-batched as :meth:`compute_log_prob`)."""
+        (``forward_kl_topk``'s teacher pass; micro-batched as :meth:`compute_log_prob`); the ids are
+        ``< vocab_limit`` when given (:func:`response_topk`)."""
         return self._forward_micro_batches(
             data, "compute_topk", lambda batch, groups, temperature: response_topk(
-                self.actor_module, batch, temperature, k, self.use_remove_padding, groups=groups, device=self.device))
+                self.actor_module, batch, temperature, k, self.use_remove_padding, groups=groups, device=self.device,
+                vocab_limit=vocab_limit))
 
     def _forward_micro_batches(self, data: DataProto, caller: str, forward) -> tuple[Optional[torch.Tensor], ...]:
         """``forward(batch, groups, temperature) -> tuple of [b, ...] tensors`` over the micro-batches of

@@ -165,6 +165,17 @@ def load_hf_config(path: str, *, trust_remote_code: bool = False,
     return config
 
 
+def model_vocab_size(path: str, key: str, *, trust_remote_code: bool = False,
+                     override_config: Optional[dict[str, Any]] = None) -> Optional[int]:
+    """The logit width (``config.vocab_size``, often padded past the tokenizer's) of the model that
+    ``path`` names under ``key`` (its text model's for a multimodal config); None when it says none."""
+    config = load_hf_config(resolve_model_path(path, key=key), trust_remote_code=trust_remote_code,
+                            override_config=override_config)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    size = getattr(text, "vocab_size", None)
+    return int(size) if isinstance(size, int) else None
+
+
 def causal_lm_problem(path: str, key: str = "actor_rollout_ref.model.path",
                       trust_remote_code: bool = False) -> Optional[str]:
     """Why the HF folder ``path`` cannot be loaded as a causal LM, read from its config.json alone

@@ -74,7 +74,7 @@ class TeacherMixin:
         """Build every teacher with a model path (frozen, as the reference is built)."""
         from hybrid_rl.workers.actor import DataParallelPPOActor
         from hybrid_rl.workers.builders import build_causal_lm, offload_frozen_to_disk
-        from hybrid_rl.workers.model_loader import resolve_model_path
+        from hybrid_rl.workers.model_loader import model_vocab_size, resolve_model_path
 
         cfg = self.config
         self.teachers: dict[str, tuple[TeacherModelConfig, Any, Any]] = {}
@@ -91,6 +91,10 @@ class TeacherMixin:
                                           attn_implementation=cfg.model.attn_implementation,
                                           fused_head=cfg.model.use_fused_kernels)
             self.teachers[name] = (teacher, policy, weights)
+        # a teacher padded wider than the student picks its top-K below the student's logit width
+        self.student_vocab_size = model_vocab_size(cfg.model.path, "actor_rollout_ref.model.path",
+                                                   trust_remote_code=cfg.model.trust_remote_code,
+                                                   override_config=dict(cfg.model.override_config or {}))
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_teacher_log_prob(self, data: DataProto) -> DataProto:
@@ -120,7 +124,7 @@ class TeacherMixin:
                 view.meta_info["temperature"] = TEACHER_TEMPERATURE  # not the rollout's (veRL's teacher: T=1)
                 rows, real = torch.as_tensor(idx, dtype=torch.long), len(idx)  # fillers come after the real rows
                 if k:
-                    values, ids, log_probs = policy.compute_topk(view, k)
+                    values, ids, log_probs = policy.compute_topk(view, k, vocab_limit=self.student_vocab_size)
                     out["teacher_topk_log_probs"][rows], out["teacher_topk_ids"][rows] = values[:real], ids[:real]
                 else:
                     log_probs, _ = policy.compute_log_prob(view)

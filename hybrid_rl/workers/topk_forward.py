@@ -47,8 +47,13 @@ def _place(values: torch.Tensor, index: torch.Tensor, shape: torch.Size) -> torc
 @torch.no_grad()
 def response_topk(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float, k: int,
                   use_remove_padding: bool, groups: Optional[list[list[int]]] = None,
-                  device: Optional[torch.device] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(top-K log-probs [B, R, K] float32, their ids [B, R, K], sampled-token log-probs [B, R])``."""
+                  device: Optional[torch.device] = None, vocab_limit: Optional[int] = None,
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(top-K log-probs [B, R, K] float32, their ids [B, R, K], sampled-token log-probs [B, R])``.
+
+    ``vocab_limit``: the K are chosen among ids ``< vocab_limit`` only (the student's logit width, when
+    the teacher's is padded wider: a padded id could not be gathered from the student's logits). The
+    log-probs stay normalised over the teacher's whole vocabulary, so the K keep their true mass."""
     device = torch.device(device) if device is not None else batch["input_ids"].device
     shape = batch["responses"].shape
     logits, labels, index = _response_logits(module, batch, use_remove_padding, groups, device)
@@ -56,7 +61,8 @@ def response_topk(module: nn.Module, batch: dict[str, torch.Tensor], temperature
     values, ids = [], []
     for start in range(0, logits.shape[0], rows):
         z = logits[start:start + rows].float() / temperature
-        top = (z - torch.logsumexp(z, dim=-1, keepdim=True)).topk(k, dim=-1)
+        log_p = z - torch.logsumexp(z, dim=-1, keepdim=True)  # [rows, V_teacher]
+        top = log_p[:, :vocab_limit].topk(k, dim=-1)  # [rows, K], ids < vocab_limit
         values.append(top.values)
         ids.append(top.indices)
     sampled = logprobs_from_logits(logits, labels, temperature=temperature)

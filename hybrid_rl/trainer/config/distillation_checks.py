@@ -3,16 +3,15 @@
 A teacher scores the student's token ids, so both must mean the same token by the same id: the
 teacher's tokenizer vocabulary must equal the student's, and the models' logit widths
 (``config.vocab_size``, often padded past the tokenizer) must fit: the teacher needs a logit for every
-id the student can sample (teacher's >= student's), and a top-K loss gathers the teacher's ids from the
-student's logits (equal sizes, so no padded teacher id can land there). Checked here, before any worker
-starts.
+id the student can sample (teacher's >= student's). A teacher padded wider is fine: a top-K loss picks
+the teacher's K among the student's ids (``workers/topk_forward.response_topk``'s ``vocab_limit``), as
+Qwen2.5-0.5B (151936) under a 7B teacher (152064) needs. Checked here, before any worker starts.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
-from hybrid_rl.algorithms.distillation import distillation_loss_info
 from hybrid_rl.trainer.config.run_checks import check_model_path
 
 __all__ = ["check_distillation", "vocab_size_problem", "vocabulary_problem", "weights_problems"]
@@ -37,24 +36,16 @@ def vocabulary_problem(key: str, teacher_path: str, student_path: str, trust_rem
             "so both must share one tokenizer: pick a teacher of the student's model family."]
 
 
-def _vocab_size(path: str, key: str, trust_remote_code: bool, override_config: Any = None) -> Optional[int]:
-    """``config.vocab_size`` of the model at ``path`` (its text model's for a multimodal config)."""
-    from hybrid_rl.workers.model_loader import load_hf_config, resolve_model_path
-
-    config = load_hf_config(resolve_model_path(path, key=key), trust_remote_code=trust_remote_code,
-                            override_config=dict(override_config or {}))
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    size = getattr(text, "vocab_size", None)
-    return int(size) if isinstance(size, int) else None
-
-
-def vocab_size_problem(key: str, teacher_path: str, student_path: str, *, topk: bool, trust_remote_code: bool = False,
+def vocab_size_problem(key: str, teacher_path: str, student_path: str, *, trust_remote_code: bool = False,
                        student_override: Any = None) -> list[str]:
     """One line when the models' ``config.vocab_size`` do not fit (module docstring); none when either
     size cannot be read (the folder checks report that)."""
+    from hybrid_rl.workers.model_loader import model_vocab_size
+
     try:
-        teacher = _vocab_size(teacher_path, key, trust_remote_code)
-        student = _vocab_size(student_path, "actor_rollout_ref.model.path", trust_remote_code, student_override)
+        teacher = model_vocab_size(teacher_path, key, trust_remote_code=trust_remote_code)
+        student = model_vocab_size(student_path, "actor_rollout_ref.model.path", trust_remote_code=trust_remote_code,
+                                   override_config=dict(student_override or {}))
     except (OSError, ValueError):
         return []
     if teacher is None or student is None or teacher == student:
@@ -63,10 +54,6 @@ def vocab_size_problem(key: str, teacher_path: str, student_path: str, *, topk: 
         return [f"{key}={teacher_path!r}: the teacher's config.vocab_size {teacher} is smaller than the student's "
                 f"{student}, so a student token id >= {teacher} has no teacher logit; use a teacher whose vocab_size "
                 f"is at least {student}."]
-    if topk:
-        return [f"{key}={teacher_path!r}: the teacher's config.vocab_size {teacher} (padded past the student's "
-                f"{student}) can put an id >= {student} in its top-K, which the student's logits cannot gather; "
-                "use a teacher with the student's vocab_size, or distillation.distillation_loss.loss_mode=k3."]
     return []
 
 
@@ -89,12 +76,12 @@ def check_distillation(cfg: Any) -> list[str]:
         return errors
     model = cfg.actor_rollout_ref.model
     student = model.tokenizer_path or model.path
-    remote, topk = bool(model.trust_remote_code), distillation_loss_info(d.distillation_loss.loss_mode).use_topk
+    remote = bool(model.trust_remote_code)
     for name, teacher in d.active_teachers().items():
         key = f"distillation.teacher_models.{name}.model_path"
         problems = check_model_path(key, teacher.model_path, model.trust_remote_code)
         errors.extend(problems or weights_problems(key, teacher.model_path, remote)
                       or vocabulary_problem(key, teacher.model_path, student, remote)
-                      or vocab_size_problem(key, teacher.model_path, model.path, topk=topk, trust_remote_code=remote,
+                      or vocab_size_problem(key, teacher.model_path, model.path, trust_remote_code=remote,
                                             student_override=model.override_config))
     return errors
