@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import glob
 import gzip
+import itertools
 import json
 import os
+import re
 import zlib
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Iterable, Iterator, Union
@@ -35,6 +37,8 @@ __all__ = ["SUPPORTED_SUFFIXES", "data_suffix", "expand_data_files", "iter_recor
 SUPPORTED_SUFFIXES = (".parquet", ".jsonl", ".json", ".jsonl.gz", ".json.gz")
 _FIX = "check data.train_files / data.val_files"
 _BOM = b"\xef\xbb\xbf"
+_NEWLINE = re.compile(rb"\r\n|\r|\n")
+_CHUNK = 1 << 16
 Record = tuple[int, Union[dict[str, Any], RowError]]
 """``(row number from 1, the row or the RowError that says why it cannot be read)``."""
 
@@ -105,8 +109,28 @@ def _line_record(raw: bytes, path: Path, line_no: int) -> dict[str, Any] | RowEr
     return row
 
 
-def _jsonl_records(lines: Iterable[bytes], path: Path) -> Iterator[Record]:
-    for line_no, raw in enumerate(lines, start=1):
+def _lines(f: IO[bytes], chunk_size: int = _CHUNK) -> Iterator[bytes]:
+    """The lines of a binary file without their ends, split as universal newlines (``str.splitlines``
+    for ``\\r\\n``, ``\\r`` and ``\\n``: old Mac files end lines with a bare ``\\r``), read
+    ``chunk_size`` bytes at a time; a last line without an end counts, an empty end does not."""
+    partial: list[bytes] = []  # the unfinished line's pieces
+    after_cr = False  # the last chunk ended with \r: a \n opening this one ends no second line
+    while chunk := f.read(chunk_size):
+        if after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        after_cr = chunk.endswith(b"\r")
+        parts = _NEWLINE.split(chunk)
+        partial.append(parts[0])
+        if len(parts) > 1:
+            yield b"".join(partial)
+            yield from parts[1:-1]
+            partial = [parts[-1]]
+    if any(partial):
+        yield b"".join(partial)
+
+
+def _jsonl_records(f: IO[bytes], path: Path) -> Iterator[Record]:
+    for line_no, raw in enumerate(_lines(f), start=1):
         item = _line_record(raw, path, line_no)
         if item is not None:
             yield line_no, item
@@ -133,7 +157,7 @@ def _document_records(data: bytes, path: Path) -> Iterator[Record]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        line_no = data.count(b"\n", 0, err.start) + 1
+        line_no = len(_NEWLINE.findall(data, 0, err.start)) + 1
         raise ValueError(f"data file {str(path)!r} line {line_no}: not UTF-8 text (byte 0x{data[err.start]:02x}); "
                          "re-save the file as UTF-8") from None
     try:
@@ -152,9 +176,11 @@ def _document_records(data: bytes, path: Path) -> Iterator[Record]:
 def _is_json_lines(f: IO[bytes]) -> bool:
     """A ``.json`` file holds JSON Lines when its first non-blank line is a whole ``{...}`` and another
     non-blank line follows (a JSON document's first line is ``[``, ``{`` or an unfinished object)."""
-    non_blank = (line.strip() for line in f if line.strip())
+    lines = _lines(f)
+    head = next(lines, b"")
+    head = head[len(_BOM):] if head.startswith(_BOM) else head  # before strip(): a BOM alone is a blank line
+    non_blank = (line.strip() for line in itertools.chain([head], lines) if line.strip())
     first = next(non_blank, b"")
-    first = first[len(_BOM):] if first.startswith(_BOM) else first
     return first.startswith(b"{") and first.endswith(b"}") and next(non_blank, None) is not None
 
 
