@@ -284,7 +284,7 @@ class OpenAIEndpoint:
                 return JSONResponse(await handler(key, body))
             except (_RequestError, InvalidParam, json.JSONDecodeError, ValueError) as exc:
                 return error(400, "invalid_request_error", exc)
-            except RequestFailed as exc:  # this call failed in the engine; the round's others were served
+            except RequestFailed as exc:  # not served: the engine failed on it alone, or the rollout ended
                 return error(500, "server_error", exc)
 
         @app.post("/{key}/v1/chat/completions")

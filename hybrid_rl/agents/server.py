@@ -21,8 +21,10 @@ Every agent is bounded by ``timeout_s`` and never raises into the rollout: its r
 (:mod:`hybrid_rl.agents.executor`). Nothing one agent sends fails the round: its sampling settings
 are checked when it asks (:func:`~hybrid_rl.agents.request_checks.check_sampling`: the error is
 raised into that agent only), and an engine call that raises is retried one request at a time, so a
-request the engine fails on alone fails only its agent (:class:`RequestFailed`). A failure with the
-rollout's own settings where no request of the round could be served is the engine's, and is raised.
+request the engine fails on alone fails only its agent (:class:`RequestFailed`). Retried alone, a request
+keeps the seed its row had in the batched call (vLLM's ``seed + row``), so samples stay distinct. A round
+of which nothing could be served is the engine's failure, raised for the step: two or more requests
+failing, or a lone one while the engine also fails a one-token probe with the rollout's own settings.
 """
 
 from __future__ import annotations
@@ -220,22 +222,20 @@ class BatchingServer:
     def _dispatch(self, requests: list[_Request]) -> None:
         """Serve one round: one engine call per sampling setting, requests in (row, call) order. A request
         whose agent was cancelled meanwhile is skipped (its future can no longer be set). An engine call
-        that raises is retried one request at a time: a request the engine fails on alone fails only its
-        agent, unless no request of the round was served and it used the rollout's own settings (then the
-        engine is at fault: every request fails and the error is raised)."""
+        that raises is retried one request at a time (:meth:`_serve_group`); :meth:`_settle` then fails
+        the requests the engine failed on alone, or raises when the engine itself is at fault."""
         groups: dict[Any, list[_Request]] = {}
         for request in sorted(requests, key=lambda r: r.order):
             if request.future.set_running_or_notify_cancel():  # running futures cannot be cancelled any more
                 groups.setdefault(request.params, []).append(request)
         seed_base = self.params.seed
-        failed: list[tuple[_Request, Exception, bool]] = []  # (request, its error, with the rollout's settings)
+        failed: list[tuple[_Request, Exception]] = []  # (request, the engine's error on it alone)
         served = 0
         try:
             for params, group in groups.items():
                 seed = None if seed_base is None else seed_base + self.rounds * TURN_SEED_STRIDE
                 self.rounds += 1
-                served += self._serve_group(group, dataclasses.replace(params, seed=seed), failed,
-                                            own=params == self.params)
+                served += self._serve_group(group, dataclasses.replace(params, seed=seed), failed)
             if failed:
                 self._settle(failed, served)
         except BaseException as exc:
@@ -246,23 +246,29 @@ class BatchingServer:
             raise
         self.requests += len(requests)
 
-    def _serve_group(self, group: list[_Request], params: Any, failed: list, own: bool) -> int:
+    def _serve_group(self, group: list[_Request], params: Any, failed: list) -> int:
         """Serve ``group`` in one engine call, or one call per request if that raises; returns how many
-        were served and appends the requests the engine failed on alone to ``failed``."""
+        were served and appends the requests the engine failed on alone to ``failed``.
+
+        Retried alone, the request at position i is seeded ``params.seed + i``: the seed vLLM gives row i
+        of the batched call (so vLLM samples exactly what the batched call would have), and distinct
+        streams on the one-stream-per-call engines (HF, vLLM-CPU). Without a seed each call continues
+        the rollout's private stream, so the retries differ too."""
         try:
             self._answer(group, params)
             return len(group)
         except Exception as exc:
             if len(group) == 1:
-                failed.append((group[0], exc, own))
+                failed.append((group[0], exc))
                 return 0
         served = 0
-        for request in group:
+        for position, request in enumerate(group):
+            seed = None if params.seed is None else params.seed + position
             try:
-                self._answer([request], params)
+                self._answer([request], dataclasses.replace(params, seed=seed))
                 served += 1
             except Exception as exc:
-                failed.append((request, exc, own))
+                failed.append((request, exc))
         return served
 
     def _answer(self, group: list[_Request], params: Any) -> None:
@@ -276,17 +282,34 @@ class BatchingServer:
                 token_ids=ids, log_probs=list(log_probs)[: len(ids)] if log_probs else None,
                 stop_reason="completed" if ended else "length"))
 
-    def _settle(self, failed: list[tuple[_Request, Exception, bool]], served: int) -> None:
+    def _settle(self, failed: list[tuple[_Request, Exception]], served: int) -> None:
         """Fail the requests the engine failed on alone; raise when the engine itself is at fault."""
-        if served == 0 and any(own for _, _, own in failed):
-            raise failed[0][1]  # _dispatch fails every request of the round
-        for request, exc, _ in failed:
+        if served == 0:
+            self._raise_if_engine_failed(failed)
+        why = (f"the round's other {served} request(s) were served" if served else
+               "the engine answered a one-token probe with the rollout's own settings")
+        for request, exc in failed:
             request.future.set_exception(RequestFailed(
-                f"the rollout engine failed on this request alone ({type(exc).__name__}: {str(exc)[:200]}); "
-                "the round's other requests were served"))
-        request, exc, _ = failed[0]
+                f"the rollout engine failed on this request alone ({type(exc).__name__}: {str(exc)[:200]}); {why}"))
+        request, exc = failed[0]
         logger.warning("%d request(s) of a round failed in the engine alone; only their agents fail (first: "
                        "call %s, %s: %s)", len(failed), request.order, type(exc).__name__, str(exc)[:200])
+
+    def _raise_if_engine_failed(self, failed: list[tuple[_Request, Exception]]) -> None:
+        """No request of the round was served. Two or more failing (each also alone) is the engine's
+        failure; a lone one is, when the engine also fails a one-token probe (prompt ``[0]``) with the
+        rollout's own settings. Then the first request's error is raised (``_dispatch`` fails the rest)."""
+        error = failed[0][1]
+        if len(failed) == 1:
+            try:
+                self.turn_fn([[0]], [1], self.params)
+                return
+            except Exception as probe_error:
+                logger.error("the rollout engine failed a one-token probe with the rollout's own settings "
+                             "(%s: %s)", type(probe_error).__name__, str(probe_error)[:200])
+        logger.error("the rollout engine served none of the %d request(s) of a round: raising for the step",
+                     len(failed))
+        raise error
 
     def _fail_pending(self, why: str) -> None:
         with self._cond:
