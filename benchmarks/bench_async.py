@@ -21,7 +21,8 @@ second.
 Reported per mode: trained samples per second over the training steps (rows x steps / the steps'
 time, validation excluded), the speed-up over the synchronous mode, held-out accuracy before and
 after the same number of trained samples, and the decoupled mode's staleness and idle times. Runs
-with eta > 0 use AReaL's decoupled loss (``--vanilla-loss`` to compare without it). The
+with eta > 0 use AReaL's decoupled loss (``--vanilla-loss``: the vanilla loss with token-level TIS
+instead; the vanilla loss alone is refused at eta > 0, it would train stale rows as on-policy). The
 synchronous run uses one worker with every core; the decoupled run one training and one rollout
 worker with half the cores each.
 
@@ -140,8 +141,9 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: str, url: str | None 
     if mode != "sync":
         overrides += ["async_training.enable=true", f"async_training.max_head_offpolicyness={int(mode)}",
                       "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1"]
-        if int(mode) > 0 and not args.vanilla_loss:  # stale rows: AReaL's decoupled objective
-            overrides += ["actor_rollout_ref.actor.policy_loss.loss_mode=decoupled",
+        if int(mode) > 0:  # stale rows: AReaL's decoupled objective, or veRL's rollout correction
+            overrides += ["algorithm.rollout_correction.preset=token_tis" if args.vanilla_loss
+                          else "actor_rollout_ref.actor.policy_loss.loss_mode=decoupled",
                           "actor_rollout_ref.rollout.calculate_log_probs=true"]
     start = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [workdir, os.environ.get("PYTHONPATH")]))}
@@ -197,7 +199,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per step")
     parser.add_argument("--n", type=int, default=4, help="responses per prompt")
-    parser.add_argument("--vanilla-loss", action="store_true", help="eta > 0 without the decoupled loss")
+    parser.add_argument("--vanilla-loss", action="store_true", help="eta > 0 with the vanilla loss and token-level TIS instead of the decoupled loss")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
     parser.add_argument("extra", nargs="*", help="more key=value overrides for every run")
     args = parser.parse_args()
