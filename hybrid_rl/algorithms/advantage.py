@@ -317,8 +317,9 @@ def compute_reinforce_plus_plus_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu 2025): discounted return-to-go, whitened over the mask.
 
-    The running return is reset after each masked position (``running *= mask[t]``), so rewards
-    on padding never leak into earlier tokens.
+    Masked positions (padding, multi-turn tool observations) are skipped as in veRL 0.9.1: their
+    return is 0, their reward is dropped, and the running return is carried across them
+    undiscounted, so the outcome reward reaches every earlier turn.
 
     Args:
         token_level_rewards: ``[B, R]``.
@@ -332,9 +333,10 @@ def compute_reinforce_plus_plus_outcome_advantage(
     returns = torch.zeros_like(token_level_rewards)
     running = torch.zeros_like(token_level_rewards[:, 0])  # [B]
     for t in reversed(range(token_level_rewards.shape[1])):
-        running = token_level_rewards[:, t] + gamma * running
-        returns[:, t] = running
-        running = running * mask[:, t]
+        candidate = token_level_rewards[:, t] + gamma * running
+        m = mask[:, t]
+        returns[:, t] = candidate * m
+        running = candidate * m + running * (1 - m)
     advantages = masked_whiten(returns, mask) * mask
     return advantages, returns
 

@@ -53,7 +53,9 @@ def _broadcast(per_row: torch.Tensor, response_mask: torch.Tensor) -> tuple[torc
 
 
 register_adv_est("grpo_vectorized", needs_groups=True, description=(
-    "GRPO under veRL's vectorised name (GRPO is vectorised here already: the same numbers)."))(
+    "GRPO under veRL's vectorised name (GRPO is vectorised here already): veRL's numbers with the default "
+    "norm_adv_by_std_in_grpo=true; with norm_adv_by_std_in_grpo=false it gives s - group mean, where veRL's "
+    "trainer still divides by the group std (docs/algorithms.md, Departures)."))(
     compute_grpo_outcome_advantage)
 
 

@@ -60,6 +60,16 @@ def test_grpo_vectorized_is_grpo():
     assert torch.equal(_run("grpo_vectorized", *args), _run("grpo", *args))
 
 
+def test_grpo_vectorized_description_names_its_departure_without_std():
+    # norm_adv_by_std_in_grpo=false: scores 1, 0, 2 (mean 1) give s - mean = [0, -1, 1]; veRL's trainer
+    # would still divide by the std (1), so the description must not promise veRL's numbers unqualified.
+    adv = _run("grpo_vectorized", [1.0, 0.0, 2.0], ["a"] * 3, norm_adv_by_std_in_grpo=False)
+    assert adv[:, 0].tolist() == [0.0, -1.0, 1.0]
+    description = adv_estimator_info("grpo_vectorized").description
+    assert "the same numbers" not in description
+    assert "norm_adv_by_std_in_grpo=false" in description and "Departures" in description
+
+
 def _verl_gdpo(components, weights, index, mask):
     """veRL's gdpo written out: GRPO per component (loop), weighted sum, masked whiten (unbiased var)."""
     total = torch.zeros_like(mask)

@@ -100,6 +100,28 @@ def test_reinforce_plus_plus_hand_values():
     assert adv[1, 2] == 0
 
 
+def test_reinforce_plus_plus_multi_turn_carries_return_across_observations():
+    # Row 0: two turns around a 2-token tool observation, outcome reward 1 at the end (veRL 0.9.1:
+    # returns [1, 1, 0, 0, 1, 1]). Row 1: single turn, reward 2 on its last token, then padding.
+    rewards = torch.tensor([[0, 0, 0, 0, 0, 1.0], [0, 0, 2.0, 0, 0, 0]], dtype=F64)
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1], [1, 1, 1, 0, 0, 0]])
+    adv, ret = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=1.0)
+    assert ret.tolist() == [[1.0, 1.0, 0.0, 0.0, 1.0, 1.0], [2.0, 2.0, 2.0, 0.0, 0.0, 0.0]]
+    valid = [1.0] * 4 + [2.0] * 3
+    mean = sum(valid) / 7
+    std = math.sqrt(sum((v - mean) ** 2 for v in valid) / 6 + 1e-8)
+    assert adv.tolist()[0] == pytest.approx([(1 - mean) / std] * 2 + [0, 0] + [(1 - mean) / std] * 2, rel=1e-7)
+    assert adv.tolist()[1] == pytest.approx([(2 - mean) / std] * 3 + [0, 0, 0], rel=1e-7)
+
+
+def test_reinforce_plus_plus_masked_positions_neither_discount_nor_add_reward():
+    # gamma 0.5; position 1 is an observation carrying a stray reward 3: veRL drops it, gives it
+    # return 0 and carries 0.5 (the return at t=2) to t=0 undiscounted: 0.5 * 0.5 = 0.25.
+    rewards = torch.tensor([[0, 3.0, 0, 1.0]], dtype=F64)
+    _, ret = compute_reinforce_plus_plus_outcome_advantage(rewards, torch.tensor([[1, 0, 1, 1]]), gamma=0.5)
+    assert ret.tolist() == [[0.25, 0.0, 0.5, 1.0]]
+
+
 def test_reinforce_plus_plus_baseline_hand_values():
     rewards = torch.tensor([[1.0, 0.0], [0.0, 3.0], [5.0, 0.0]], dtype=F64)
     adv, ret = compute_reinforce_plus_plus_baseline_outcome_advantage(
@@ -195,14 +217,14 @@ def _ref_gae(rewards, values, mask, gamma, lam):
 
 
 def _ref_reinforce_pp(rewards, mask, gamma):
+    """veRL 0.9.1: a masked position gets return 0 and passes the running return through untouched."""
     returns = torch.zeros_like(rewards)
     for i in range(rewards.shape[0]):
         running = 0.0
         for t in reversed(range(rewards.shape[1])):
-            running = rewards[i, t].item() + gamma * running
-            returns[i, t] = running
-            if not mask[i, t]:
-                running = 0.0
+            if mask[i, t]:
+                running = rewards[i, t].item() + gamma * running
+                returns[i, t] = running
     return _ref_whiten(returns, mask) * mask, returns
 
 
@@ -251,8 +273,10 @@ def test_gae_matches_loop(seed):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_reinforce_plus_plus_matches_loop(seed):
-    rewards, mask, _, _, _, _ = _random_batch(seed=seed)
+@pytest.mark.parametrize("holes", [False, True])
+def test_reinforce_plus_plus_matches_loop(seed, holes):
+    rewards, mask, mask_with_holes, _, _, _ = _random_batch(seed=seed)
+    mask = mask_with_holes if holes else mask
     adv, ret = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.9)
     ref_adv, ref_ret = _ref_reinforce_pp(rewards, mask, 0.9)
     assert torch.allclose(ret, ref_ret, atol=1e-6, rtol=0)
