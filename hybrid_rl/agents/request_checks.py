@@ -12,10 +12,13 @@ round, and with it the step; a failure must stay the row's. So each call is chec
   ``server_manager.generate`` with :func:`check_sampling`; the :class:`InvalidParam` it raises reaches
   that loop only.
 
-The ranges are the engines' (those of ``actor_rollout_ref.rollout.*``), which are OpenAI's or wider:
-``temperature`` any finite number >= 0, ``top_p`` in (0, 1], ``top_k`` (vLLM's extension) -1, 0 or a
-positive count. Parameters the endpoint reads but does not apply (``stop``, ``seed``, the penalties,
-``top_logprobs``) are checked against OpenAI's types and ranges too, so an agent learns of a typo.
+The sampling ranges are OpenAI's or wider: ``temperature`` any finite number >= 0 (OpenAI: [0, 2]; 0
+= greedy), ``top_p`` in [0, 1] as OpenAI (0 = greedy: only the most likely token is left, and the
+engines, which refuse ``top_p=0``, are sent temperature 0 instead), ``top_k`` (vLLM's extension) -1, 0
+or a positive count. ``n`` must be 1 and ``stream`` false (narrower than OpenAI: each sample is its own
+call, and completions are recorded whole). Parameters the endpoint reads but does not apply (``stop``,
+``seed``, the penalties, ``top_logprobs``) are checked against OpenAI's types and ranges too, so an
+agent learns of a typo.
 """
 
 from __future__ import annotations
@@ -63,9 +66,9 @@ def check_sampling(sampling: Mapping[str, Any], where: str = "") -> None:
     if temperature is not None and not (_is_number(temperature) and temperature >= 0):
         raise _bad(where + "temperature", temperature, "must be a finite number >= 0 (0 = greedy)",
                    "send a temperature such as 1.0, or leave it out to sample at the rollout's temperature")
-    if top_p is not None and not (_is_number(top_p) and 0 < top_p <= 1):
-        raise _bad(where + "top_p", top_p, "must be a number in (0, 1] (1 = no nucleus cut)",
-                   "send a top_p in (0, 1], or leave it out to use the rollout's")
+    if top_p is not None and not (_is_number(top_p) and 0 <= top_p <= 1):
+        raise _bad(where + "top_p", top_p, "must be a number in [0, 1] (0 = greedy, 1 = no nucleus cut)",
+                   "send a top_p in [0, 1], or leave it out to use the rollout's")
     if top_k is not None and not (_is_integer(top_k) and top_k >= -1):
         raise _bad(where + "top_k", top_k, "must be an integer >= -1 (-1 or 0 = no top-k cut)",
                    "send a positive top_k, -1 to disable it, or leave it out to use the rollout's")

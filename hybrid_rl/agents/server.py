@@ -111,9 +111,10 @@ class BatchingServer:
                        order: tuple = ()) -> TokenOutput:
         """One completion of ``prompt_ids`` (awaited by an agent running under :meth:`run`).
 
-        ``sampling_params`` may set ``temperature``, ``top_p``, ``top_k`` and ``max_tokens`` (or
-        ``max_new_tokens``); others (``logprobs``, ``repetition_penalty`` ...) are ignored: log-probs
-        come back whenever the rollout computes them. ``order``: the request's place in its round.
+        ``sampling_params`` may set ``temperature``, ``top_p`` (0 or a temperature of 0 = greedy),
+        ``top_k`` and ``max_tokens`` (or ``max_new_tokens``); others (``logprobs``,
+        ``repetition_penalty`` ...) are ignored: log-probs come back whenever the rollout computes them.
+        ``order``: the request's place in its round.
         """
         prompt = [int(t) for t in prompt_ids]
         if not prompt or min(prompt) < 0:
@@ -144,10 +145,11 @@ class BatchingServer:
             changes["top_k"] = -1
         if "temperature" in changes:
             changes["temperature"] = float(changes["temperature"])
-            if changes["temperature"] <= 0:  # greedy, as OpenAI-compatible servers read temperature 0
-                changes.update(temperature=0.0, do_sample=False, top_p=1.0, top_k=-1)
-            else:  # a positive temperature samples on every engine (vLLM reads only the temperature)
-                changes.update(temperature=max(changes["temperature"], MIN_TEMPERATURE), do_sample=True)
+        if changes.get("temperature", 1.0) <= 0 or changes.get("top_p") == 0:
+            # greedy, as OpenAI reads temperature 0 and top_p 0 (only the most likely token left)
+            changes.update(temperature=0.0, do_sample=False, top_p=1.0, top_k=-1)
+        elif "temperature" in changes:  # a positive temperature samples on every engine (vLLM reads only it)
+            changes.update(temperature=max(changes["temperature"], MIN_TEMPERATURE), do_sample=True)
         return dataclasses.replace(self.params, **changes) if changes else self.params
 
     # ------------------------------------------------------------------ the engine's side (calling thread)

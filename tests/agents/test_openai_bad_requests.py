@@ -99,8 +99,8 @@ def test_a_bad_request_fails_its_agent_only_and_the_other_rows_train(tiny_model_
     out = _rollout(tiny_model_dir, tmp_path)
     top_p, temperature = SEEN["top_p"], SEEN["temperature"]
     assert top_p["status"] == 400 and top_p["body"] == {
-        "message": "top_p=-1 is invalid: must be a number in (0, 1] (1 = no nucleus cut). Fix: send a top_p in "
-                   "(0, 1], or leave it out to use the rollout's.",
+        "message": "top_p=-1 is invalid: must be a number in [0, 1] (0 = greedy, 1 = no nucleus cut). Fix: send a "
+                   "top_p in [0, 1], or leave it out to use the rollout's.",
         "type": "invalid_request_error", "param": "top_p", "code": "invalid_value"}
     assert temperature["status"] == 400 and temperature["body"]["error"]["param"] == "temperature"
     assert temperature["body"]["error"]["message"].startswith("temperature=nan is invalid: must be a finite number")

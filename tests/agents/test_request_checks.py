@@ -20,9 +20,10 @@ BAD_BODIES = [  # (kind, body, the param named, a piece of the message)
     ("chat", {"temperature": float("inf")}, "temperature", "temperature=inf is invalid"),
     ("chat", {"temperature": -0.5}, "temperature", "temperature=-0.5 is invalid"),
     ("chat", {"temperature": "hot"}, "temperature", "temperature='hot' is invalid"),
-    ("chat", {"top_p": -1}, "top_p", "top_p=-1 is invalid: must be a number in (0, 1] (1 = no nucleus cut). "
-                                     "Fix: send a top_p in (0, 1], or leave it out to use the rollout's."),
-    ("chat", {"top_p": 0}, "top_p", "top_p=0 is invalid"),
+    ("chat", {"top_p": -1}, "top_p", "top_p=-1 is invalid: must be a number in [0, 1] (0 = greedy, 1 = no nucleus "
+                                     "cut). Fix: send a top_p in [0, 1], or leave it out to use the rollout's."),
+    ("chat", {"top_p": -1e-9}, "top_p", "top_p=-1e-09 is invalid"),
+    ("chat", {"top_p": NAN}, "top_p", "top_p=nan is invalid"),
     ("completions", {"top_p": 1.5}, "top_p", "top_p=1.5 is invalid"),
     ("chat", {"top_k": -2}, "top_k", "top_k=-2 is invalid: must be an integer >= -1 (-1 or 0 = no top-k cut)"),
     ("chat", {"top_k": 2.5}, "top_k", "top_k=2.5 is invalid"),
@@ -54,6 +55,7 @@ def test_valid_parameters_pass():
                        "stop": ["\n"], "logprobs": True, "top_logprobs": 0, "seed": 3, "frequency_penalty": -2,
                        "max_completion_tokens": 4.0}, "chat")
     check_openai_body({"temperature": 1.7, "top_p": 0.01, "top_k": 0, "logprobs": 1, "stop": "x"}, "completions")
+    check_openai_body({"temperature": 2.5, "top_p": 0, "top_k": 5}, "chat")  # OpenAI's top_p range is [0, 1]
     assert check_prompt_ids([0, 5, 299], vocab_size=300) == [0, 5, 299]
     for ids, param in (([1, 300], "prompt[1]"), ([-1], "prompt[0]"), ([1, 2.5], "prompt[1]"), ([], "prompt")):
         with pytest.raises(InvalidParam, match=r"\[0, 300\)|non-empty") as caught:
@@ -112,12 +114,25 @@ def test_sampling_settings_out_of_range_are_raised_into_their_agent_only():
     results = server.run([_agent(server, [1], {"top_p": -1}), _agent(server, [1], {"temperature": NAN}),
                           _agent(server, [], {}), _agent(server, [4, 5], {"top_k": 0, "temperature": 1e-40})],
                          timeout_s=5)
-    assert results[0] == ("error", "InvalidParam: sampling_params.top_p=-1 is invalid: must be a number in (0, 1] "
-                                   "(1 = no nucleus cut). Fix: send a top_p in (0, 1], or leave it out to use the "
-                                   "rollout's.")
+    assert results[0] == ("error", "InvalidParam: sampling_params.top_p=-1 is invalid: must be a number in [0, 1] "
+                                   "(0 = greedy, 1 = no nucleus cut). Fix: send a top_p in [0, 1], or leave it out "
+                                   "to use the rollout's.")
     assert results[1][0] == "error" and "sampling_params.temperature=nan is invalid" in results[1][1]
     assert results[2][0] == "error" and "prompt_ids must be a non-empty list" in results[2][1]
     assert results[3] == ("ok", [2, EOS])
     [(prompts, params)] = engine.calls  # only the valid request reached the engine
     assert prompts == [[4, 5]] and params == dataclasses.replace(PARAMS, top_k=-1, temperature=0.01)
     assert not any(math.isnan(p.temperature) or p.top_p <= 0 for _, p in engine.calls)
+
+
+def test_top_p_zero_is_greedy_as_temperature_zero_is():
+    """top_p -> 0 keeps only the most likely token: greedy. The engines (vLLM refuses top_p=0) get
+    the greedy settings temperature 0 sends, whatever temperature came with it."""
+    engine = Engine()
+    server = BatchingServer(engine, PARAMS, max_model_len=32)
+    results = server.run([_agent(server, [1], {"top_p": 0, "temperature": 0.7}), _agent(server, [2], {"top_p": 0.0}),
+                          _agent(server, [3], {"temperature": 0})], timeout_s=5)
+    assert results == [("ok", [1, EOS]), ("ok", [1, EOS]), ("ok", [1, EOS])]
+    greedy = dataclasses.replace(PARAMS, temperature=0.0, do_sample=False, top_p=1.0, top_k=-1, seed=PARAMS.seed)
+    [(prompts, params)] = engine.calls  # one setting, so one engine call
+    assert prompts == [[1], [2], [3]] and params == greedy
