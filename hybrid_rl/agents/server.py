@@ -298,20 +298,18 @@ class BatchingServer:
                        "call %s, %s: %s)", len(failed), request.order, type(exc).__name__, str(exc)[:200])
 
     def _raise_if_engine_failed(self, failed: list[tuple[_Request, Exception]]) -> None:
-        """No request of the round was served. Two or more failing (each also alone) is the engine's
-        failure; a lone one is, when the engine also fails a one-token probe (prompt ``[0]``) with the
-        rollout's own settings. Then the first request's error is raised (``_dispatch`` fails the rest)."""
-        error = failed[0][1]
-        if len(failed) == 1:
-            try:
-                self.turn_fn([[0]], [1], self.params)
-                return
-            except Exception as probe_error:
-                logger.error("the rollout engine failed a one-token probe with the rollout's own settings "
-                             "(%s: %s)", type(probe_error).__name__, str(probe_error)[:200])
-        logger.error("the rollout engine served none of the %d request(s) of a round: raising for the step",
-                     len(failed))
-        raise error
+        """No request of the round was served: the engine is at fault when it also fails a one-token
+        probe (prompt ``[0]``) with the rollout's own settings; then the first request's error is raised
+        (``_dispatch`` fails the rest). Otherwise each request failed for a reason of its own (a row's
+        failure, never the step's), however many there were."""
+        try:
+            self.turn_fn([[0]], [1], self.params)
+            return
+        except Exception as probe_error:  # noqa: BLE001 - any engine failure
+            logger.error("the rollout engine failed a one-token probe with the rollout's own settings (%s: %s); "
+                         "it served none of the %d request(s) of a round: raising for the step",
+                         type(probe_error).__name__, str(probe_error)[:200], len(failed))
+        raise failed[0][1]
 
     def _fail_pending(self, why: str) -> None:
         with self._cond:

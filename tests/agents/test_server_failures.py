@@ -110,7 +110,7 @@ def test_a_dead_engine_is_raised_for_the_step_whatever_the_agents_sent():
     server = BatchingServer(engine, PARAMS, max_model_len=32)
     with pytest.raises(RuntimeError, match="CUDA error: an illegal memory access"):
         server.run([_agent(server, [1, 2], {"temperature": 0.7}) for _ in range(6)], timeout_s=5)
-    assert engine.calls == 7  # the batched call, then each of the 6 alone: nothing served
+    assert engine.calls == 8  # the batched call, each of the 6 alone, then the probe: nothing served
 
 
 def test_a_lone_failing_request_is_raised_when_the_engine_fails_a_probe_too():
@@ -119,6 +119,19 @@ def test_a_lone_failing_request_is_raised_when_the_engine_fails_a_probe_too():
     with pytest.raises(RuntimeError, match="CUDA error"):
         server.run([_agent(server, [1, 2], {"temperature": 0.7})], timeout_s=5)
     assert engine.calls == 2  # the request, then the one-token probe with the rollout's settings
+
+
+def test_several_requests_failing_each_for_its_own_reason_fail_only_their_agents():
+    """Nothing served, but the engine answers the probe: each request's own failure, never the step's."""
+    def engine(token_lists, max_tokens, params):
+        if any(POISON in t for t in token_lists):
+            raise ValueError("poison token")
+        return [([5, EOS], None) for _ in token_lists]
+
+    server = BatchingServer(engine, PARAMS, max_model_len=32)
+    results = server.run([_agent(server, [POISON, 1]), _agent(server, [POISON, 2])], timeout_s=5)
+    assert [status for status, _ in results] == ["error", "error"]
+    assert all("answered a one-token probe" in message for _, message in results)
 
 
 def test_a_lone_failing_request_fails_its_agent_when_the_engine_answers_the_probe():
