@@ -349,7 +349,9 @@ def bypass_policy_loss(base_loss_fn: Callable, log_prob: torch.Tensor, rollout_l
     PPO's clipped surrogate by default, with pi_rollout as the old policy, the rejections masked and
     ``loss_kwargs`` its settings) or ``reinforce`` (``-A * w * log pi``, w the ``rollout_is`` weight or 1).
 
-    Returns ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower, rollout_corr metrics)``."""
+    Returns ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower, rollout_corr metrics)``; ``reinforce``
+    clips nothing and, as veRL's, returns None for both clip fractions (not logged) and ``ppo_kl`` over
+    the tokens left after the rejections."""
     cfg = resolve_preset(cfg)
     with torch.no_grad():
         weights, mask, metrics = compute_rollout_correction(log_prob.detach(), rollout_log_prob, response_mask, cfg)
@@ -361,5 +363,4 @@ def bypass_policy_loss(base_loss_fn: Callable, log_prob: torch.Tensor, rollout_l
         raise ValueError(f"algorithm.rollout_correction.loss_type={cfg.loss_type!r} must be one of {LOSS_TYPES}.")
     scale = weights if weights is not None else torch.ones_like(log_prob)
     pg_loss = agg_loss(-advantages * log_prob * scale, mask, **agg)
-    zero = pg_loss.new_zeros(())
-    return pg_loss, zero, masked_mean(rollout_log_prob - log_prob.detach(), response_mask), zero, metrics
+    return pg_loss, None, masked_mean(rollout_log_prob - log_prob.detach(), mask), None, metrics

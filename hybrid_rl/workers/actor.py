@@ -300,9 +300,10 @@ class DataParallelPPOActor:
             loss, distill_term, distill_stats = add_distillation(loss, log_prob, old_log_prob, batch, agg,
                                                                  self.distillation, student_topk)
         parts = torch.stack([pg_loss.detach(), entropy_term.detach(), kl_term.detach(), distill_term]).double()
-        stats = {"actor/pg_clipfrac": pg_clipfrac.detach(), "actor/ppo_kl": ppo_kl.detach(),
-                 "actor/pg_clipfrac_lower": pg_clipfrac_lower.detach(), **corr_stats,
-                 **distill_stats}  # to the host once per mini-batch
+        stats = {"actor/pg_clipfrac": pg_clipfrac, "actor/ppo_kl": ppo_kl,
+                 "actor/pg_clipfrac_lower": pg_clipfrac_lower}  # None: a loss that clips nothing (bypass reinforce)
+        stats = {k: v.detach() for k, v in stats.items() if v is not None}
+        stats = {**stats, **corr_stats, **distill_stats}  # to the host once per mini-batch
         if "rollout_log_probs" in batch:  # how far the sampling engine's policy is from the proximal one
             weights = behaviour_weight_stats(old_log_prob, batch["rollout_log_probs"], mask,
                                              cfg.policy_loss.behav_imp_weight_cap)

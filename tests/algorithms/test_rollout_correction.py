@@ -139,10 +139,12 @@ def test_bypass_reinforce_and_ppo_clip():
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])
     lp = (ro + 0.05).requires_grad_(True)  # w = e^0.05 per token
     cfg = RolloutCorrectionConfig(bypass_mode=True, loss_type="reinforce", rollout_is="token", rollout_is_threshold=2.0)
-    loss, clipfrac, ppo_kl, _, metrics = bypass_policy_loss(compute_policy_loss_vanilla, lp, ro, adv, mask, cfg)
+    loss, clipfrac, ppo_kl, clipfrac_lower, metrics = bypass_policy_loss(compute_policy_loss_vanilla, lp, ro, adv,
+                                                                         mask, cfg)
     m = mask.double()
     want = (-adv * lp.detach() * math.exp(0.05) * m).sum() / m.sum()
-    assert loss.item() == pytest.approx(want.item(), rel=1e-10) and clipfrac.item() == 0
+    assert loss.item() == pytest.approx(want.item(), rel=1e-10)
+    assert clipfrac is None and clipfrac_lower is None  # reinforce clips nothing: veRL logs no clip fractions
     assert ppo_kl.item() == pytest.approx(-0.05) and metrics["rollout_corr/rollout_is_mean"] == pytest.approx(
         math.exp(0.05))
     loss.backward()
@@ -151,6 +153,22 @@ def test_bypass_reinforce_and_ppo_clip():
     out = bypass_policy_loss(compute_policy_loss_vanilla, lp, ro, adv, mask, cfg)
     ref = compute_policy_loss_vanilla(ro, lp, adv, mask)  # nothing rejected: PPO against pi_rollout
     assert out[0].item() == pytest.approx(ref[0].item(), rel=1e-12)
+
+
+def test_bypass_reinforce_ppo_kl_counts_only_the_tokens_left_after_rejection():
+    # log pi - log pi_rollout = [0.1, 0.1, 0.1, 2.0]: k2 = 0.5 * d^2 = [0.005] * 3 + [2.0]; at threshold 1
+    # the last token is rejected. veRL: ppo_kl = mean(log pi_rollout - log pi) over the kept tokens = -0.1
+    # (over all four it would be (-0.3 - 2.0) / 4 = -0.575); the loss averages the kept tokens only.
+    ro = torch.tensor([[-1.0, -1.0, -1.0, -3.0]], dtype=F64)
+    lp = (ro + torch.tensor([[0.1, 0.1, 0.1, 2.0]], dtype=F64)).requires_grad_(True)
+    adv = torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=F64)
+    cfg = RolloutCorrectionConfig(bypass_mode=True, loss_type="reinforce", rollout_rs="token_k2",
+                                  rollout_rs_threshold=1.0)
+    loss, clipfrac, ppo_kl, clipfrac_lower, _ = bypass_policy_loss(compute_policy_loss_vanilla, lp, ro, adv,
+                                                                   torch.ones(1, 4), cfg)
+    assert ppo_kl.item() == pytest.approx(-0.1, rel=1e-6)
+    assert loss.item() == pytest.approx(-(1 * -0.9 + 2 * -0.9 + 3 * -0.9) / 3, rel=1e-6)
+    assert clipfrac is None and clipfrac_lower is None
 
 
 @pytest.mark.parametrize("loss_type", ["reinforce", "ppo_clip"])

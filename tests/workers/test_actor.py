@@ -254,3 +254,4 @@ def test_bypass_mode_ppo_clip_is_vanilla_against_the_rollout_log_probs(base_mode
     reinforce, metrics = _run_update(base_model, data)
     assert max((reinforce[k] - want[k]).abs().max().item() for k in want) > 1e-6
     assert all(w == pytest.approx(math.exp(0.5), rel=1e-3) for w in metrics["rollout_corr/rollout_is_mean"])
+    assert "actor/ppo_kl" in metrics and "actor/pg_clipfrac" not in metrics  # reinforce clips nothing (veRL)
