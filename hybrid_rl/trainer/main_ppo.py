@@ -29,7 +29,7 @@ from hybrid_rl.trainer.config.loader import CONFIG_DIR, CONFIG_NAME, check_overr
 from hybrid_rl.trainer.config.verl_compat import recommended_setting_notices, verl_default_notices
 from hybrid_rl.trainer.core.single_process import reexec_for_single_process, resolve_single_process
 from hybrid_rl.trainer.ppo.preflight import (check_agent_config, check_agent_names, check_experience_buffer,
-                                              check_reward_coverage)
+                                              check_reward_coverage, check_teacher_keys)
 from hybrid_rl.utils.log_setup import recorded_config_notices
 
 logger = logging.getLogger(__name__)
@@ -72,6 +72,7 @@ def build_trainer(cfg: Union[DictConfig, PPOConfig], trainer_cls: Optional[type]
     check_agent_names(trainer.config, trainer.train_dataset, trainer.val_dataset)
     if for_training:  # the database before Ray and the workers: one line, not a traceback after them
         check_experience_buffer(trainer.config, trainer.run_dir)
+        check_teacher_keys(trainer.config, trainer.train_dataset)  # on the workers: a hang, not one line
     return trainer
 
 

@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from hybrid_rl.algorithms.distillation import distillation_loss_info
 from hybrid_rl.protocol import DataProto
@@ -32,9 +33,13 @@ TEACHER_TEMPERATURE = 1.0
 (veRL 0.9.1 forces 1.0 for the teacher; the student's log-probs stay at the rollout temperature)."""
 
 
-def route_rows(data: DataProto, teachers: dict[str, TeacherModelConfig], teacher_key: str) -> dict[str, np.ndarray]:
+def route_rows(data: DataProto, teachers: dict[str, TeacherModelConfig], teacher_key: str,
+               device: Any = None) -> dict[str, np.ndarray]:
     """Row indices each teacher scores: every row for a single teacher, else the rows whose
-    ``teacher_key`` field equals its ``key``; a row no teacher takes is a ValueError naming its value."""
+    ``teacher_key`` field equals its ``key``; a row no teacher takes is a ValueError naming its value.
+    With ``device`` (the data-parallel collectives' device) the ranks first agree on whether any of
+    them holds such a row, and then every rank raises the same error: a rank raising alone would
+    leave the others waiting in :func:`rows_on_every_rank`'s all-reduce until the collective timeout."""
     rows = np.arange(len(data))
     if len(teachers) == 1:
         return {name: rows for name in teachers}
@@ -44,10 +49,21 @@ def route_rows(data: DataProto, teachers: dict[str, TeacherModelConfig], teacher
     values = np.asarray(data.non_tensor_batch[teacher_key]).astype(str)
     routed = {name: rows[values == str(t.key)] for name, t in teachers.items()}
     orphans = sorted({str(v) for v in values} - {str(t.key) for t in teachers.values()})
+    if device is not None and all_reduce_max_int(int(bool(orphans)), device):
+        orphans = _orphans_of_every_rank(orphans)
     if orphans:
         raise ValueError(f"distillation: rows with {teacher_key}={orphans} have no teacher (keys: "
                          f"{[t.key for t in teachers.values()]}); add a teacher with that key.")
     return routed
+
+
+def _orphans_of_every_rank(orphans: list[str]) -> list[str]:
+    """The union over the data-parallel ranks of their rows' teacher-less values (once some rank has one)."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return orphans
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, orphans)
+    return sorted(set().union(*gathered))
 
 
 def rows_on_every_rank(idx: np.ndarray, num_rows: int, device: Any) -> np.ndarray:
@@ -113,7 +129,7 @@ class TeacherMixin:
         start = time.perf_counter()
         configs = {name: entry[0] for name, entry in self.teachers.items()}
         with phase_peak(metrics, "perf/peak_rss_gib/teacher"):
-            for name, idx in route_rows(data, configs, self.distillation.teacher_key).items():
+            for name, idx in route_rows(data, configs, self.distillation.teacher_key, self.device).items():
                 padded = rows_on_every_rank(idx, len(data), self.device) if len(configs) > 1 else idx
                 if len(padded) == 0:  # no rank has rows for this teacher: every rank skips it
                     continue

@@ -14,6 +14,7 @@ from hybrid_rl.utils.testing import build_tiny_model_dir
 from hybrid_rl.workers.config import ActorRolloutRefConfig
 from hybrid_rl.workers.distillation_config import DistillationConfig, DistillationLossConfig, TeacherModelConfig
 from hybrid_rl.workers.fsdp_workers import ActorRolloutRefWorker
+from hybrid_rl.workers.teacher import route_rows
 from tests.workers.dist_helpers import run_ranks
 from tests.workers.helpers import make_batch
 
@@ -93,3 +94,54 @@ def test_two_ranks_with_one_teachers_rows_on_one_rank_finish_and_equal_one_rank(
             assert torch.equal(two[case]["teacher_topk_ids"][m], one["teacher_topk_ids"][m]), case
             torch.testing.assert_close(two[case]["teacher_topk_log_probs"][m], one["teacher_topk_log_probs"][m],
                                        rtol=1e-5, atol=1e-5, msg=case)
+
+
+# A row whose teacher key matches no teacher on rank 1 only ("orphan" is the last of the 8 rows). Rank 1
+# alone raising would leave rank 0 waiting in rows_on_every_rank's all-reduce (a hang under Ray until the
+# collective timeout): the ranks agree on a flag first, and both raise the same one-line error.
+ORPHAN_SOURCES = SOURCES[:7] + ["orphan"]
+ORPHAN_ERROR = "distillation: rows with data_source=['orphan'] have no teacher (keys: ['gsm8k', 'arithmetic'])"
+
+
+def _orphan_data():
+    data = make_batch(num_rows=len(ORPHAN_SOURCES), vocab=300)
+    data.non_tensor_batch["data_source"] = np.array(ORPHAN_SOURCES, dtype=object)
+    return data
+
+
+def _record_error(rank: int, out_dir: str, call) -> None:
+    try:
+        call()
+        message = "no error"
+    except ValueError as error:
+        message = str(error)
+    with open(f"{out_dir}/rank{rank}.txt", "w") as f:
+        f.write(message)
+
+
+def _route_job(rank: int, world: int, out_dir: str) -> None:
+    teachers = _worker_args("s", "t", "fixed_k3", world)["distillation"].teacher_models
+    _record_error(rank, out_dir, lambda: route_rows(_orphan_data().chunk(world)[rank], teachers, "data_source", "cpu"))
+
+
+def _worker_job(rank: int, world: int, student_dir: str, teacher_dir: str, out_dir: str) -> None:
+    worker = ActorRolloutRefWorker(**_worker_args(student_dir, teacher_dir, "fixed_k3", world))
+    worker.init_model()
+    _record_error(rank, out_dir, lambda: worker.compute_teacher_log_prob(_orphan_data().chunk(world)[rank]))
+
+
+def _messages(out_dir) -> list[str]:
+    return [(out_dir / f"rank{rank}.txt").read_text() for rank in range(2)]
+
+
+def test_a_teacherless_row_on_one_rank_makes_every_rank_raise_the_same_error(tmp_path):
+    run_ranks(_route_job, 2, str(tmp_path))
+    first, second = _messages(tmp_path)
+    assert first == second and first.startswith(ORPHAN_ERROR), (first, second)
+
+
+def test_a_teacherless_row_on_one_rank_stops_both_workers_instead_of_hanging(tiny_model_dir, tmp_path):
+    teacher_dir = build_tiny_model_dir(tmp_path / "teacher", seed=1)
+    run_ranks(_worker_job, 2, tiny_model_dir, teacher_dir, str(tmp_path))
+    first, second = _messages(tmp_path)
+    assert first == second and first.startswith(ORPHAN_ERROR), (first, second)

@@ -12,7 +12,8 @@ from typing import Any, Iterable
 
 from hybrid_rl.trainer.config import PPOConfig
 
-__all__ = ["check_agent_config", "check_agent_names", "check_experience_buffer", "check_reward_coverage"]
+__all__ = ["check_agent_config", "check_agent_names", "check_experience_buffer", "check_reward_coverage",
+           "check_teacher_keys"]
 
 
 def check_experience_buffer(cfg: PPOConfig, run_dir: str) -> None:
@@ -92,6 +93,54 @@ def check_reward_coverage(cfg: PPOConfig, *datasets: Any) -> None:
             check_data_sources(sources)
         except ValueError as error:
             raise ValueError(f"{where}: {error}") from None
+
+
+def check_teacher_keys(cfg: PPOConfig, *datasets: Any) -> None:
+    """With several distillation teachers: every row of the datasets has the ``distillation.teacher_key``
+    field and its value is some teacher's ``key`` (one line naming the file and row, the value and the
+    teachers), before Ray starts. In the workers such a row would stop only the ranks that hold it
+    (:func:`hybrid_rl.workers.teacher.route_rows`). Pass the training set: validation batches are
+    never scored by a teacher, so their rows may hold other values."""
+    d = cfg.distillation
+    teachers = d.active_teachers() if d.enabled else {}
+    if len(teachers) < 2:  # one teacher scores every row
+        return
+    keys = {str(t.key) for t in teachers.values()}
+    named = ", ".join(f"{name} (key {t.key!r})" for name, t in teachers.items())
+    for dataset, where in zip(datasets, _describe_files(cfg)):
+        for value in _field_values(dataset, d.teacher_key, where):
+            if value not in keys:
+                raise ValueError(
+                    f"{_row_with(dataset, d.teacher_key, value, where)}: distillation.teacher_key {d.teacher_key}="
+                    f"{value!r} matches no teacher (teachers: {named}); fix the row's {d.teacher_key}, or add a "
+                    f"teacher for it: +distillation.teacher_models.<name>={{model_path:<folder>,key:{value}}}")
+
+
+def _field_values(dataset: Any, field: str, where: str) -> Iterable[str]:
+    """The distinct values (as ``str``, as the workers compare them) of ``field`` in the dataset's items."""
+    if field == "data_source" and hasattr(dataset, "data_sources"):
+        return [str(v) for v in dataset.data_sources()]
+    values: dict[str, None] = {}
+    for i in range(len(dataset)):
+        item = dataset[i]
+        if field not in item:
+            raise ValueError(f"{where}: distillation.teacher_key={field!r}: the rows have no such field (they have "
+                             f"{sorted(k for k in item if k not in ('input_ids', 'attention_mask'))}); set it to the "
+                             "field that names each row's teacher")
+        values.setdefault(str(item[field]))
+    return list(values)
+
+
+def _row_with(dataset: Any, field: str, value: str, where: str) -> str:
+    """``data file '<path>' row N`` of the first row whose ``field`` is ``value`` (numbered as every data
+    message: a JSON Lines row by its line), or ``where`` when the files do not hold the field."""
+    from hybrid_rl.data.files import iter_records
+
+    for path in getattr(dataset, "data_files", None) or []:
+        for number, row in iter_records(path):
+            if isinstance(row, dict) and field in row and str(row[field]) == value:
+                return f"data file {path!r} row {number}"
+    return where
 
 
 def _describe_files(cfg: PPOConfig) -> Iterable[str]:
