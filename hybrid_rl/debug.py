@@ -99,14 +99,14 @@ def debug_reward(overrides: Sequence[str], input_path: str, output: Optional[str
     cfg = to_ppo_config(get_config(list(overrides)))
     fn = (load_custom_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
           if cfg.custom_reward_function.path else default_compute_score)
-    rows = _read_samples(input_path)
+    numbers, rows = _read_samples(input_path)
     calls = [((), dict(data_source=r["data_source"], solution_str=r["solution_str"], ground_truth=r["ground_truth"],
                        extra_info=r.get("extra_info"))) for r in rows]
     outcomes = safe_score_many(fn, calls, timeout_s=cfg.reward_model.timeout)
     scored = [{**r, "score": o.score, "status": o.status, **({"extra": o.extra} if o.extra else {})}
               for r, o in zip(rows, outcomes)]
-    print(f"{'#':>3} {'score':>7} {'status':>8}  data_source: response")
-    for i, r in enumerate(scored):
+    print(f"{'row':>3} {'score':>7} {'status':>8}  data_source: response")  # the input's row numbers
+    for i, r in zip(numbers, scored):
         print(f"{i:>3} {r['score']:>7.3f} {r['status']:>8}  {r['data_source']}: {_short(r['solution_str'])!r}")
     if output:
         _write(scored, output)
@@ -114,19 +114,24 @@ def debug_reward(overrides: Sequence[str], input_path: str, output: Optional[str
     return scored
 
 
-def _read_samples(path: str) -> list[dict]:
-    """The rows of a JSONL (or parquet) file, each with ``solution_str`` set from ``response``."""
-    from hybrid_rl.data import read_rows
+def _read_samples(path: str) -> tuple[list[int], list[dict]]:
+    """The row numbers and rows of a JSONL (or parquet) file, each row with ``solution_str`` set from
+    ``response``; numbered as every data message (from 1; in JSON Lines the line, blank lines counted)."""
+    from hybrid_rl.data.bad_rows import RowError
+    from hybrid_rl.data.files import iter_records
 
-    rows = []
-    for i, row in enumerate(read_rows(path), start=1):  # rows count from 1, as every data message
+    numbers, rows = [], []
+    for number, row in iter_records(path):
+        if isinstance(row, RowError):
+            raise row
         text = row.get("solution_str", row.get("response"))
         missing = [k for k in ("data_source", "ground_truth") if k not in row] + ([] if text is not None else ["response"])
         if missing:
-            raise ValueError(f"--input {path!r} row {i}: needs data_source, response (or solution_str) and "
+            raise ValueError(f"--input {path!r} row {number}: needs data_source, response (or solution_str) and "
                              f"ground_truth; missing {missing}.")
+        numbers.append(number)
         rows.append({**row, "solution_str": text})
-    return rows
+    return numbers, rows
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

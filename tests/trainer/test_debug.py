@@ -40,6 +40,21 @@ def test_debug_reward_bad_lines_are_one_clear_line(tmp_path):
         "hybrid_rl config error: data file") and "line 1: invalid JSON" in result.stderr
 
 
+def test_debug_reward_numbers_rows_by_line_as_the_data_messages(tmp_path, capsys):
+    # line 1 a sample, line 2 blank, line 3 a sample, line 4 one without a response: "row 4", as an editor shows
+    ok = json.dumps({"data_source": "arithmetic", "response": "#### 2", "ground_truth": "2"})
+    path = tmp_path / "in.jsonl"
+    path.write_text(f"{ok}\n\n{ok}\n" + json.dumps({"data_source": "arithmetic", "ground_truth": "2"}) + "\n")
+    with pytest.raises(ValueError, match=r"row 4: needs data_source, response \(or solution_str\) and ground_truth; "
+                                         r"missing \['response'\]"):
+        debug_reward([], str(path))
+    path.write_text(f"{ok}\n\n{ok}\n")
+    capsys.readouterr()
+    debug_reward([], str(path))
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in printed[1:]] == ["1", "3"], printed  # the lines, not positions 0 and 1
+
+
 @pytest.mark.slow
 def test_debug_rollout_writes_experiences(tmp_path, tiny_model_dir, capsys):
     overrides = [f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.arithmetic.cache_dir={tmp_path}/data",
