@@ -53,6 +53,10 @@ def _expected_shapes(folder: Path, trust_remote_code: bool) -> Optional[tuple[di
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from hybrid_rl.trainer.config.distillation_checks import needs_remote_code
+
+    if needs_remote_code(str(folder)):  # a check never imports a model folder's own code; the run does
+        return None
     config = AutoConfig.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
     try:
         from transformers.conversion_mapping import get_checkpoint_conversion_mapping

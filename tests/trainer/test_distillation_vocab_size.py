@@ -46,3 +46,46 @@ def test_a_padded_teacher_passes_for_every_loss(tiny_model_dir, teachers):
 def test_the_same_size_passes_with_a_top_k_loss(tiny_model_dir, tmp_path):
     teacher = build_tiny_model_dir(tmp_path / "same", seed=1)
     validate_config(_cfg(tiny_model_dir, teacher, "distillation.distillation_loss.loss_mode=forward_kl_topk"))
+
+
+def build_code_folder(model_dir, folder, marker):
+    """A copy of ``model_dir`` whose config.json and tokenizer_config.json name code of their own
+    (``auto_map``): importing either module writes ``marker``."""
+    import json
+    import shutil
+
+    shutil.copytree(model_dir, folder)
+    for module, base, name in (("evil_cfg", "LlamaConfig", "config.json"),
+                               ("evil_tok", "PreTrainedTokenizerFast", "tokenizer_config.json")):
+        (folder / f"{module}.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text({module!r})\n"
+                                             f"from transformers import {base}\nclass Evil({base}):\n    pass\n")
+        data = json.loads((folder / name).read_text())
+        data["auto_map"] = ({"AutoConfig": "evil_cfg.Evil"} if module == "evil_cfg"
+                            else {"AutoTokenizer": ["evil_tok.Evil", None]})
+        (folder / name).write_text(json.dumps(data))
+    return str(folder)
+
+
+def test_the_checks_never_import_a_model_folders_code(tiny_model_dir, tmp_path):
+    """trust_remote_code=true lets the run's workers import a model folder's code; the start-up checks
+    (run by the studio's /api/check too) read config.json as JSON and leave such a tokenizer uncompared."""
+    marker = tmp_path / "IMPORTED"
+    evil = build_code_folder(tiny_model_dir, tmp_path / "evil", marker)
+    remote = "actor_rollout_ref.model.trust_remote_code=true"
+    validate_config(_cfg(tiny_model_dir, evil, remote))  # the teacher's code
+    validate_config(_cfg(evil, tiny_model_dir, remote))  # the student's
+    assert not marker.exists()
+
+
+def test_config_vocab_size_reads_the_json(tmp_path):
+    import json
+
+    from hybrid_rl.trainer.config.distillation_checks import config_vocab_size
+
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 7, "text_config": {"vocab_size": 11}}))
+    assert config_vocab_size(str(tmp_path)) == 11  # a multimodal config: its text model's logits
+    assert config_vocab_size(str(tmp_path), {"vocab_size": 13}) == 13
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 7}))
+    assert config_vocab_size(str(tmp_path)) == 7
+    (tmp_path / "config.json").write_text("{not json")
+    assert config_vocab_size(str(tmp_path)) is None

@@ -10,20 +10,46 @@ Qwen2.5-0.5B (151936) under a 7B teacher (152064) needs. Checked here, before an
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import os
+from typing import Any, Optional
 
 from hybrid_rl.trainer.config.run_checks import check_model_path
 
-__all__ = ["check_distillation", "vocab_size_problem", "vocabulary_problem", "weights_problems"]
+__all__ = ["check_distillation", "config_vocab_size", "needs_remote_code", "vocab_size_problem", "vocabulary_problem",
+           "weights_problems"]
+
+
+def needs_remote_code(folder: str) -> bool:
+    """Whether the model folder ``folder`` names code of its own (an ``auto_map`` in its ``config.json`` or
+    ``tokenizer_config.json``). A start-up check never imports it: the run does, in its workers."""
+    for name in ("config.json", "tokenizer_config.json"):
+        data = _json(os.path.join(folder, name))
+        if isinstance(data, dict) and data.get("auto_map"):
+            return True
+    return False
+
+
+def _json(path: str) -> Any:
+    """The JSON in ``path``; None when it is missing or unreadable (the folder checks report that)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
 
 
 def vocabulary_problem(key: str, teacher_path: str, student_path: str, trust_remote_code: bool = False) -> list[str]:
-    """One line when the tokenizers at the two model paths map tokens to ids differently."""
+    """One line when the tokenizers at the two model paths map tokens to ids differently. Tokenizers are
+    loaded without remote code; with ``trust_remote_code`` on, a folder that names code of its own
+    (:func:`needs_remote_code`) is not compared (the check never imports a model folder's code)."""
     from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path
 
     try:
-        teacher = load_tokenizer(resolve_model_path(teacher_path, key=key), trust_remote_code=trust_remote_code)
-        student = load_tokenizer(resolve_model_path(student_path), trust_remote_code=trust_remote_code)
+        folders = resolve_model_path(teacher_path, key=key), resolve_model_path(student_path)
+        if trust_remote_code and any(needs_remote_code(folder) for folder in folders):
+            return []
+        teacher, student = (load_tokenizer(folder, trust_remote_code=False) for folder in folders)
     except (OSError, ValueError) as e:
         return [f"{key}={teacher_path!r}: its tokenizer could not be loaded ({type(e).__name__}: "
                 f"{str(e).splitlines()[0]}); point it at a model folder with tokenizer files."]
@@ -36,16 +62,30 @@ def vocabulary_problem(key: str, teacher_path: str, student_path: str, trust_rem
             "so both must share one tokenizer: pick a teacher of the student's model family."]
 
 
-def vocab_size_problem(key: str, teacher_path: str, student_path: str, *, trust_remote_code: bool = False,
-                       student_override: Any = None) -> list[str]:
+def config_vocab_size(folder: str, override: Any = None) -> Optional[int]:
+    """The logit width ``config.json`` of the model folder ``folder`` states (``vocab_size``, or its text
+    model's, ``text_config.vocab_size``, for a multimodal config), ``override["vocab_size"]`` when given;
+    read as JSON, never through transformers (which would import the folder's code). None when unstated."""
+    override = dict(override or {})
+    config = _json(os.path.join(folder, "config.json"))
+    if "vocab_size" in override:
+        size = override["vocab_size"]
+    elif not isinstance(config, dict):
+        return None
+    else:
+        text = config.get("text_config")
+        size = text.get("vocab_size") if isinstance(text, dict) and "vocab_size" in text else config.get("vocab_size")
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
+def vocab_size_problem(key: str, teacher_path: str, student_path: str, *, student_override: Any = None) -> list[str]:
     """One line when the models' ``config.vocab_size`` do not fit (module docstring); none when either
     size cannot be read (the folder checks report that)."""
-    from hybrid_rl.workers.model_loader import model_vocab_size
+    from hybrid_rl.workers.model_loader import resolve_model_path
 
     try:
-        teacher = model_vocab_size(teacher_path, key, trust_remote_code=trust_remote_code)
-        student = model_vocab_size(student_path, "actor_rollout_ref.model.path", trust_remote_code=trust_remote_code,
-                                   override_config=dict(student_override or {}))
+        teacher = config_vocab_size(resolve_model_path(teacher_path, key=key))
+        student = config_vocab_size(resolve_model_path(student_path), student_override)
     except (OSError, ValueError):
         return []
     if teacher is None or student is None or teacher == student:
@@ -82,6 +122,5 @@ def check_distillation(cfg: Any) -> list[str]:
         problems = check_model_path(key, teacher.model_path, model.trust_remote_code)
         errors.extend(problems or weights_problems(key, teacher.model_path, remote)
                       or vocabulary_problem(key, teacher.model_path, student, remote)
-                      or vocab_size_problem(key, teacher.model_path, model.path, trust_remote_code=remote,
-                                            student_override=model.override_config))
+                      or vocab_size_problem(key, teacher.model_path, model.path, student_override=model.override_config))
     return errors
