@@ -8,8 +8,12 @@ secret are hidden the same way. In a config, every string that is such a URL is 
 key whose name says password, secret, token or api key gets ``***`` (``None`` and ``""`` stay: they
 show that nothing is set).
 
-Redaction errs on the side of hiding: a password holding an unescaped ``@`` hides up to the last
-``@`` of the URL. Two catch-alls back up the printers that redact their own text:
+Redaction errs on the side of hiding. A value that is one URL (a config entry, a printed path) is
+read as SQLAlchemy reads it (``user:password@`` up to the first ``@``; a password may hold spaces,
+quotes, ``:`` and ``/``); when its host would hold an ``@`` too (an unescaped ``@`` in the password),
+everything up to the URL's last ``@`` is hidden, and ``scheme://user:x`` with no ``@`` hides ``x``
+unless it is a port number. In free text (a log line, an error), a password runs to the last ``@``
+of its line before the next URL. Two catch-alls back up the printers that redact their own text:
 :class:`RedactingFilter` on every logging handler (console, ``logs/driver.log``, the workers' logs) and
 :func:`redacted_console`, which passes what a command line writes to ``sys.stdout``/``sys.stderr``
 (Hydra's ``Error executing job with overrides: [...]`` line, its ``--cfg`` print) through
@@ -30,8 +34,14 @@ __all__ = ["REDACTED", "RedactingFilter", "is_secret_key", "redact_config", "red
 
 REDACTED = "***"
 
-# scheme://user:PASSWORD@ -- the password runs to the last '@' of the URL (quotes and spaces end it).
-_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@'\"]*:)(?P<password>[^\s'\"]*)(?=@)")
+_SCHEME = r"[A-Za-z][A-Za-z0-9+.\-]*://"
+# A whole value that is a URL, split as SQLAlchemy's make_url splits it: user ':' password (to the first '@').
+_WHOLE_URL = re.compile(r"(?P<head>" + _SCHEME + r"[^:/]*:)(?P<password>[^@]*)@(?P<rest>.*)", re.S)
+# A whole URL without '@': scheme://user:PASSWORD (a host's port when it is a number).
+_NO_AT_URL = re.compile(r"(?P<head>" + _SCHEME + r"[^:/@?#\[]*:)(?P<password>[^/?#@]*)(?P<rest>[^@]*)", re.S)
+# In free text: scheme://user:PASSWORD@ -- the password runs to the last '@' of its line before the next URL.
+_USERINFO = re.compile(r"(?P<head>\b" + _SCHEME + r"[^\s:/@'\"]*:)(?P<password>(?:(?!" + _SCHEME + r")[^\n])*)(?=@)")
+_PORT_AND_PATH = re.compile(r"\d+(?:[/?#]\S*)?")
 _SECRET_PARAM = r"(?:password|passwd|pwd|secret|token|access_token|auth_token|api_key|apikey|sslpassword)"
 # ?password=...&... in a URL's query string
 _QUERY_SECRET = re.compile(r"(?P<head>[?&]" + _SECRET_PARAM + r"=)(?P<value>[^&\s'\"#]+)", re.IGNORECASE)
@@ -64,14 +74,42 @@ def is_secret_key(name: Any) -> bool:
 
 def redact_url(url: str) -> str:
     """``url`` with its password hidden: ``scheme://user:***@host/db`` (a password query parameter too);
-    anything that holds no password comes back unchanged."""
-    return _QUERY_SECRET.sub(_hide("head"), _USERINFO.sub(_hide("head"), url))
+    anything that holds no password comes back unchanged. A string that is not one URL (text holding
+    URLs) is redacted as free text (see the module docstring)."""
+    if "\n" in url or not re.match(_SCHEME, url):
+        return _redact_urls_in_text(url)
+    whole = _WHOLE_URL.fullmatch(url)
+    if whole is not None:
+        host = re.split(r"[/?]", whole["rest"], maxsplit=1)[0]  # where make_url ends the host
+        if "@" in host:  # an unescaped '@' in the password: SQLAlchemy would take its tail for the host
+            shown = whole["head"] + REDACTED + "@" + url.rsplit("@", 1)[1]
+        else:
+            shown = whole["head"] + REDACTED + "@" + whole["rest"] if whole["password"] else url
+    else:
+        bare = _NO_AT_URL.fullmatch(url)
+        shown = url if bare is None or re.fullmatch(r"\d*", bare["password"]) else \
+            bare["head"] + REDACTED + bare["rest"]
+    return _QUERY_SECRET.sub(_hide("head"), shown)
+
+
+def _redact_urls_in_text(text: str) -> str:
+    """Every URL's password in ``text`` hidden (see the module docstring)."""
+    def hide(match: re.Match) -> str:
+        password = match["password"]
+        if not password:
+            return match[0]
+        first = re.split(r"[\s'\"]", password, maxsplit=1)[0]
+        if first != password and _PORT_AND_PATH.fullmatch(first):  # host:port/path, then other words
+            return match[0]
+        return match["head"] + REDACTED
+    return _QUERY_SECRET.sub(_hide("head"), _USERINFO.sub(hide, text))
 
 
 def redact_text(text: str) -> str:
     """``text`` (an error message, a log line, a list of overrides, a printed YAML config) with every
     URL's password and the value of every ``key=value`` / ``key: value`` whose key names a secret hidden."""
-    text = _KEY_VALUE.sub(lambda m: m["head"] + REDACTED if is_secret_key(m["key"]) else m[0], redact_url(text))
+    text = _KEY_VALUE.sub(lambda m: m["head"] + REDACTED if is_secret_key(m["key"]) else m[0],
+                          _redact_urls_in_text(text))
     return _YAML_LINE.sub(lambda m: m["head"] + REDACTED if is_secret_key(m["key"]) and m["value"] not in _NO_VALUE
                           else m[0], text)
 

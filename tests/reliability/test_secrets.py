@@ -91,11 +91,26 @@ def test_tracker_payloads_hold_the_url_redacted(tmp_path, monkeypatch, caplog):
     assert (run / "metrics.jsonl").is_file() and not _files_with_password(run)
 
 
-def test_cfg_job_prints_the_url_redacted(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("password", ["Pw LEAK", "Pw'LEAK", "Pw@LEAK", "Pw:LEAK"])
+def test_the_decoupled_trainers_error_text_hides_any_password(password):
+    """``_buffer_where`` names the buffer in resume errors: a whole URL, so make_url's password (or
+    everything up to the last '@') is hidden whatever it holds."""
+    from types import SimpleNamespace
+
+    from hybrid_rl.trainer.ppo.decoupled import DecoupledPPOTrainer
+
+    buffer = SimpleNamespace(storage_type="sql", path=f"postgresql+psycopg://alice:{password}@127.0.0.1:1/rl")
+    fake = SimpleNamespace(config=SimpleNamespace(async_training=SimpleNamespace(buffer=buffer)), run_dir="/r")
+    assert DecoupledPPOTrainer._buffer_where(fake) == f"async_training.buffer.path={SHOWN}"
+
+
+@pytest.mark.parametrize("override", [f"async_training.buffer.path={URL}",
+                                      f"async_training.buffer.path='{URL.replace(':Hunter2', ':Pw Hunter2')}'"])
+def test_cfg_job_prints_the_url_redacted(tmp_path, monkeypatch, capsys, override):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["main_ppo"])
     try:
-        main_ppo.main(["--cfg", "job", *SQL_BUFFER, f"async_training.buffer.path={URL}"])
+        main_ppo.main(["--cfg", "job", *SQL_BUFFER, override])
     except SystemExit:  # a check of the database before printing: its line must hide the password too
         pass
     out, err = capsys.readouterr()

@@ -29,6 +29,35 @@ def test_redact_url(url, expected):
     assert redact_url(url) == expected
 
 
+@pytest.mark.parametrize("password", ["Pw LEAK", "Pw'LEAK", 'Pw"LEAK', "Pw@LEAK", "Pw%40LEAK", "Pw:LEAK", "Pw/LEAK",
+                                      "Pw@LE AK@", " LEAK"])
+def test_every_password_sqlalchemy_accepts_is_hidden(password):
+    """A whole URL hides what make_url takes for the password (spaces, quotes, ':' and '/' included)
+    and, with an unescaped '@', everything up to the last one; so does a line of text holding it."""
+    url = f"postgresql+psycopg://alice:{password}@127.0.0.1:1/db"
+    shown = "postgresql+psycopg://alice:***@127.0.0.1:1/db"
+    assert redact_url(url) == shown and redact_config({"path": url}) == {"path": shown}
+    echo = f"Error executing job with overrides: [\"async_training.buffer.path='{url}'\", 'trainer.n=1']"
+    assert redact_text(echo) == echo.replace(url, shown)
+    assert redact_text(f"cannot open {url}: refused\nnext {url}") == f"cannot open {shown}: refused\nnext {shown}"
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("postgresql+psycopg://alice:PwLEAK", "postgresql+psycopg://alice:***"),  # no '@': not a port, so hidden
+    ("postgresql+psycopg://alice:PwLEAK/db", "postgresql+psycopg://alice:***/db"),
+    ("postgresql://h:5432/db", "postgresql://h:5432/db"),  # a port stays
+    ("postgresql://user@server:pw@host/db", "postgresql://user@server:***@host/db"),  # Azure's user@server
+    ("postgresql://u:p@ss@h/db?x=a@b", "postgresql://u:***@b"),  # '@' in the host: hidden to the last '@'
+])
+def test_whole_urls_that_make_url_reads_oddly(url, expected):
+    assert redact_url(url) == expected
+
+
+def test_free_text_keeps_ports_and_paths_of_urls_without_a_password():
+    for line in ("serving http://localhost:8000/v1 for bob@x.org", "at http://127.0.0.1:8000 ok, mail a@b"):
+        assert redact_text(line) == line
+
+
 def test_redact_text_hides_every_url_and_secret_override():
     hydra_echo = ("Error executing job with overrides: ['async_training.buffer.path=" + PG + "', "
                   "'+reward.api_key=sk-123', 'data.train_batch_size=4']")
