@@ -19,7 +19,7 @@ import os
 import tempfile
 from typing import Optional
 
-from hybrid_rl.buffer.sql import DEFAULT_TABLE, NotABufferTable, SQLBuffer, as_sqlalchemy_url
+from hybrid_rl.buffer.sql import _URL_EXAMPLES, DEFAULT_TABLE, NotABufferTable, SQLBuffer, as_sqlalchemy_url
 from hybrid_rl.utils.redact import redact_text, redact_url
 
 __all__ = ["SQL_SUFFIXES", "check_output_path", "open_checked"]
@@ -74,6 +74,9 @@ def _connect(url: str, where: str, password: Optional[str]) -> None:
         package = _DRIVER_PACKAGES.get((error.name or "").split(".")[0], f"the module {error.name}")
         raise ValueError(f"{where}: the database driver is not installed ({error}). Fix: pip install "
                          f"{package}.") from None
+    except Exception as error:  # noqa: BLE001 - ArgumentError & co.: their words may quote the raw URL
+        raise ValueError(f"{where}: SQLAlchemy cannot use this URL ({type(error).__name__}). Fix: use e.g. "
+                         f"{_URL_EXAMPLES}.") from None
     try:
         with engine.connect() as conn:
             if engine.dialect.name == "postgresql":

@@ -105,16 +105,32 @@ def _unparsed_url(path: str) -> str:
     return shown
 
 
+_URL_EXAMPLES = "sqlite:///experiences.db, postgresql+psycopg://user:password@host/db or a plain file path"
+
+
+def _parsed(path: str):
+    """``make_url(path)``, or a one-line ``ValueError`` that shows the URL redacted and never the
+    parser's own words (they quote the raw URL: a port that is not a number may be a password)."""
+    try:
+        url = make_url(path)
+    except (ArgumentError, ValueError):
+        raise ValueError(f"{_unparsed_url(path)!r} is not a valid SQLAlchemy URL (after the host, ':' takes a port "
+                         f"number; a password is written user:password@host). Fix: use e.g. {_URL_EXAMPLES}.") from None
+    if "@" in (url.host or ""):  # SQLAlchemy splits at the first '@': the password's tail became the host
+        raise ValueError(f"{_unparsed_url(path)!r}: its host holds an '@'. Fix: percent-encode '@' in the password "
+                         "as %40.")
+    if url.get_backend_name() == "sqlite" and (url.username or url.password or url.host or url.port):
+        raise ValueError(f"{_unparsed_url(path)!r}: a SQLite URL names a file, with no user, password or host. Fix: "
+                         "use sqlite:///relative/file.db, sqlite:////absolute/file.db or a plain file path.")
+    return url
+
+
 def as_sqlalchemy_url(path: str) -> str:
     """A SQLAlchemy URL (``postgres://`` and ``postgresql://`` with the psycopg driver named); a plain
-    file path as ``sqlite:///<absolute path>``."""
+    file path as ``sqlite:///<absolute path>``. A URL that does not parse, whose host holds an ``@``
+    (an unescaped one in the password) or a SQLite URL with a user or host is a one-line ``ValueError``."""
     if "://" in path:
-        try:
-            url = make_url(path)
-        except ArgumentError:
-            raise ValueError(f"{_unparsed_url(path)!r} is not a valid SQLAlchemy URL. Fix: use e.g. "
-                             "sqlite:///experiences.db, postgresql+psycopg://user:password@host/db or a plain "
-                             "file path.") from None
+        url = _parsed(path)
         if url.drivername in _DRIVERLESS_POSTGRES:
             return url.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
         return path

@@ -34,6 +34,23 @@ def test_unreachable_or_unknown_databases_are_one_line():
         one_line_error(lambda: open_checked("mysql+pymysql://me:S3cretPw@h/x"))
 
 
+@pytest.mark.parametrize("url, fragment", [
+    # SQLAlchemy splits at the first '@': the password's tail would be the host, repeated by psycopg
+    (f"postgresql+psycopg://me:{SECRET}@X@127.0.0.1:1/rl", "'postgresql+psycopg://me:***@127.0.0.1:1/rl': its host "
+     "holds an '@'. Fix: percent-encode '@' in the password as %40."),
+    (f"sqlite://me:{SECRET}@/tmp/x.db", "'sqlite://me:***@/tmp/x.db': a SQLite URL names a file, with no user, "
+     "password or host. Fix: use sqlite:///relative/file.db"),
+    # no '@': make_url takes the password for a port and its error quotes it
+    (f"postgresql+psycopg://me:{SECRET}", "'postgresql+psycopg://me:***' is not a valid SQLAlchemy URL (after the "
+     "host, ':' takes a port number; a password is written user:password@host)"),
+    (f"postgresql+psycopg://me:{SECRET}@[::1/rl", "'postgresql+psycopg://me:***@[::1/rl' is not a valid SQLAlchemy"),
+])
+def test_urls_that_do_not_parse_are_one_line_without_the_password(url, fragment):
+    message = one_line_error(lambda: open_checked(url))
+    assert message.startswith("async_training.buffer.path: ") and fragment in message, message
+    assert "int()" not in message
+
+
 def test_sqlite_files_that_cannot_be_a_buffer(tmp_path):
     assert "is a folder. Fix: name a file in it" in one_line_error(lambda: open_checked(str(tmp_path)))
     blocker = tmp_path / "file"
@@ -105,7 +122,9 @@ def test_debug_rollout_refuses_a_bad_output_before_generating(tmp_path):
     # The model path does not exist: had anything been loaded or generated, that would be the error.
     model = "actor_rollout_ref.model.path=/nonexistent/model"
     for output, fragment in (("x.txt", "--output 'x.txt': cannot write that kind of file"),
-                             (UNREACHABLE, "--output 'postgresql+psycopg://me:***@127.0.0.1:1/rl': cannot connect")):
+                             (UNREACHABLE, "--output 'postgresql+psycopg://me:***@127.0.0.1:1/rl': cannot connect"),
+                             (f"sqlite://me:{SECRET}@/x.db", "--output: 'sqlite://me:***@/x.db': a SQLite URL names a "
+                              "file, with no user")):
         result = _run(["hybrid_rl.debug", "rollout", "--output", output, model], tmp_path)
         _assert_one_line(result, fragment)
         assert "experiences written" not in result.stdout and "prompt -> response" not in result.stdout
