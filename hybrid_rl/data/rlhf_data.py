@@ -1,7 +1,10 @@
 """Local data for the SFT -> reward model -> RL pipeline: SFT examples and preference pairs.
 
-Nothing can be downloaded, so the data is made from tasks we have: the synthetic ``arithmetic``
-task and the real GSM8K JSONL (``../shared/data/gsm8k``). For each problem:
+The data is made from two tasks: the synthetic ``arithmetic`` task and the real GSM8K, read as
+``scripts/data/gsm8k.py`` reads it (:mod:`hybrid_rl.data.gsm8k`): ``openai/gsm8k`` with
+``datasets.load_dataset(..., "main")`` (from the datasets cache after the first download;
+``HF_DATASETS_OFFLINE``/``HF_HUB_OFFLINE`` honoured), or, offline, the folder ``--gsm8k_dir`` with
+``train.jsonl`` and ``test.jsonl``. For each problem:
 
 * **SFT example**: the chat prompt the RL task uses and a correct worked solution ending in
   ``#### <answer>`` (arithmetic: ``a op b = c``; GSM8K: the reference reasoning without its
@@ -25,7 +28,11 @@ SFT or RL model writes on the same prompts. Files: ``sft_{train,test}.parquet`` 
 ``rejected_kind``), the test splits disjoint from the train splits.
 
     python -m hybrid_rl.data.rlhf_data --task arithmetic --out_dir data/rlhf_arith
-    python -m hybrid_rl.data.rlhf_data --task gsm8k --gsm8k_dir ../shared/data/gsm8k --out_dir data/rlhf_gsm8k
+    python -m hybrid_rl.data.rlhf_data --task gsm8k --out_dir data/rlhf_gsm8k      # openai/gsm8k via datasets
+    python -m hybrid_rl.data.rlhf_data --task gsm8k --gsm8k_dir path/to/gsm8k --out_dir data/rlhf_gsm8k  # offline
+
+A bad input (a missing folder, a broken line, no ``datasets`` or no cached copy offline) ends the
+command line in one line, ``rlhf_data: error: ...``, exit 2.
 """
 
 from __future__ import annotations
@@ -40,12 +47,11 @@ from hybrid_rl.data.arithmetic import (DATA_SOURCE as ARITH_SOURCE, OPS, PROMPT_
                                        operand_range, sample_problems, solve)
 from hybrid_rl.data.bad_rows import BadRows
 from hybrid_rl.data.files import numbered_rows
+from hybrid_rl.data.gsm8k import DATA_SOURCE as GSM8K_SOURCE, INSTRUCTION as GSM8K_INSTRUCTION, hub_split, load_hub
 
 __all__ = ["REJECTED_KINDS", "arithmetic_examples", "gsm8k_examples", "write_rlhf_data"]
 
 REJECTED_KINDS = ("wrong_number", "truncated", "wrong_format", "wrong_arithmetic")
-GSM8K_SOURCE = "openai/gsm8k"
-GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 _ANNOTATION = re.compile(r"<<[^>]*>>")
 _FINAL = re.compile(r"\n?#### *(-?[0-9.,]+)\s*$")
 #: wrong_format's final lines (the right number, unscored): ``#### = N`` is what GRPO learned to write
@@ -108,36 +114,57 @@ def arithmetic_examples(num_train: int, num_test: int, seed: int = 0, max_digits
     return out
 
 
-def _gsm8k_lines(path: Path) -> Iterable[tuple[int, dict]]:
-    """``(row number from 1, row)`` of a GSM8K JSONL file; a line that cannot be read, or a row without
-    the question and answer, is a ValueError naming the file and the line."""
+def _gsm8k_lines(path: Path) -> Iterable[tuple[str, dict]]:
+    """``("<file>, row <n from 1>", row)`` of a GSM8K JSONL file; a line that cannot be read, or a row
+    without the question and answer, is a ValueError naming the file and the line."""
+    if not path.is_file():
+        raise ValueError(f"no GSM8K file {path}. Fix: --gsm8k_dir must hold train.jsonl and test.jsonl, or leave "
+                         "--gsm8k_dir out to load openai/gsm8k with datasets.")
     for number, item in numbered_rows(path, BadRows(what="GSM8K rows")):
-        if not (isinstance(item.get("question"), str) and isinstance(item.get("answer"), str)):
-            raise ValueError(f"{path}, row {number}: needs GSM8K's 'question' and 'answer' texts (columns: "
-                             f"{sorted(item)}). Fix: give the openai/gsm8k JSONL files.")
-        yield number, item
+        yield f"{path}, row {number}", item
 
 
-def gsm8k_examples(gsm8k_dir: str, seed: int = 0, limit: Optional[int] = None):
-    """``{split: (sft rows, pair rows)}`` from ``train.jsonl`` / ``test.jsonl`` (question, answer)."""
+def _gsm8k_items(gsm8k_dir: Optional[str], hf_dataset: Optional[str]) -> dict[str, Iterable[tuple[str, dict]]]:
+    """``{split: (where, row) pairs}`` from ``gsm8k_dir``'s JSONL files, else from the hub copy
+    ``hf_dataset`` (``openai/gsm8k`` by default) loaded with ``datasets``, once for both splits."""
+    if gsm8k_dir is not None and hf_dataset is not None:
+        raise ValueError("give at most one of --gsm8k_dir (local JSONL folder) or --hf_dataset (hub name)")
+    if gsm8k_dir is not None:
+        return {split: _gsm8k_lines(Path(gsm8k_dir).expanduser() / f"{split}.jsonl") for split in ("train", "test")}
+    name = hf_dataset or GSM8K_SOURCE
+    dataset = load_hub(name, flag="--gsm8k_dir")
+    return {split: [(f"{name}[{split}] row {i}", ex) for i, ex in enumerate(hub_split(dataset, name, split))]
+            for split in ("train", "test")}
+
+
+def _gsm8k_problem(where: str, item) -> tuple[str, str, str]:
+    """``(question, reasoning without <<...>> annotations, final number)`` of one GSM8K row."""
+    if not (isinstance(item, dict) and isinstance(item.get("question"), str) and isinstance(item.get("answer"), str)):
+        columns = sorted(item) if isinstance(item, dict) else type(item).__name__
+        raise ValueError(f"{where}: needs GSM8K's 'question' and 'answer' texts (columns: {columns}). Fix: give "
+                         "the openai/gsm8k JSONL files.")
+    match = _FINAL.search(item["answer"])
+    if match is None:
+        raise ValueError(f"{where}: the answer has no '#### <number>' line. Fix: give the "
+                         "openai/gsm8k JSONL files (each answer ends with '#### <number>').")
+    reasoning = _ANNOTATION.sub("", item["answer"][: match.start()]).strip()
+    return item["question"], reasoning, match.group(1).replace(",", "")
+
+
+def gsm8k_examples(gsm8k_dir: Optional[str] = None, seed: int = 0, limit: Optional[int] = None,
+                   hf_dataset: Optional[str] = None):
+    """``{split: (sft rows, pair rows)}`` of GSM8K (question, answer): from ``gsm8k_dir``'s
+    ``train.jsonl`` / ``test.jsonl`` when it is given, else from ``openai/gsm8k`` (or ``hf_dataset``)
+    with ``datasets`` (:func:`hybrid_rl.data.gsm8k.load_hub`)."""
     rng = random.Random(seed)
     out = {}
-    for split in ("train", "test"):
-        path = Path(gsm8k_dir) / f"{split}.jsonl"
-        if not path.is_file():
-            raise ValueError(f"no GSM8K file {path}. Fix: --gsm8k_dir must hold train.jsonl and test.jsonl "
-                             "(../shared/data/gsm8k has them).")
+    for split, items in _gsm8k_items(gsm8k_dir, hf_dataset).items():
         rows = []
-        for i, (number, item) in enumerate(_gsm8k_lines(path)):
+        for i, (where, item) in enumerate(items):
             if limit is not None and i >= limit:
                 break
-            match = _FINAL.search(item["answer"])
-            if match is None:
-                raise ValueError(f"{path}, row {number}: the answer has no '#### <number>' line. Fix: give the "
-                                 "openai/gsm8k JSONL files (each answer ends with '#### <number>').")
-            reasoning = _ANNOTATION.sub("", item["answer"][: match.start()]).strip()
-            answer = match.group(1).replace(",", "")
-            prompt = [{"role": "user", "content": f"{item['question']} {GSM8K_INSTRUCTION}"}]
+            question, reasoning, answer = _gsm8k_problem(where, item)
+            prompt = [{"role": "user", "content": f"{question} {GSM8K_INSTRUCTION}"}]
             rows.append(_rows(prompt, reasoning, answer, GSM8K_SOURCE, split, i, rng))
         out[split] = ([r[0] for r in rows], [p for r in rows for p in r[1]])
     return out
@@ -156,19 +183,27 @@ def write_rlhf_data(examples: dict, out_dir: str) -> dict[str, str]:
 
 
 def main(argv=None) -> dict[str, str]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="rlhf_data", description=__doc__.splitlines()[0])
     parser.add_argument("--task", choices=("arithmetic", "gsm8k"), default="arithmetic")
     parser.add_argument("--out_dir", required=True)
     # the RL task's defaults and seed: the same train / held-out problem split as the default run
     parser.add_argument("--num_train", type=int, default=100, help="arithmetic: training problems")
     parser.add_argument("--num_test", type=int, default=200, help="arithmetic: held-out problems")
     parser.add_argument("--max_digits", type=int, default=1, help="arithmetic: operand digits")
-    parser.add_argument("--gsm8k_dir", default="../shared/data/gsm8k")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--gsm8k_dir", default=None,
+                        help="gsm8k, offline: folder with train.jsonl and test.jsonl (default: openai/gsm8k via datasets)")
+    source.add_argument("--hf_dataset", default=None,
+                        help=f"gsm8k: hub dataset read with datasets.load_dataset(NAME, 'main') (default {GSM8K_SOURCE})")
     parser.add_argument("--limit", type=int, default=None, help="gsm8k: at most this many rows per split")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    examples = (arithmetic_examples(args.num_train, args.num_test, args.seed, args.max_digits)
-                if args.task == "arithmetic" else gsm8k_examples(args.gsm8k_dir, args.seed, args.limit))
+    try:
+        examples = (arithmetic_examples(args.num_train, args.num_test, args.seed, args.max_digits)
+                    if args.task == "arithmetic" else
+                    gsm8k_examples(args.gsm8k_dir, args.seed, args.limit, hf_dataset=args.hf_dataset))
+    except ValueError as err:  # bad input or no data source: one line, no traceback
+        parser.exit(2, f"rlhf_data: error: {err}\n")
     paths = write_rlhf_data(examples, args.out_dir)
     for name, path in paths.items():
         print(f"{name}: {path}")

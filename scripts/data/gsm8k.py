@@ -5,7 +5,7 @@ instruction below, ``data_source="openai/gsm8k"``, the ground truth is the numbe
 in the reference answer (commas removed), and ``extra_info`` keeps split/index/answer/question.
 
     python scripts/data/gsm8k.py                                    # openai/gsm8k via datasets (cached)
-    python scripts/data/gsm8k.py --input_dir ../shared/data/gsm8k   # offline: a local JSONL copy
+    python scripts/data/gsm8k.py --input_dir path/to/gsm8k          # offline: a local JSONL copy
 
 Where the rows come from, as veRL's script: without ``--input_dir``, ``datasets.load_dataset("openai/gsm8k",
 "main")`` (``--hf_dataset`` names another hub copy), downloaded once into the datasets cache
@@ -14,6 +14,9 @@ Where the rows come from, as veRL's script: without ``--input_dir``, ``datasets.
 ``test.jsonl`` (``question``/``answer`` per line, as in openai/grade-school-math). The parquet files go
 to ``--local_save_dir`` (veRL's name; ``--output_dir`` and ``--local_dir`` also work), ``~/data/gsm8k``
 by default.
+
+The conversion lives in :mod:`hybrid_rl.data.gsm8k` (shared with ``python -m hybrid_rl.data.rlhf_data
+--task gsm8k``); this file is its command line.
 
 ``--tool_agent`` writes rows for the multi-turn rollout with the built-in ``calculator`` tool (as
 veRL's ``gsm8k_tool_agent_loop.py`` preprocessing, with our calculator instead of its answer-checking
@@ -29,188 +32,13 @@ answer with the tool, ``agent_name: tool_agent`` and
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
-import re
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
-logger = logging.getLogger("gsm8k")
-
-DATA_SOURCE = "openai/gsm8k"
-INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
-SPLITS = ("train", "test")
-_ANSWER_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
-TOOL_SYSTEM_PROMPT = (
-    "You are a math expert. Solve the question step by step. For arithmetic, call the calculator: "
-    '<tool_call>{"name": "calculator", "arguments": {"expression": "..."}}</tool_call> and wait for the '
-    "result. Put your final answer in the format of `#### <answer>`."
-)
-
-
-VERL_TOOL_SYSTEM_PROMPT = (
-    "You are a math expert. Solve the question step by step, reasoning before any tool call. Once you "
-    "have an answer, check it at least once with the `calc_gsm8k_reward` tool: "
-    '<tool_call>{"name": "calc_gsm8k_reward", "arguments": {"answer": "<number>"}}</tool_call>, and refine '
-    "it if needed. Put your final answer in the format of `#### <answer>`."
-)
-
-
-def extract_solution(answer: str) -> str | None:
-    """The number after ``#### `` with thousands separators removed, or None when absent."""
-    match = _ANSWER_RE.search(answer)
-    return match.group(1).replace(",", "") if match else None
-
-
-def _tool_row(row: dict, system_prompt: str, tool: str) -> dict:
-    """``row`` for the multi-turn tool loop: ``system_prompt`` first, ``agent_name: tool_agent`` and the
-    ground truth as ``tool``'s ``create_kwargs``."""
-    truth = row["reward_model"]["ground_truth"]
-    return {**row, "agent_name": "tool_agent",
-            "prompt": [{"role": "system", "content": system_prompt}, *row["prompt"]],
-            "extra_info": {**row["extra_info"], "need_tools_kwargs": True,
-                           "tools_kwargs": {tool: {"create_kwargs": {"ground_truth": truth}}}}}
-
-
-def tool_agent_row(row: dict) -> dict:
-    """The row for the multi-turn rollout with the ``calculator`` tool (see the module docstring)."""
-    return _tool_row(row, TOOL_SYSTEM_PROMPT, "calculator")
-
-
-def verl_tool_row(row: dict) -> dict:
-    """The row for veRL's ``calc_gsm8k_reward`` tool (see the module docstring)."""
-    return _tool_row(row, VERL_TOOL_SYSTEM_PROMPT, "calc_gsm8k_reward")
-
-
-def make_row(question: str, answer: str, split: str, index: int, where: str) -> dict:
-    """One veRL-schema row; ``where`` (file and line) is named in the error for a malformed example."""
-    if not isinstance(question, str) or not question.strip():
-        raise ValueError(f"{where}: field 'question' is missing or not a non-empty string")
-    if not isinstance(answer, str):
-        raise ValueError(f"{where}: field 'answer' is missing or not a string")
-    solution = extract_solution(answer)
-    if solution is None:
-        raise ValueError(f"{where}: field 'answer' has no final '#### <number>' line")
-    return {
-        "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": question + " " + INSTRUCTION}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": solution},
-        "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
-    }
-
-
-def rows_from_jsonl(path: Path, split: str) -> list[dict]:
-    """Rows of one GSM8K JSONL file (``question``/``answer`` per line)."""
-    if not path.is_file():
-        raise ValueError(f"GSM8K file {str(path)!r} not found; --input_dir must hold {split}.jsonl")
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path} line {line_no}"
-            try:
-                example = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: invalid JSON ({err})") from err
-            if not isinstance(example, dict):
-                raise ValueError(f"{where}: expected a JSON object with 'question' and 'answer'")
-            rows.append(make_row(example.get("question"), example.get("answer"), split, len(rows), where))
-    if not rows:
-        raise ValueError(f"GSM8K file {str(path)!r} has no rows")
-    return rows
-
-
-OFFLINE_ENV = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
-"""Set to 1, these keep ``datasets`` off the network (only a cached copy is read); as in ``datasets``,
-``HF_DATASETS_OFFLINE`` decides when it is set, else ``HF_HUB_OFFLINE``."""
-
-
-def hub_offline() -> str | None:
-    """``"VAR=value"`` of the variable that keeps ``datasets`` offline here, or None when it may download."""
-    var = next((v for v in OFFLINE_ENV if os.environ.get(v) is not None), None)
-    on = var is not None and os.environ[var].strip().upper() in ("1", "ON", "YES", "TRUE")
-    return f"{var}={os.environ[var]}" if on else None
-
-
-def load_hub(name: str = DATA_SOURCE):
-    """``datasets.load_dataset(name, "main")`` as veRL's script loads it (from the datasets cache after
-    the first download); a ValueError with the fix when ``datasets`` is missing or the copy cannot be had."""
-    try:
-        import datasets
-    except ImportError as err:
-        raise ValueError(f"reading {name!r} from the hub needs the 'datasets' package ({err}). Fix: pip install "
-                         "datasets, or pass --input_dir <folder with train.jsonl and test.jsonl>") from err
-    try:
-        return datasets.load_dataset(name, "main")
-    except Exception as err:  # offline, not cached, unknown name...: the hub raises many types
-        offline = hub_offline()
-        why = (f"it is not in the datasets cache and {offline} forbids the download" if offline
-               else "the download failed")
-        detail = " ".join(str(err).split())[:200]
-        raise ValueError(f"could not load {name!r} ('main') with datasets: {why} ({type(err).__name__}: {detail}). "
-                         "Fix: pass --input_dir <folder with train.jsonl and test.jsonl> (offline), or run once "
-                         "with network access to fill the datasets cache") from err
-
-
-def rows_from_hub(dataset, name: str, split: str) -> list[dict]:
-    """Rows of one split of a loaded hub dataset (``dataset[split]`` iterates question/answer dicts)."""
-    try:
-        examples = dataset[split]
-    except KeyError as err:
-        raise ValueError(f"{name!r} has no split {split!r}. Fix: use a copy with train and test splits") from err
-    return [make_row(ex.get("question"), ex.get("answer"), split, i, f"{name}[{split}] row {i}")
-            for i, ex in enumerate(examples)]
-
-
-def read_splits(splits: Iterable[str] = SPLITS, *, input_dir: str | os.PathLike | None = None,
-                hf_dataset: str | None = None) -> dict[str, list[dict]]:
-    """``{split: rows}`` from ``input_dir``'s ``<split>.jsonl`` files when it is given, else from the hub
-    dataset ``hf_dataset`` (``openai/gsm8k`` by default), loaded once for all splits."""
-    if input_dir is not None and hf_dataset is not None:
-        raise ValueError("give at most one of --input_dir (local JSONL folder) or --hf_dataset (hub name)")
-    if input_dir is not None:
-        if not Path(input_dir).expanduser().is_dir():
-            raise ValueError(f"--input_dir {str(input_dir)!r} is not a folder. Fix: pass the folder that holds "
-                             "train.jsonl and test.jsonl, or leave --input_dir out to load openai/gsm8k with datasets")
-        folder = Path(input_dir).expanduser()
-        return {split: rows_from_jsonl(folder / f"{split}.jsonl", split) for split in splits}
-    name = hf_dataset or DATA_SOURCE
-    dataset = load_hub(name)
-    return {split: rows_from_hub(dataset, name, split) for split in splits}
-
-
-def write_parquet(rows: list[dict], path: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(pa.Table.from_pylist(rows), tmp)
-    os.replace(tmp, path)
-
-
-def convert(output_dir: str | os.PathLike, *, input_dir: str | os.PathLike | None = None,
-            hf_dataset: str | None = None, splits: Iterable[str] = SPLITS,
-            tool_agent: bool = False, verl_tool: bool = False) -> dict[str, str]:
-    """Write ``<split>.parquet`` for each split into ``output_dir``; return {split: path}. The rows come
-    from :func:`read_splits` (``input_dir``, else the hub). ``tool_agent``: rows for the multi-turn
-    calculator rollout (:func:`tool_agent_row`); ``verl_tool``: rows for veRL's answer-checking tool
-    (:func:`verl_tool_row`)."""
-    if tool_agent and verl_tool:
-        raise ValueError("give at most one of --tool_agent (calculator rows) and --verl_tool (calc_gsm8k_reward rows)")
-    by_split = read_splits(splits, input_dir=input_dir, hf_dataset=hf_dataset)
-    out = Path(output_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for split, rows in by_split.items():
-        if tool_agent or verl_tool:
-            rows = [(tool_agent_row if tool_agent else verl_tool_row)(r) for r in rows]
-        paths[split] = str(out / f"{split}.parquet")
-        write_parquet(rows, Path(paths[split]))
-        logger.info("%s: %d rows -> %s", split, len(rows), paths[split])
-    return paths
+from hybrid_rl.data.gsm8k import (DATA_SOURCE, INSTRUCTION, OFFLINE_ENV, SPLITS, TOOL_SYSTEM_PROMPT,  # noqa: F401
+                                  VERL_TOOL_SYSTEM_PROMPT, convert, extract_solution, hub_offline, hub_split,
+                                  load_hub, make_row, read_splits, rows_from_hub, rows_from_jsonl, tool_agent_row,
+                                  verl_tool_row, write_parquet)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, str]:

@@ -2,10 +2,11 @@
 and the local SFT / preference-pair generators judged by the rule scorers."""
 
 import json
-from pathlib import Path
-
 import re
+import sys
+import types
 
+import gsm8k_data
 import pytest
 
 from hybrid_rl.data.arithmetic import generate_arithmetic
@@ -14,7 +15,6 @@ from hybrid_rl.data.rlhf_data import REJECTED_KINDS, arithmetic_examples, gsm8k_
 from hybrid_rl.data.rows import read_rows
 from hybrid_rl.reward.registry import default_compute_score
 
-SHARED_GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k"
 USER = {"role": "user", "content": "What is 2 + 2?"}
 
 
@@ -113,17 +113,68 @@ def test_arithmetic_data_shares_the_rl_split_and_the_scorer_agrees(tmp_path):
     assert arithmetic_examples(3, 2)["test"][1][0]["chosen"].endswith("#### " + arithmetic_examples(3, 2)["test"][1][0]["reward_model"]["ground_truth"])
 
 
-@pytest.mark.skipif(not (SHARED_GSM8K / "train.jsonl").is_file(), reason=f"no shared GSM8K at {SHARED_GSM8K}")
 def test_gsm8k_pairs_from_the_real_files():
-    examples = gsm8k_examples(str(SHARED_GSM8K), limit=30)
+    source = gsm8k_data.source()  # $GSM8K_DIR or ../shared, else openai/gsm8k from the cache; a skip otherwise
+    examples = gsm8k_examples(source.get("input_dir"), limit=30)
     sft, pairs = examples["test"]
     assert len(sft) == len(pairs) == 30 and "<<" not in sft[0]["response"]
+    assert sft[0]["prompt"][0]["content"].startswith("Janet’s ducks lay 16 eggs per day.")
+    assert sft[0]["reward_model"]["ground_truth"] == "18"  # the first test answer of openai/gsm8k
     for row in pairs:
         truth = row["reward_model"]["ground_truth"]
         assert default_compute_score("openai/gsm8k", row["chosen"], truth) == 1.0
         assert default_compute_score("openai/gsm8k", row["rejected"], truth) == 0.0, row
-    with pytest.raises(ValueError, match="no GSM8K file"):
+    with pytest.raises(ValueError, match="no GSM8K file .*leave --gsm8k_dir out to load openai/gsm8k"):
         gsm8k_examples("/nonexistent")
+
+
+class FakeDatasets(types.ModuleType):
+    """``datasets`` whose ``load_dataset`` records its arguments and returns ``splits`` (or raises ``error``)."""
+
+    def __init__(self, splits=None, error=None):
+        super().__init__("datasets")
+        self.calls, self.splits, self.error = [], splits, error
+
+    def load_dataset(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        if self.error:
+            raise self.error
+        return self.splits
+
+
+def test_gsm8k_without_a_folder_comes_from_datasets_as_scripts_data_gsm8k(monkeypatch, tmp_path, capsys):
+    good = {"question": "Ann has 2 apples and buys 3. How many?", "answer": "2 + 3 = <<2+3=5>>5\n#### 5"}
+    fake = FakeDatasets({"train": [good, {"question": "Q?", "answer": "1,000 - 1 = 999\n#### 999"}], "test": [good]})
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    paths = main(["--task", "gsm8k", "--out_dir", str(tmp_path / "out")])
+    assert fake.calls == [(("openai/gsm8k", "main"), {})]  # veRL's call, once for both splits
+    sft = read_rows(paths["sft_train"])
+    assert [r["response"] for r in sft] == ["2 + 3 = 5\n#### 5", "1,000 - 1 = 999\n#### 999"]
+    assert sft[1]["reward_model"]["ground_truth"] == "999" and sft[1]["data_source"] == "openai/gsm8k"
+    assert len(read_rows(paths["pairs_train"])) == 8 and len(read_rows(paths["pairs_test"])) == 1
+    gsm8k_examples(hf_dataset="me/gsm8k_copy")
+    assert fake.calls[-1] == (("me/gsm8k_copy", "main"), {})
+    monkeypatch.setitem(sys.modules, "datasets", FakeDatasets({"train": [{"question": "Q?"}], "test": []}))
+    with pytest.raises(ValueError) as info:
+        gsm8k_examples()
+    assert str(info.value) == ("openai/gsm8k[train] row 0: needs GSM8K's 'question' and 'answer' texts (columns: "
+                               "['question']). Fix: give the openai/gsm8k JSONL files.")
+    monkeypatch.setitem(sys.modules, "datasets", FakeDatasets(error=ConnectionError("Couldn't reach the hub")))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(SystemExit) as exit_info:  # the command line: one line, exit 2
+        main(["--task", "gsm8k", "--out_dir", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "rlhf_data: error: could not load 'openai/gsm8k' ('main') with datasets: it is not in the datasets cache "
+        "and HF_DATASETS_OFFLINE=1 forbids the download (ConnectionError: Couldn't reach the hub). Fix: pass "
+        "--gsm8k_dir <folder with train.jsonl and test.jsonl> (offline), or run once with network access to fill "
+        "the datasets cache\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--task", "gsm8k", "--out_dir", str(tmp_path / "out"), "--gsm8k_dir", str(tmp_path / "none")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"rlhf_data: error: no GSM8K file {tmp_path / 'none' / 'train.jsonl'}. Fix: ")
 
 
 def test_gsm8k_files_with_a_bad_line_or_answer_are_one_line(tmp_path):
