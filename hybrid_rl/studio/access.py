@@ -19,6 +19,7 @@ fails inside a route is answered 400 with one line, never 500.
 # no `from __future__ import annotations`: FastAPI reads the page route's `Request` annotation at runtime
 import ipaddress
 import logging
+import re
 import secrets
 import socket
 from dataclasses import dataclass, field
@@ -76,11 +77,15 @@ def _is_loopback_address(address: Optional[str]) -> bool:
         return False
 
 
+_HOST = re.compile(r"(?:\[(?P<ip6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9.-]+))(?::[0-9]{1,5})?")
+"""A Host header: a name or IPv4 address, or a bracketed IPv6 address, and an optional port; nothing else."""
+
+
 def _host_name(header: str) -> str:
-    """The name of a Host header, without its port (``[::1]:8080`` -> ``::1``)."""
-    if header.startswith("["):
-        return header[1:].split("]", 1)[0]
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+    """The name of a Host header, without its port (``[::1]:8080`` -> ``::1``); a header that is no
+    ``host[:port]`` (``127.0.0.1:80@evil.com``) comes back whole, which no check accepts."""
+    match = _HOST.fullmatch(header)
+    return (match.group("ip6") or match.group("name")) if match else header
 
 
 @dataclass(frozen=True)

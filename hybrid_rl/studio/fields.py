@@ -4,7 +4,7 @@ for the keys that name files, folders or models, whether what the text names exi
 Both are derived from the key's last part, never from a list of keys: ``train_batch_size`` reads
 "Train batch size", ``ppo_mini_batch_size`` "PPO mini batch size"; a last part ending in ``path``,
 ``_files`` or ``_dir`` names something on disk (a model when it is the ``path`` of a ``model``
-section or a ``tokenizer_path`` / ``model_path``).
+section, a ``tokenizer_path`` / ``model_path``, or a ``tokenizer`` / ``input_tokenizer``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ _WORDS = {
 }
 
 PATH_ROLES = ("model", "file", "folder", "output")
-"""``model``: a model folder or the embedded model's id; ``file``: an input file, glob or list of them
+"""``model``: a model (or tokenizer) folder or the embedded model's id; ``file``: an input file, glob or list of them
 (or a URL); ``folder``: an input folder; ``output``: a folder or file the run writes (created when
 missing: the run folder, the data cache, the experience buffer's database)."""
 
@@ -58,7 +58,8 @@ def path_role(key: str) -> Optional[str]:
     """One of :data:`PATH_ROLES` for a key naming something on disk, else None."""
     parts = key.split(".")
     last = parts[-1]
-    if last in ("tokenizer_path", "model_path") or (last == "path" and len(parts) > 1 and parts[-2] == "model"):
+    if last in ("tokenizer_path", "model_path", "tokenizer", "input_tokenizer") or (
+            last == "path" and len(parts) > 1 and parts[-2] == "model"):
         return "model"
     if last.endswith("_dir"):
         return "output" if last in ("default_local_dir", "cache_dir") else "folder"
@@ -87,8 +88,11 @@ def _one_path(role: str, text: str, workspace: Optional["Workspace"]) -> tuple[s
         from hybrid_rl.workers.model_loader import EMBEDDED_MODEL_ID
 
         if os.path.isdir(local):
-            has_config = os.path.isfile(os.path.join(local, "config.json"))
-            return ("ok", "a model folder") if has_config else ("missing", "a folder without config.json")
+            if os.path.isfile(os.path.join(local, "config.json")):
+                return "ok", "a model folder"
+            if any(os.path.isfile(os.path.join(local, name)) for name in ("tokenizer_config.json", "tokenizer.json")):
+                return "ok", "a tokenizer folder"
+            return "missing", "a folder without config.json"
         if text == EMBEDDED_MODEL_ID:
             return "ok", "the embedded model (no download)"
         return "missing", "no such folder, and not the embedded model's id"

@@ -11,7 +11,7 @@ the command line refuses, and its messages are the command line's, attached to t
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import yaml
 
@@ -177,11 +177,15 @@ def _owner(message: str, edited: list[str], keys: list[str]) -> str:
     return FORM_LEVEL
 
 
-def check_values(values: Mapping[str, Any]) -> dict[str, str]:
+def check_values(values: Mapping[str, Any],
+                 confine: Optional[Callable[[Any], dict[str, str]]] = None) -> dict[str, str]:
     """``{key: message}`` of what the command line would refuse; ``{}`` when the run would start.
 
     Runs the CLI's composition, section checks and :func:`validate_config`. Each message goes to
     the key it names (the value's own key first when it names several), or to :data:`FORM_LEVEL`.
+    ``confine(config)``, given the composed config before any check looks at the disk, answers
+    ``{key: message}`` of paths the caller refuses to look at; when it answers any, they are the
+    answer and nothing else is checked (the studio: paths outside its folders).
     """
     from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
     from hybrid_rl.trainer.config.checks import validate_config
@@ -193,7 +197,11 @@ def check_values(values: Mapping[str, Any]) -> dict[str, str]:
     try:
         overrides = to_overrides(values)
         with recorded_config_notices():  # a deprecated key is the launched run's notice, not the server's
-            validate_config(to_ppo_config(get_config(overrides)))
+            config = to_ppo_config(get_config(overrides))
+            refused = confine(config) if confine is not None else {}
+            if refused:
+                return refused
+            validate_config(config)
     except (ValueError, TypeError, OmegaConfBaseException) as error:
         lines = [line.removeprefix("- ") for line in str(error).splitlines() if line.strip()]
         if len(lines) > 1 and lines[0].endswith("config problems:"):

@@ -1,9 +1,10 @@
 """Launch a run from the studio and watch any run's folder as it grows.
 
 A launched run is the command line's own: the exported YAML is written into the run's folder
-(``trainer.default_local_dir``) as ``studio_config.yaml`` and ``python -m hybrid_rl.trainer.main_ppo
---config-path <folder> --config-name studio_config`` runs as a subprocess, its output in
-``studio_console.log`` beside it. Watching reads what every run writes there (``metrics.jsonl``
+(``trainer.default_local_dir``) as ``studio_config.yaml`` (mode 0600: it may hold a password) and, alone,
+into a new private folder there, from which ``python -m hybrid_rl.trainer.main_ppo --config-path
+<that folder> --config-name studio_config`` runs as a subprocess, its output in ``studio_console.log``
+in the run folder. Watching reads what every run writes there (``metrics.jsonl``
 from the ``jsonl`` logger, ``val_generations.jsonl``), so a run started from the CLI is watched the
 same way. Stopping sends SIGINT, as Ctrl-C would; the run resumes from its last checkpoint.
 """
@@ -141,6 +142,32 @@ def read_runs(folder: str, inside: Inside = None) -> dict[str, Any]:
     return {**first, "run_dir": str(root.resolve()), "runs": runs}
 
 
+LAUNCH_DIR_PREFIX = ".studio_launch_"
+"""A launch's own folder in its run folder (``<prefix><random>``): the YAML the run reads, alone."""
+
+
+def _open_private(path: Path, flag: int) -> int:
+    """``path`` opened for writing (``flag``: ``os.O_APPEND`` or ``os.O_TRUNC``), created readable by its
+    owner only (0600, tightened if it existed); a symlink there is refused (OSError), never followed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flag | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def write_launch_config(run_dir: Path, text: str) -> Path:
+    """Write a launch's YAML ``text`` (it may hold a password) readable by its owner only: as
+    ``studio_config.yaml`` in ``run_dir`` (the record of the run) and alone in a new private folder
+    there, which it returns: the run reads its config from that folder, so no file already in the run
+    folder (a ``ppo_trainer_schema.yaml``) takes part in the composition. OSError when it cannot."""
+    import tempfile
+
+    config_dir = Path(tempfile.mkdtemp(prefix=LAUNCH_DIR_PREFIX, dir=run_dir))  # new, empty, 0700
+    for folder in (run_dir, config_dir):
+        with os.fdopen(_open_private(folder / f"{CONFIG_NAME}.yaml", os.O_TRUNC), "w", encoding="utf-8") as fh:
+            fh.write(text)
+    return config_dir
+
+
 @dataclass
 class LaunchedRun:
     """A run the studio started."""
@@ -218,11 +245,11 @@ class RunLauncher:
 
     def _start(self, run_dir: Path, values: Mapping[str, Any]) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / f"{CONFIG_NAME}.yaml").write_text(to_yaml(values), encoding="utf-8")
-        arguments = ["--config-path", str(run_dir), "--config-name", CONFIG_NAME]
+        config_dir = write_launch_config(run_dir, to_yaml(values))
+        arguments = ["--config-path", str(config_dir), "--config-name", CONFIG_NAME]
         command = ([sys.executable, "-m", "hybrid_rl.studio.run_with_plugins", *self.plugins, "--", *arguments]
                    if self.plugins else [sys.executable, "-m", "hybrid_rl.trainer.main_ppo", *arguments])
-        with open(run_dir / CONSOLE_LOG, "ab") as log:
+        with os.fdopen(_open_private(run_dir / CONSOLE_LOG, os.O_APPEND), "ab") as log:
             process = subprocess.Popen(command, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True)
         run_id = len(self.runs) + 1

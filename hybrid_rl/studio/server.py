@@ -14,9 +14,10 @@ it first and starts only once the request repeats those paths (:mod:`hybrid_rl.s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import yaml
 
@@ -27,7 +28,7 @@ from hybrid_rl.studio.presets import load_presets
 from hybrid_rl.studio.access import Access, add_guard, add_page, new_token
 from hybrid_rl.studio.runs import CHARTS, LaunchPlan, RunLauncher, read_runs
 from hybrid_rl.studio.schema import BEGINNER_KEYS, FieldSpec, config_schema
-from hybrid_rl.studio.workspace import Workspace, code_paths
+from hybrid_rl.studio.workspace import Workspace, _leaves as _tree_leaves, code_paths, path_refusals
 
 STATIC_DIR = Path(__file__).with_name("static")
 
@@ -107,21 +108,58 @@ def paths_json(texts: Mapping[str, Any], workspace: Optional[Workspace] = None) 
     return out
 
 
-def checked_values(texts: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """``(values, errors)``: the messages of unreadable input, else of the CLI's checks."""
+@functools.lru_cache(maxsize=1)
+def _default_leaves() -> dict[str, Any]:
+    """The composed defaults as ``{dotted key: value}`` (interpolations resolved)."""
+    from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
+    from hybrid_rl.utils.log_setup import recorded_config_notices
+
+    with recorded_config_notices():
+        return dict(_tree_leaves(dataclasses.asdict(to_ppo_config(get_config([])))))
+
+
+def _confiner(workspace: Optional[Workspace]) -> Optional[Callable[[Any], dict[str, str]]]:
+    """What :func:`check_values` asks before any check looks at the disk: the composed config's paths
+    outside ``workspace`` (:func:`path_refusals`), so no check answers whether a path out there exists."""
+    if workspace is None:
+        return None
+    fields = [key for key, spec in _specs_by_key().items() if spec.path_role is not None]
+    return lambda config: path_refusals(dataclasses.asdict(config), _default_leaves(), fields, workspace)
+
+
+def checked_values(texts: Mapping[str, Any], workspace: Optional[Workspace] = None,
+                   ) -> tuple[dict[str, Any], dict[str, str]]:
+    """``(values, errors)``: the messages of unreadable input, else of paths outside ``workspace`` (when
+    given), else of the CLI's checks."""
+    values, errors, _ = _checked(texts, workspace)
+    return values, errors
+
+
+def _checked(texts: Mapping[str, Any], workspace: Optional[Workspace]) -> tuple[dict[str, Any], dict[str, str], int]:
+    """:func:`checked_values` with the HTTP status its errors deserve: 403 for paths outside ``workspace``,
+    else 400."""
     values, errors = typed_values(texts)
-    return values, errors or check_values(values)
+    if errors:
+        return values, errors, 400
+    confine, refused = _confiner(workspace), {}
+
+    def recorded(config: Any) -> dict[str, str]:
+        refused.update(confine(config))
+        return refused
+
+    errors = check_values(values, recorded if confine is not None else None)
+    return values, errors, 403 if refused else 400
 
 
-def check_json(texts: Mapping[str, Any]) -> dict[str, Any]:
+def check_json(texts: Mapping[str, Any], workspace: Optional[Workspace] = None) -> dict[str, Any]:
     """``{"errors": {key: message}}``."""
-    return {"errors": checked_values(texts)[1]}
+    return {"errors": checked_values(texts, workspace)[1]}
 
 
-def export_json(texts: Mapping[str, Any]) -> dict[str, Any]:
+def export_json(texts: Mapping[str, Any], workspace: Optional[Workspace] = None) -> dict[str, Any]:
     """The YAML and the command line of valid input; only ``errors`` otherwise (nothing invalid
     can be exported)."""
-    values, errors = checked_values(texts)
+    values, errors = checked_values(texts, workspace)
     if errors:
         return {"errors": errors}
     changed = changed_values(values)
@@ -171,7 +209,7 @@ def create_app(token: Optional[str] = None, bind_host: str = "127.0.0.1", allow_
 
     @app.post("/api/check")
     def check(values: dict = Body(..., embed=True)) -> dict:
-        return check_json(values)
+        return check_json(values, workspace)
 
     @app.post("/api/paths")
     def paths(values: dict = Body(..., embed=True)) -> Any:
@@ -183,7 +221,7 @@ def create_app(token: Optional[str] = None, bind_host: str = "127.0.0.1", allow_
 
     @app.post("/api/export")
     def export(values: dict = Body(..., embed=True)) -> dict:
-        return export_json(values)
+        return export_json(values, workspace)
 
     @app.post("/api/import")
     def load(text: str = Body(..., embed=True), kind: str = Body("yaml", embed=True)) -> dict:
@@ -207,7 +245,7 @@ def _code_check(plan: LaunchPlan, workspace: Workspace, confirmed: list) -> Opti
     exactly those paths as ``confirm_code``."""
     found = code_paths(plan.config, workspace)
     for code in found:
-        refusal = workspace.refusal(code.path) if code.local else None
+        refusal = workspace.refusal(code.path)
         if refusal is not None:
             return _error(403, f"{code.key}={refusal}", errors={code.key: f"{code.key}={refusal}"})
     if found and sorted(c.path for c in found) != sorted(str(c) for c in confirmed):
@@ -223,19 +261,22 @@ def _add_run_routes(app: Any, launcher: RunLauncher, workspace: Workspace) -> No
 
     @app.post("/api/runs")
     def launch(values: dict = Body(..., embed=True), confirm_code: list = Body([], embed=True)) -> Any:
-        typed, errors = checked_values(values)
+        typed, errors, status = _checked(values, workspace)
         if errors:
-            return _error(400, next(iter(errors.values())), errors=errors)
+            return _error(status, next(iter(errors.values())), errors=errors)
         changed = changed_values(typed)
         try:
             plan = launcher.plan(changed)
+            refusal = workspace.refusal(str(plan.run_dir))  # resolved: a link out of the folders is outside
+            if refusal is not None:
+                message = f"trainer.default_local_dir={refusal}"
+                return _error(403, message, errors={"trainer.default_local_dir": message})
             stop = _code_check(plan, workspace, confirm_code)
             if stop is not None:
                 return stop
             run_id = launcher.launch(plan, changed)
         except ValueError as error:  # a file for a folder; the folder in use by a run still going
             return _error(400, str(error), errors={"trainer.default_local_dir": str(error)})
-        workspace.add(plan.run_dir)
         return {"errors": {}, "id": run_id, "run_dir": str(plan.run_dir)}
 
     @app.get("/api/runs/{run_id}")

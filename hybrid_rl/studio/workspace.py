@@ -3,7 +3,7 @@
 The studio answers questions about the disk (does this path exist? what is in this run folder?) and
 launches runs that import user code (a reward file, the classes a tool or agent YAML names, a model
 folder's code under ``trust_remote_code``). Both are confined to its *workspace*: the folder it was
-started in, the folders given with ``--root``, and the run folders it launched. A path is resolved
+started in and the folders given with ``--root`` (a run folder must lie inside them). A path is resolved
 (``~``, ``..``, symlinks) before it is compared, so ``ROOT/../..`` or a link out of the workspace is
 outside it. A field's own default is always answered: it is the package's path, not one a request chose.
 """
@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import glob
 import os
-import threading
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-__all__ = ["CodePath", "Workspace", "code_paths"]
+__all__ = ["REMOTE_CODE_FOLDERS", "CodePath", "Workspace", "code_paths", "path_keys", "path_refusals",
+           "remote_code_folders"]
 
 
 class Workspace:
@@ -31,20 +32,11 @@ class Workspace:
             if not root.is_dir():
                 raise ValueError(f"--root {given}: {root} is not a folder. Fix: give an existing folder the studio "
                                  "may read and run code from")
-        self._lock = threading.Lock()  # FastAPI runs plain endpoints in a thread pool
 
     @property
     def roots(self) -> list[Path]:
-        """The folders, resolved, in the order added."""
-        with self._lock:
-            return list(self._roots)
-
-    def add(self, folder: Path) -> None:
-        """Open ``folder`` too (a run folder the studio launched a run in)."""
-        folder = self.resolve(str(folder))
-        with self._lock:
-            if folder not in self._roots:
-                self._roots.append(folder)
+        """The folders, resolved, in the order given."""
+        return list(self._roots)
 
     def resolve(self, text: str) -> Path:
         """``text`` as an absolute path: ``~`` expanded, relative to :attr:`base`, ``..`` and symlinks resolved."""
@@ -91,11 +83,10 @@ class CodePath:
     key: str
     """The config key that names it."""
     path: str
-    """The path, resolved (as the page shows it and the launch's confirmation repeats it)."""
+    """The path, resolved (as the page shows it and the launch's confirmation repeats it); always on this
+    machine and confined to the workspace (models are never downloaded)."""
     what: str
     """What the run does with it, in words."""
-    local: bool = True
-    """A path on this machine (confined to the workspace); False for a hub model's id."""
 
 
 _CODE_KEYS = {
@@ -117,10 +108,55 @@ def _leaves(tree: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
             yield key, value
 
 
+REMOTE_CODE_FOLDERS: dict[str, tuple[str, ...]] = {
+    "actor_rollout_ref.model.trust_remote_code": (
+        "actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path", "data.tokenizer",
+        "distillation.teacher_models.*.model_path"),
+    "critic.model.trust_remote_code": ("critic.model.path", "critic.model.tokenizer_path"),
+    "reward_model.model.trust_remote_code": ("reward_model.model.path", "reward_model.model.input_tokenizer"),
+}
+"""Each ``trust_remote_code`` flag and the keys naming the folders a run loads under it (``*``: any
+teacher's name): the actor's model and tokenizers (``data.tokenizer`` and the distillation teachers
+load with the actor's flag), the critic's, the reward model's. The one place that says which folder's
+code a flag lets run: the launch confirms and confines every one of them (:func:`code_paths`), the
+checks confine them (:func:`path_keys`)."""
+
+
+def _matching(leaves: dict[str, Any], pattern: str) -> list[str]:
+    """The keys of ``leaves`` that ``pattern`` names (``*`` standing for one key part)."""
+    regex = re.compile("^" + re.escape(pattern).replace(r"\*", r"[^.]+") + "$")
+    return [key for key in leaves if regex.match(key)]
+
+
+def remote_code_folders(leaves: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(key, folder)`` of every folder the run loads with a ``trust_remote_code`` that is true, from
+    the composed config's ``leaves`` (:data:`REMOTE_CODE_FOLDERS`); unset keys, URLs and the embedded
+    model's id (the package's own, no code of its own) are left out."""
+    from hybrid_rl.workers.model_loader import EMBEDDED_MODEL_ID
+
+    found = []
+    for flag, patterns in REMOTE_CODE_FOLDERS.items():
+        if leaves.get(flag) is not True:
+            continue
+        for key in (k for pattern in patterns for k in _matching(leaves, pattern)):
+            value = leaves[key]
+            if isinstance(value, str) and value and "://" not in value and value != EMBEDDED_MODEL_ID:
+                found.append((key, value))
+    return found
+
+
+def path_keys(leaves: dict[str, Any], path_fields: Iterable[str]) -> list[str]:
+    """The keys of ``leaves`` naming a path: ``path_fields`` (the schema's path fields) and every folder
+    key of :data:`REMOTE_CODE_FOLDERS` (a teacher's ``model_path`` lives inside a mapping field)."""
+    patterns = [*path_fields, *(p for patterns in REMOTE_CODE_FOLDERS.values() for p in patterns)]
+    return list(dict.fromkeys(key for pattern in patterns for key in _matching(leaves, pattern)))
+
+
 def code_paths(config: dict[str, Any], workspace: Workspace) -> list[CodePath]:
     """The code a run of ``config`` (the composed config as a nested dict) executes: the files of
-    :data:`_CODE_KEYS`, any other string value ending in ``.py``, and the model folder beside every
-    ``trust_remote_code: true``. URLs and the embedded model's id are no code on disk."""
+    :data:`_CODE_KEYS`, any other string value ending in ``.py``, and every folder loaded under a
+    ``trust_remote_code: true`` (:func:`remote_code_folders`). Models are never downloaded, so each
+    folder is a path on this machine (confined like the files). URLs are no code on disk."""
     leaves = dict(_leaves(config))
     found = []
     for key, value in leaves.items():
@@ -129,17 +165,34 @@ def code_paths(config: dict[str, Any], workspace: Workspace) -> list[CodePath]:
         what = _CODE_KEYS.get(key) or ("a Python file" if value.endswith(".py") else None)
         if what:
             found.append(CodePath(key, str(workspace.resolve(value)), what))
-    from hybrid_rl.workers.model_loader import EMBEDDED_MODEL_ID
-
-    for key, value in leaves.items():
-        folder_key = key.rsplit(".", 1)[0] + ".path"
-        folder = leaves.get(folder_key)
-        if (key.endswith("trust_remote_code") and value is True and isinstance(folder, str) and "://" not in folder
-                and folder != EMBEDDED_MODEL_ID):  # the embedded model is the package's own, no remote code
-            if workspace.resolve(folder).is_dir():
-                found.append(CodePath(folder_key, str(workspace.resolve(folder)),
-                                      "a model folder whose own code runs (trust_remote_code=true)"))
-            else:  # a hub id: the code comes from the hub
-                found.append(CodePath(folder_key, folder, "a hub model whose own code runs (trust_remote_code=true)",
-                                      local=False))
+    for key, folder in remote_code_folders(leaves):  # a missing folder too: it may appear before the run loads it
+        found.append(CodePath(key, str(workspace.resolve(folder)),
+                              "a model or tokenizer folder whose own code runs (trust_remote_code=true)"))
     return found
+
+
+def path_refusals(config: dict[str, Any], defaults: dict[str, Any], path_fields: Iterable[str],
+                  workspace: Workspace) -> dict[str, str]:
+    """``{field key: "key=<refusal>"}`` of the paths in the composed ``config`` (nested dicts, interpolations
+    resolved) that lie outside ``workspace``: every key :func:`path_keys` names (a list's items and a glob's
+    folder too) whose value differs from ``defaults`` (the composed defaults' leaves: a field's own default
+    is the package's, not a request's). URLs are no paths; a path is refused once (``critic.model.path``
+    follows the actor's). A teacher's ``model_path`` is filed under its mapping field,
+    ``distillation.teacher_models``."""
+    leaves, fields = dict(_leaves(config)), list(path_fields)
+    refused: dict[str, str] = {}
+    named: set[str] = set()  # a path refused once is not refused again under a key that follows it
+    for key in path_keys(leaves, fields):
+        value = leaves[key]
+        if value == defaults.get(key, object()):
+            continue
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if not isinstance(item, str) or not item or "://" in item or item in named:
+                continue
+            refusal = workspace.refusal(item)
+            if refusal is not None:
+                named.add(item)
+                owner = key if key in fields else ".".join(key.split(".")[:2])  # distillation.teacher_models
+                refused.setdefault(owner, f"{key}={refusal}")
+                break
+    return refused

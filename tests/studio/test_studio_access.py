@@ -184,7 +184,7 @@ def test_a_launch_that_runs_code_is_shown_first_and_needs_its_paths_confirmed(wo
     asked = client.post("/api/runs", json={"values": values})
     assert asked.status_code == 409 and started == []
     assert asked.json()["confirm"] == [{"key": "custom_reward_function.path", "path": str(work / "reward.py"),
-                                        "what": "a Python file the run imports (its reward function)", "local": True}]
+                                        "what": "a Python file the run imports (its reward function)"}]
     wrong = client.post("/api/runs", json={"values": values, "confirm_code": ["/tmp/other.py"]})
     assert wrong.status_code == 409 and started == []
     done = client.post("/api/runs", json={"values": values, "confirm_code": [str(work / "reward.py")]})
@@ -223,7 +223,7 @@ def test_bad_launches_are_4xx_with_one_line(work, local_client, started, monkeyp
         assert 400 <= client.post("/api/runs", json=body).status_code < 500
     assert client.get("/api/runs/x").status_code == 422
 
-    def broken(texts):
+    def broken(texts, workspace=None):
         raise RuntimeError("something nobody foresaw\nsecond line")
 
     monkeypatch.setattr("hybrid_rl.studio.server.check_json", broken)

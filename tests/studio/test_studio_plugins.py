@@ -62,7 +62,7 @@ def test_a_run_launched_with_a_plugin_estimator_uses_it(plugin, tmp_path, tiny_m
     from tests.studio.test_studio_runs import _tiny_run, _wait
 
     monkeypatch.chdir(tmp_path)
-    client = local_client(create_app(TOKEN, plugins=(str(plugin),)))
+    client = local_client(create_app(TOKEN, roots=(tiny_model_dir,), plugins=(str(plugin),)))
     values = {**_tiny_run(tmp_path, tiny_model_dir, steps=2), "algorithm.adv_estimator": NAME}
     out = client.post("/api/runs", json={"values": values}).json()
     assert out["errors"] == {}

@@ -92,7 +92,7 @@ def test_a_two_step_run_launched_from_the_page_shows_its_reward_curve(tmp_path, 
                                                                      local_client):
     monkeypatch.chdir(tmp_path)
     texts = _tiny_run(tmp_path, tiny_model_dir, steps=2)
-    client = local_client(create_app(TOKEN))
+    client = local_client(create_app(TOKEN, roots=(tiny_model_dir,)))  # the model lies outside the working folder
     out = client.post("/api/runs", json={"values": texts}).json()
     assert out["errors"] == {} and (tmp_path / "run" / f"{CONFIG_NAME}.yaml").is_file()
     state = _wait(client, out["id"], lambda s: not s["running"])
@@ -106,7 +106,7 @@ def test_a_two_step_run_launched_from_the_page_shows_its_reward_curve(tmp_path, 
 @pytest.mark.slow
 def test_stop_ends_a_launched_run_as_ctrl_c_does(tmp_path, tiny_model_dir, monkeypatch, local_client):
     monkeypatch.chdir(tmp_path)
-    client = local_client(create_app(TOKEN))
+    client = local_client(create_app(TOKEN, roots=(tiny_model_dir,)))
     values = _tiny_run(tmp_path, tiny_model_dir, steps=500)
     run_id = client.post("/api/runs", json={"values": values}).json()["id"]
     assert _wait(client, run_id, lambda s: s["metrics"] or not s["running"])["running"]  # training
