@@ -89,3 +89,16 @@ def test_config_vocab_size_reads_the_json(tmp_path):
     assert config_vocab_size(str(tmp_path)) == 7
     (tmp_path / "config.json").write_text("{not json")
     assert config_vocab_size(str(tmp_path)) is None
+
+
+def test_a_config_transformers_cannot_read_is_one_line_under_the_teachers_key(tiny_model_dir, tmp_path):
+    """trust_remote_code=true lets an unknown model_type past the causal-LM check; transformers' own error
+    used to escape the checks (the studio filed it under no key)."""
+    import json
+    import shutil
+
+    shutil.copytree(tiny_model_dir, tmp_path / "odd")
+    config = json.loads((tmp_path / "odd" / "config.json").read_text())
+    (tmp_path / "odd" / "config.json").write_text(json.dumps({**config, "model_type": "no_such_type"}))
+    (line,) = _problems(_cfg(tiny_model_dir, str(tmp_path / "odd"), "actor_rollout_ref.model.trust_remote_code=true"))
+    assert line.startswith(f"{KEY}=") and "transformers cannot read its config.json (ValueError" in line

@@ -104,7 +104,12 @@ def weights_problems(key: str, path: str, trust_remote_code: bool) -> list[str]:
 
     if path == EMBEDDED_MODEL_ID:
         return []
-    problem = weights_problem(resolve_model_path(path, key=key), key, trust_remote_code)
+    try:
+        problem = weights_problem(resolve_model_path(path, key=key), key, trust_remote_code)
+    except (OSError, ValueError, KeyError) as e:  # transformers cannot read its config.json (an unknown model type)
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return [f"{key}={path!r}: transformers cannot read its config.json ({type(e).__name__}: {reason}). Fix: "
+                "point it at a model folder this transformers version knows, or upgrade transformers."]
     return [problem] if problem else []
 
 
