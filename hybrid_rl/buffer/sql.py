@@ -27,6 +27,7 @@ processes at once (a PostgreSQL advisory lock, and a re-check after a lost race 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import uuid
@@ -36,8 +37,9 @@ from typing import Any, Optional, Sequence
 
 from sqlalchemy import (JSON, Column, Engine, Float, Integer, MetaData, String, Table, Text, create_engine, delete,
                         func, insert, inspect, select, text, update)
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine import Connection, Dialect, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.types import TypeDecorator
 
 from hybrid_rl.buffer.base import TABLE_NAME, ExperienceBuffer, _check_status
 from hybrid_rl.buffer.codec import CODEC_VERSION, decode_float, decode_json, decode_text, encode_json, encode_text
@@ -58,22 +60,48 @@ def table_name(name: str) -> str:
     return cleaned[:63]
 
 
+class JSONText(TypeDecorator):
+    """JSON that SQLite stores as TEXT: its ``JSON`` column type has NUMERIC affinity, which turns a
+    scalar's text into a number (``1.0`` -> 1, ``-0.0`` -> 0, ``2**63+1`` -> a float). Other databases
+    get their JSON type. A table created with ``JSON`` columns still reads (a number comes back as is)."""
+
+    impl = JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect):
+        return dialect.type_descriptor(Text() if dialect.name == "sqlite" else JSON())
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        if dialect.name != "sqlite" or value is None:
+            return value
+        return json.dumps(value, ensure_ascii=False)  # the codec has tagged every NaN and inf
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        if dialect.name == "sqlite" and isinstance(value, str):
+            return json.loads(value)
+        return value
+
+
+_WIDE_TEXT = Text().with_variant(String(256), "mysql", "mariadb")
+"""A key of any length (the codec's escape doubles a NUL); MySQL indexes no unbounded TEXT."""
+
+
 def _table(name: str, metadata: MetaData) -> Table:
     return Table(
         name, metadata,
         Column("id", Integer, primary_key=True, autoincrement=True),
-        Column("uid", String(256), index=True),
-        Column("data_source", String(256)),
+        Column("uid", _WIDE_TEXT, index=True),
+        Column("data_source", _WIDE_TEXT),
         Column("prompt_text", Text),
         Column("response_text", Text),
-        Column("prompt_ids", JSON),
-        Column("response_ids", JSON),
-        Column("response_mask", JSON),
-        Column("rollout_log_probs", JSON, nullable=True),
+        Column("prompt_ids", JSONText),
+        Column("response_ids", JSONText),
+        Column("response_mask", JSONText),
+        Column("rollout_log_probs", JSONText, nullable=True),
         Column("reward", Float),
         Column("policy_version", Integer, index=True),
-        Column("ground_truth", JSON, nullable=True),
-        Column("extra", JSON),
+        Column("ground_truth", JSONText, nullable=True),
+        Column("extra", JSONText),
         Column("created_at", Float),
         Column("status", String(16), index=True),
         Column("taken_step", Integer, nullable=True),
@@ -174,8 +202,14 @@ def _create_or_migrate(conn: Connection, table: Table) -> None:
     if missing:
         raise NotABufferTable(f"table {table.name!r} exists but is not an experience buffer: it lacks the columns "
                               f"{sorted(missing)}")
+    quoted = conn.dialect.identifier_preparer.quote(table.name)
     if "codec" not in have:
-        conn.execute(text(f"ALTER TABLE {conn.dialect.identifier_preparer.quote(table.name)} ADD COLUMN codec INTEGER"))
+        conn.execute(text(f"ALTER TABLE {quoted} ADD COLUMN codec INTEGER"))
+    if conn.dialect.name == "postgresql":  # a table from before: varchar(256) keys (SQLite ignores lengths)
+        narrow = [c["name"] for c in inspect(conn).get_columns(table.name)
+                  if c["name"] in ("uid", "data_source") and getattr(c["type"], "length", None) is not None]
+        if narrow:
+            conn.execute(text(f"ALTER TABLE {quoted} " + ", ".join(f"ALTER COLUMN {n} TYPE text" for n in narrow)))
 
 
 def prepare_table(engine: Engine, table: Table, attempts: int = 3) -> None:

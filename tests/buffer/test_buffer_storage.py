@@ -78,6 +78,72 @@ def test_nul_nan_infinities_and_emoji_round_trip(database):
     buffer.close()
 
 
+def _row(**fields):
+    return Experience(**{**dict(uid="u", data_source="s", prompt_ids=[1], response_ids=[2], response_mask=[1],
+                                reward=1.0, policy_version=0), **fields})
+
+
+SCALARS = [1.0, -0.0, 2**63 + 1, 10**30, "1e5", [1.0, 2**64], None]
+"""Scalar ground truths SQLite's NUMERIC affinity changed (1.0 -> 1, -0.0 -> 0, 2**63+1 and 10**30 -> floats)."""
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"], indirect=True)
+def test_long_keys_and_scalar_json_round_trip(database):
+    """uid and data_source of any length (PostgreSQL's varchar(256) refused 300 characters, and a NUL
+    doubles in the codec's escape); JSON scalars come back with their type and sign (repr compares)."""
+    buffer = SQLBuffer(database)
+    given = [_row(data_source="d" * 1000), _row(uid=NUL * 200, data_source=NUL * 200)]
+    given += [_row(uid=f"gt{i}", ground_truth=value, extra={"v": value}) for i, value in enumerate(SCALARS)]
+    buffer.put(given)
+    taken = buffer.take(len(given), step=1)
+    assert [repr((e.uid, e.data_source, e.ground_truth, e.extra)) for e in taken] == \
+        [repr((e.uid, e.data_source, e.ground_truth, e.extra)) for e in given]
+    buffer.close()
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"], indirect=True)
+def test_a_negative_zero_reward_reads_back_equal(database):
+    """``reward`` stays a float column: PostgreSQL keeps -0.0; SQLite stores an integral REAL as an
+    integer, so -0.0 reads back 0.0 (equal to it; only the sign bit is lost, documented)."""
+    buffer = SQLBuffer(database)
+    buffer.put([_row(reward=-0.0)])
+    (reward,) = [e.reward for e in buffer.read()]
+    assert reward == 0.0 and math.copysign(1.0, reward) == (1.0 if database.endswith(".db") else -1.0)
+    buffer.close()
+
+
+def test_a_sqlite_table_with_json_columns_still_reads(tmp_path):
+    """A table created before JSONText declared its JSON columns ``JSON`` (NUMERIC affinity): it opens,
+    takes new rows and reads them; arrays and strings exactly, a scalar number as the number SQLite kept."""
+    database = str(tmp_path / "old.db")
+    SQLBuffer(database).close()
+    with create_engine(as_sqlalchemy_url(database)).begin() as conn:
+        conn.execute(text("ALTER TABLE experiences RENAME COLUMN ground_truth TO gt_text"))
+        conn.execute(text("ALTER TABLE experiences ADD COLUMN ground_truth JSON"))
+        conn.execute(text("ALTER TABLE experiences DROP COLUMN gt_text"))
+    buffer = SQLBuffer(database)
+    buffer.put([_row(ground_truth=[1.0, "x"]), _row(ground_truth="4"), _row(ground_truth=2.0)])
+    assert [e.ground_truth for e in buffer.read()] == [[1.0, "x"], "4", 2]
+    buffer.close()
+
+
+def test_postgres_widens_the_varchar_keys_of_an_older_table(postgres_url):
+    SQLBuffer(postgres_url).close()
+    engine = create_engine(postgres_url)
+    with engine.begin() as conn:  # as the previous version created them
+        conn.execute(text("ALTER TABLE experiences ALTER COLUMN uid TYPE varchar(256), "
+                          "ALTER COLUMN data_source TYPE varchar(256)"))
+    buffer = SQLBuffer(postgres_url)
+    buffer.put([_row(uid="u" * 300, data_source=NUL * 200)])
+    assert [(e.uid, e.data_source) for e in buffer.read()] == [("u" * 300, NUL * 200)]
+    buffer.close()
+    with engine.connect() as conn:
+        types = conn.execute(text("SELECT column_name, data_type FROM information_schema.columns WHERE table_name = "
+                                  "'experiences' AND column_name IN ('uid', 'data_source') ORDER BY 1")).all()
+    engine.dispose()
+    assert [tuple(t) for t in types] == [("data_source", "text"), ("uid", "text")]
+
+
 @pytest.mark.parametrize("database", ["sqlite", "postgres"], indirect=True)
 def test_a_table_written_before_the_codec_still_reads(database):
     url = as_sqlalchemy_url(database)
