@@ -3,6 +3,7 @@ per-row agent_name, failures that score 0, and the layout of the rollout batch t
 
 import asyncio
 import dataclasses
+import threading
 import time
 
 import pytest
@@ -46,7 +47,7 @@ def test_server_batches_rounds_seeds_them_and_honours_limits():
             return outs
         return run
 
-    results = server.run([agent(3, 2), agent(5, 2), agent(19, 1)], timeout_s=5)
+    results = server.run([agent(3, 2), agent(5, 2), agent(19, 1)], timeout_s=30)  # must finish: generous
     assert [status for status, _ in results] == ["ok"] * 3
     # two rounds: all three agents wait on round 0, the two with a second call on round 1
     assert [len(prompts) for prompts, _, _ in engine.calls] == [3, 2]
@@ -68,7 +69,7 @@ def test_rounds_follow_row_order_and_wait_for_every_agent_without_a_window():
             return (await managers[row].generate("r", prompt_ids=[row + 1])).token_ids
         return run
 
-    results = server.run([agent(0, 0.2), agent(1, 0.1), agent(2, 0.0)], timeout_s=5)
+    results = server.run([agent(0, 0.2), agent(1, 0.1), agent(2, 0.0)], timeout_s=30)
     assert [v for _, v in results] == [[1, 100, EOS], [1, 100, EOS], [1, 100, EOS]]
     assert engine.calls[0][0] == [[1], [2], [3]] and len(engine.calls) == 1  # one round, in row order
 
@@ -77,7 +78,7 @@ def test_server_groups_sampling_settings_and_treats_temperature_zero_as_greedy()
     engine = Recorder()
     server = BatchingServer(engine, PARAMS, max_model_len=64)
     agents = [lambda t=t: server.generate([1, 2], {"temperature": t}) for t in (0.0, 1.0, 0.0)]
-    assert all(status == "ok" for status, _ in server.run(agents, timeout_s=5))
+    assert all(status == "ok" for status, _ in server.run(agents, timeout_s=30))
     greedy = [p for _, _, p in engine.calls if not p.do_sample]
     assert len(engine.calls) == 2 and len(greedy) == 1 and greedy[0].temperature == 0.0
     assert sorted(len(prompts) for prompts, _, _ in engine.calls) == [1, 2]
@@ -86,25 +87,32 @@ def test_server_groups_sampling_settings_and_treats_temperature_zero_as_greedy()
 def test_failing_hanging_and_blocking_agents_never_fail_the_batch():
     engine = Recorder()
     server = BatchingServer(engine, PARAMS, max_model_len=64, batch_window_s=0.05)
+    released = threading.Event()
 
     async def raises():
         raise RuntimeError("boom")
 
     async def hangs():
-        await asyncio.sleep(60)
+        await asyncio.sleep(3600)
 
     async def blocks():
-        time.sleep(1.5)  # synchronous: blocks the event loop past the timeout
+        released.wait(60)  # synchronous: blocks the event loop far past the timeout
 
     async def fine():
         return (await server.generate([1], None)).token_ids
 
-    results = server.run([raises, hangs, fine], timeout_s=0.5)
+    # one timeout for the run: long enough for `fine` on a slow, loaded machine (a round takes ~0.05 s)
+    results = server.run([raises, hangs, fine], timeout_s=5)
     assert results[0] == ("error", "RuntimeError: boom") and results[1][0] == "timeout"
     assert results[2] == ("ok", [1, 100, EOS])
     started = time.monotonic()
-    assert BatchingServer(engine, PARAMS, max_model_len=64).run([blocks], timeout_s=0.2)[0][0] == "timeout"
-    assert time.monotonic() - started < 1.45  # not held until the blocking call returns
+    try:
+        status = BatchingServer(engine, PARAMS, max_model_len=64).run([blocks], timeout_s=0.2)[0][0]
+        waited = time.monotonic() - started
+    finally:
+        released.set()  # let the left-behind event loop go
+    assert status == "timeout"
+    assert waited < 30  # not held until the blocking call returns (60 s)
 
 
 class TwoCalls(AgentLoopBase):

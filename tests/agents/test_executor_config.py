@@ -1,6 +1,7 @@
 """Bounded concurrent tool calls, and the tool / interaction YAML loaders."""
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -26,36 +27,48 @@ async def _cancel():
     raise asyncio.CancelledError()
 
 
-async def _block_loop():
-    time.sleep(3)  # synchronous: cannot be cancelled
+async def _block_loop(released: threading.Event):
+    released.wait(60)  # synchronous: cannot be cancelled
     return "late"
 
 
+async def _together(x, arrived: list, n: int):
+    """``x`` once ``n`` calls have arrived: run one after another, the first would wait for ever."""
+    arrived.append(x)
+    while len(arrived) < n:
+        await asyncio.sleep(0.01)
+    return x
+
+
 def test_runner_runs_concurrently_and_keeps_order():
-    runner = AsyncRunner()
-    start = time.perf_counter()
-    out = runner.run([lambda: _value(1, 0.3), lambda: _value(2, 0.3), lambda: _value(3, 0.3)], timeout_s=5)
-    assert out == [("ok", 1), ("ok", 2), ("ok", 3)]
-    assert time.perf_counter() - start < 0.8  # concurrent, not 0.9 s in a row
+    runner, arrived = AsyncRunner(), []
+    out = runner.run([lambda: _together(1, arrived, 3), lambda: _together(2, arrived, 3),
+                      lambda: _together(3, arrived, 3)], timeout_s=30)
+    assert out == [("ok", 1), ("ok", 2), ("ok", 3)]  # in a row, call 1 would have timed out
 
 
 def test_runner_turns_errors_and_hangs_into_results():
     runner = AsyncRunner()
-    out = runner.run([_raise, lambda: _value("slow", 10), lambda: _value("ok"), _sync_raise, _cancel], timeout_s=0.2)
+    # one timeout for the run: long enough for _value("ok") on a slow, loaded machine, short for the test
+    out = runner.run([_raise, lambda: _value("slow", 3600), lambda: _value("ok"), _sync_raise, _cancel], timeout_s=3)
     assert out[0] == ("error", "RuntimeError: boom")
     assert out[1][0] == "timeout" and out[2] == ("ok", "ok")
     assert out[3] == ("error", "TypeError: wrong signature") and out[4][0] == "error"
-    assert runner.run([lambda: _value(5)], timeout_s=1) == [("ok", 5)]  # the loop is still healthy
+    assert runner.run([lambda: _value(5)], timeout_s=30) == [("ok", 5)]  # the loop is still healthy
     assert runner.run([lambda: _value(6, 1.3)], timeout_s=0) == [("ok", 6)]  # 0 = no time bound
 
 
 def test_runner_abandons_a_blocked_loop():
-    runner = AsyncRunner()
+    runner, released = AsyncRunner(), threading.Event()
     start = time.perf_counter()
-    out = runner.run([_block_loop, lambda: _value(1)], timeout_s=0.2)
-    assert time.perf_counter() - start < 2.5
+    try:
+        out = runner.run([lambda: _block_loop(released), lambda: _value(1)], timeout_s=0.2)
+        waited = time.perf_counter() - start
+        assert runner.run([lambda: _value(7)], timeout_s=30) == [("ok", 7)]  # a fresh loop, the old one still blocked
+    finally:
+        released.set()  # let the abandoned loop go
+    assert waited < 30  # not held until the blocking call returns (60 s)
     assert out[0][0] == "timeout" and runner.num_abandoned_loops == 1
-    assert runner.run([lambda: _value(7)], timeout_s=1) == [("ok", 7)]  # a fresh loop
 
 
 TOOLS_YAML = """

@@ -1,7 +1,7 @@
 """The multi-turn loop with a scripted engine: layout, masks, token faithfulness, limits, bad tools."""
 
 import asyncio
-import time
+import threading
 
 import pytest
 
@@ -108,21 +108,28 @@ def test_trajectory_layout_masks_and_faithful_ids(tok):
     ("huge", None, "...(truncated)..."),
 ])
 def test_bad_tools_become_error_observations(tok, behaviour, kind, fragment):
+    released = threading.Event()
+
     async def act():
         if behaviour == "raise":
             raise RuntimeError("bad")
         if behaviour == "hang":
-            await asyncio.sleep(30)
+            await asyncio.sleep(3600)
         if behaviour == "block":
-            time.sleep(2)
+            released.wait(60)  # synchronous: blocks the event loop far past the timeout
         if behaviour == "bytes":
             return b"\x00", 0.0, {}
         return "x" * 100_000, 0.0, {}
 
+    # a tool that must time out gets 0.2 s; one that must answer, a budget no loaded machine exhausts
+    timeout_s = 0.2 if behaviour in ("hang", "block") else 30
     prompts = [ids(tok, "P:", eos=False)]
     engine = Script(tok, [[CALL, "done"]]).bind(prompts)
-    (t,) = loop(tok, {"calculator": Echo(act)}, tool_timeout_s=0.2, max_tool_response_length=64).run(
-        prompts, [RowContext()], engine, budget=2000)
+    try:
+        (t,) = loop(tok, {"calculator": Echo(act)}, tool_timeout_s=timeout_s, max_tool_response_length=64).run(
+            prompts, [RowContext()], engine, budget=2000)
+    finally:
+        released.set()  # let an abandoned event loop go
     observation = tok.decode([x for x, m in zip(t.response_ids, t.response_mask) if m == 0])
     assert fragment in observation and t.end_reason == "stop"
     if kind:

@@ -19,7 +19,8 @@ class _Service:
 
     def __init__(self):
         self.mode, self.requests = "ok", []
-        self.lock, self.active, self.peak = threading.Lock(), 0, 0
+        self.lock, self.active, self.peak, self.expected_peak = threading.Lock(), 0, 0, 1
+        self.release = threading.Event()  # ends a "slow" request (set when its test ends)
         service = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -33,12 +34,14 @@ class _Service:
                 if mode == "flaky":
                     mode = "http500" if len(service.requests) == 1 else "ok"
                 if mode == "slow":
-                    time.sleep(1.0)
-                if mode == "wait":  # 0.2 s per request; counts the requests in flight at once
-                    with service.lock:
+                    service.release.wait(60)  # far past the client's timeout
+                if mode == "wait":  # counts the requests in flight at once; each stays until expected_peak
+                    with service.lock:  # were in flight (at most 10 s: a late request on a loaded machine counts)
                         service.active += 1
                         service.peak = max(service.peak, service.active)
-                    time.sleep(0.2)
+                    deadline = time.monotonic() + 10
+                    while service.peak < service.expected_peak and time.monotonic() < deadline:
+                        time.sleep(0.005)
                     with service.lock:
                         service.active -= 1
                 if mode == "http500":
@@ -67,7 +70,7 @@ def service():
 
 def _score(service, mode, **kwargs):
     service.mode, service.requests = mode, []
-    remote = RemoteRewardModel(service.url, **{"timeout_s": 0.5, "batch_size": 2, "retries": 1, "backoff_s": 0.01,
+    remote = RemoteRewardModel(service.url, **{"timeout_s": 30.0, "batch_size": 2, "retries": 1, "backoff_s": 0.01,
                                                **kwargs})
     return remote.score(["p1 ", "p2 ", "p3 "], ["a", "bb", "ccc"], labels=["1", None, "3"],
                         messages=[[{"role": "user", "content": "p"}]] * 3)
@@ -84,8 +87,8 @@ def test_rows_are_batched_and_scored_in_order(service):
 
 def test_num_workers_requests_in_flight_at_once_in_row_order(service):
     for concurrency, peak in ((1, 1), (2, 2)):
-        service.peak = 0
-        rewards, metrics = _score(service, "wait", concurrency=concurrency, batch_size=1, timeout_s=5.0)
+        service.peak, service.expected_peak = 0, peak
+        rewards, metrics = _score(service, "wait", concurrency=concurrency, batch_size=1)
         assert rewards == [1.0, 2.0, 3.0] and metrics["reward/rm_num_failed"] == 0
         assert service.peak == peak and len(service.requests) == 3
 
@@ -99,7 +102,11 @@ def test_a_failed_request_is_retried(service):
 @pytest.mark.parametrize("mode, kind", [("slow", "timeouts"), ("http500", "errors"), ("not_json", "invalid"),
                                         ("short", "invalid"), ("nan", "invalid")])
 def test_failures_score_zero_and_are_counted(service, mode, kind):
-    rewards, metrics = _score(service, mode)
+    service.release.clear()
+    try:  # only the request that must time out gets a short timeout
+        rewards, metrics = _score(service, mode, **({"timeout_s": 0.5} if mode == "slow" else {}))
+    finally:
+        service.release.set()
     assert rewards == [0.0, 0.0, 0.0]
     assert metrics[f"reward/rm_num_{kind}"] == 3 and metrics["reward/rm_num_failed"] == 3
     assert metrics["reward/rm_all_failed"] == 1.0
