@@ -42,6 +42,9 @@ _NO_AT_URL = re.compile(r"(?P<head>" + _SCHEME + r"[^:/@?#\[]*:)(?P<password>[^/
 # In free text: scheme://user:PASSWORD@ -- the password runs to the last '@' of its line before the next URL.
 _USERINFO = re.compile(r"(?P<head>\b" + _SCHEME + r"[^\s:/@'\"]*:)(?P<password>(?:(?!" + _SCHEME + r")[^\n])*)(?=@)")
 _PORT_AND_PATH = re.compile(r"\d+(?:[/?#]\S*)?")
+# In free text, a URL without '@': scheme://user:PASSWORD (a word that is not a port number).
+_NO_AT_IN_TEXT = re.compile(r"(?P<head>\b" + _SCHEME + r"[^\s:/@'\"\[]*:)(?P<password>[^\s/?#@'\"]*)"
+                            r"(?=[\s'\"/?#]|$)(?![^\s'\"]*@)")
 _SECRET_PARAM = r"(?:password|passwd|pwd|secret|token|access_token|auth_token|api_key|apikey|sslpassword)"
 # ?password=...&... in a URL's query string
 _QUERY_SECRET = re.compile(r"(?P<head>[?&]" + _SECRET_PARAM + r"=)(?P<value>[^&\s'\"#]+)", re.IGNORECASE)
@@ -102,7 +105,9 @@ def _redact_urls_in_text(text: str) -> str:
         if first != password and _PORT_AND_PATH.fullmatch(first):  # host:port/path, then other words
             return match[0]
         return match["head"] + REDACTED
-    return _QUERY_SECRET.sub(_hide("head"), _USERINFO.sub(hide, text))
+    def hide_bare(match: re.Match) -> str:
+        return match[0] if re.fullmatch(r"\d*", match["password"]) else match["head"] + REDACTED
+    return _QUERY_SECRET.sub(_hide("head"), _NO_AT_IN_TEXT.sub(hide_bare, _USERINFO.sub(hide, text)))
 
 
 def redact_text(text: str) -> str:

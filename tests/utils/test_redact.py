@@ -54,8 +54,17 @@ def test_whole_urls_that_make_url_reads_oddly(url, expected):
 
 
 def test_free_text_keeps_ports_and_paths_of_urls_without_a_password():
-    for line in ("serving http://localhost:8000/v1 for bob@x.org", "at http://127.0.0.1:8000 ok, mail a@b"):
+    for line in ("serving http://localhost:8000/v1 for bob@x.org", "at http://127.0.0.1:8000 ok, mail a@b",
+                 "http://h:8000?a=b"):
         assert redact_text(line) == line
+
+
+def test_free_text_hides_a_password_given_without_a_host():
+    """``user:password`` with no ``@host`` (make_url reads the password as a port): a printed config
+    line or an error quoting it hides the word after ':' unless it is a number."""
+    assert redact_text("buffer:\n    path: postgresql+psycopg://alice:PwLEAK\n") == \
+        "buffer:\n    path: postgresql+psycopg://alice:***\n"
+    assert redact_text("'postgresql://alice:Pw/db' failed") == "'postgresql://alice:***/db' failed"
 
 
 def test_redact_text_hides_every_url_and_secret_override():
