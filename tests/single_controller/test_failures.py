@@ -83,7 +83,7 @@ def test_call_timeout_names_the_silent_worker(make_group):
         wg.sleep_on(1, 60.0)
     elapsed = time.monotonic() - start
     message = str(excinfo.value)
-    assert 3.0 <= elapsed < 20
+    assert 3.0 <= elapsed < 45  # generous for a loaded machine, yet short of the 60 s sleep
     assert "`ToyWorker.sleep_on` did not finish within call_timeout_s=3.0 s: 1 of 2 workers" in message
     assert "ToyWorker rank 1/2" in message and "rank 0/2" not in message
     assert "toy worker rank 1 going to sleep" in message
