@@ -176,9 +176,9 @@ def path_refusals(config: dict[str, Any], defaults: dict[str, Any], path_fields:
     """``{field key: "key=<refusal>"}`` of the paths in the composed ``config`` (nested dicts, interpolations
     resolved) that lie outside ``workspace``: every key :func:`path_keys` names (a list's items and a glob's
     folder too) whose value differs from ``defaults`` (the composed defaults' leaves: a field's own default
-    is the package's, not a request's). URLs are no paths; a path is refused once (``critic.model.path``
-    follows the actor's). A teacher's ``model_path`` is filed under its mapping field,
-    ``distillation.teacher_models``."""
+    is the package's, not a request's). URLs are no paths, but for a ``sqlite:///`` URL's file; a path
+    is refused once (``critic.model.path`` follows the actor's). A teacher's ``model_path`` is filed
+    under its mapping field, ``distillation.teacher_models``."""
     leaves, fields = dict(_leaves(config)), list(path_fields)
     refused: dict[str, str] = {}
     named: set[str] = set()  # a path refused once is not refused again under a key that follows it
@@ -187,6 +187,8 @@ def path_refusals(config: dict[str, Any], defaults: dict[str, Any], path_fields:
         if value == defaults.get(key, object()):
             continue
         for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, str) and item.startswith("sqlite:///"):  # the experience buffer's database file
+                item = item[len("sqlite:///"):].split("?", 1)[0]
             if not isinstance(item, str) or not item or "://" in item or item in named:
                 continue
             refusal = workspace.refusal(item)

@@ -69,7 +69,8 @@ def _listed(values, work):
     ({"critic.model.tokenizer_path": "tok", "critic.model.trust_remote_code": True}, "critic.model.tokenizer_path"),
     ({"reward_model.model.input_tokenizer": "tok", "reward_model.model.trust_remote_code": True},
      "reward_model.model.input_tokenizer"),
-    ({"distillation.teacher_models": "{t: {model_path: tok}}", **ACTOR_CODE}, "distillation.teacher_models.t.model_path"),
+    ({"distillation.teacher_models": "{t: {model_path: tok}}", **ACTOR_CODE},
+     "distillation.teacher_models.t.model_path"),
     ({"actor_rollout_ref.model.path": "tok", **ACTOR_CODE}, "actor_rollout_ref.model.path"),
     ({"reward_model.model.path": "tok", "reward_model.model.trust_remote_code": True}, "reward_model.model.path"),
 ])
@@ -117,7 +118,7 @@ def test_a_run_folder_the_check_passes_is_still_judged_resolved(work, local_clie
 @pytest.mark.parametrize("key, text", [
     ("data.tokenizer", "{}"), ("trainer.resume_from_path", "{}"), ("actor_rollout_ref.model.path", "{}"),
     ("data.train_files", "{}"), ("reward_model.model.input_tokenizer", "{}"),
-    ("distillation.teacher_models", "{{t: {{model_path: {}}}}}"),
+    ("distillation.teacher_models", "{{t: {{model_path: {}}}}}"), ("async_training.buffer.path", "sqlite:///{}"),
 ])
 def test_check_answers_nothing_about_a_path_outside(work, local_client, tmp_path_factory, key, text):
     """An existing file, an existing folder and a missing path outside all get the same refusal."""

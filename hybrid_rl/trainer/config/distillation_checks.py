@@ -127,5 +127,6 @@ def check_distillation(cfg: Any) -> list[str]:
         problems = check_model_path(key, teacher.model_path, model.trust_remote_code)
         errors.extend(problems or weights_problems(key, teacher.model_path, remote)
                       or vocabulary_problem(key, teacher.model_path, student, remote)
-                      or vocab_size_problem(key, teacher.model_path, model.path, student_override=model.override_config))
+                      or vocab_size_problem(key, teacher.model_path, model.path,
+                                            student_override=model.override_config))
     return errors
