@@ -14,10 +14,23 @@ import zipfile
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["weights_problem"]
+__all__ = ["needs_remote_code", "weights_problem"]
 
 SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def needs_remote_code(folder: str) -> bool:
+    """Whether the model folder ``folder`` names code of its own (an ``auto_map`` in its ``config.json`` or
+    ``tokenizer_config.json``). A start-up check never imports it: the run does, in its workers."""
+    for name in ("config.json", "tokenizer_config.json"):
+        try:
+            data = json.loads((Path(folder) / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # missing or unreadable: the folder checks report that
+            continue
+        if isinstance(data, dict) and data.get("auto_map"):
+            return True
+    return False
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -52,8 +65,6 @@ def _expected_shapes(folder: Path, trust_remote_code: bool) -> Optional[tuple[di
     model prefix; None for a model type whose checkpoints transformers converts while loading."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from hybrid_rl.trainer.config.distillation_checks import needs_remote_code
 
     if needs_remote_code(str(folder)):  # a check never imports a model folder's own code; the run does
         return None

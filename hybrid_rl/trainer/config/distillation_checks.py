@@ -15,19 +15,10 @@ import os
 from typing import Any, Optional
 
 from hybrid_rl.trainer.config.run_checks import check_model_path
+from hybrid_rl.workers.weights_check import needs_remote_code
 
 __all__ = ["check_distillation", "config_vocab_size", "needs_remote_code", "vocab_size_problem", "vocabulary_problem",
            "weights_problems"]
-
-
-def needs_remote_code(folder: str) -> bool:
-    """Whether the model folder ``folder`` names code of its own (an ``auto_map`` in its ``config.json`` or
-    ``tokenizer_config.json``). A start-up check never imports it: the run does, in its workers."""
-    for name in ("config.json", "tokenizer_config.json"):
-        data = _json(os.path.join(folder, name))
-        if isinstance(data, dict) and data.get("auto_map"):
-            return True
-    return False
 
 
 def _json(path: str) -> Any:
