@@ -47,3 +47,18 @@ def source() -> dict:
         pytest.skip(f"no GSM8K here: {folder} has no train.jsonl/test.jsonl (set {ENV} to a folder that "
                     f"has them) and {err}")
     return {}
+
+
+class FakeDatasets(ModuleType):
+    """A stand-in ``datasets`` module: ``load_dataset`` records its arguments and returns ``splits``
+    (or raises ``error``), for the tests of the hub path (no hub is reachable from the suite)."""
+
+    def __init__(self, splits=None, error=None):
+        super().__init__("datasets")
+        self.calls, self.splits, self.error = [], splits, error
+
+    def load_dataset(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        if self.error:
+            raise self.error
+        return self.splits

@@ -4,9 +4,9 @@ or datasets.load_dataset("openai/gsm8k", "main") as veRL's script), errors, and 
 import json
 import re
 import sys
-import types
 
 import gsm8k_data
+from gsm8k_data import FakeDatasets
 import pyarrow.parquet as pq
 import pytest
 
@@ -100,20 +100,6 @@ def test_source_errors(gsm8k, tmp_path):
         gsm8k.convert(tmp_path / "out", input_dir=tmp_path, hf_dataset="openai/gsm8k")
     with pytest.raises(SystemExit):  # argparse: the two sources are mutually exclusive
         gsm8k.main(["--input_dir", "a", "--hf_dataset", "b"])
-
-
-class FakeDatasets(types.ModuleType):
-    """``datasets`` whose ``load_dataset`` records its arguments and returns ``splits`` (or raises ``error``)."""
-
-    def __init__(self, splits=None, error=None):
-        super().__init__("datasets")
-        self.calls, self.splits, self.error = [], splits, error
-
-    def load_dataset(self, *args, **kwargs):
-        self.calls.append((args, kwargs))
-        if self.error:
-            raise self.error
-        return self.splits
 
 
 def test_without_input_dir_the_rows_come_from_datasets_as_in_verl(gsm8k, tmp_path, monkeypatch):

@@ -4,9 +4,9 @@ and the local SFT / preference-pair generators judged by the rule scorers."""
 import json
 import re
 import sys
-import types
 
 import gsm8k_data
+from gsm8k_data import FakeDatasets
 import pytest
 
 from hybrid_rl.data.arithmetic import generate_arithmetic
@@ -126,20 +126,6 @@ def test_gsm8k_pairs_from_the_real_files():
         assert default_compute_score("openai/gsm8k", row["rejected"], truth) == 0.0, row
     with pytest.raises(ValueError, match="no GSM8K file .*leave --gsm8k_dir out to load openai/gsm8k"):
         gsm8k_examples("/nonexistent")
-
-
-class FakeDatasets(types.ModuleType):
-    """``datasets`` whose ``load_dataset`` records its arguments and returns ``splits`` (or raises ``error``)."""
-
-    def __init__(self, splits=None, error=None):
-        super().__init__("datasets")
-        self.calls, self.splits, self.error = [], splits, error
-
-    def load_dataset(self, *args, **kwargs):
-        self.calls.append((args, kwargs))
-        if self.error:
-            raise self.error
-        return self.splits
 
 
 def test_gsm8k_without_a_folder_comes_from_datasets_as_scripts_data_gsm8k(monkeypatch, tmp_path, capsys):

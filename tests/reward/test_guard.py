@@ -11,22 +11,9 @@ import torch
 
 from hybrid_rl.reward import _isolation
 from hybrid_rl.reward.guard import ScoreOutcome, normalize_score, run_guarded, safe_score, safe_score_many
+from tests.reward.hang import BUDGET_S, HANG_S, RELEASE as _RELEASE
 
 MODES = ["process", "thread"]
-# CI may be a slow, heavily loaded machine: an item that must succeed gets a per-item budget no
-# scheduler stall can exhaust, and one that must time out hangs far longer (released when its test
-# ends), so "it did not wait for the hang" is elapsed < HANG_S / 2, never a tight margin.
-BUDGET_S = 10.0
-HANG_S = 120.0
-_RELEASE = threading.Event()
-
-
-@pytest.fixture(autouse=True)
-def release_hung_scorers():
-    """Each test's hung thread-mode scorers end with the test (at most 4 may stay hung at once)."""
-    _RELEASE.clear()
-    yield
-    _RELEASE.set()
 
 
 def _raise(*_, **__):

@@ -17,22 +17,9 @@ from hybrid_rl.reward import (
 )
 from hybrid_rl.reward import manager as manager_module
 from hybrid_rl.utils.testing import build_byte_tokenizer
+from tests.reward.hang import BUDGET_S, HANG_S, RELEASE as _RELEASE
 
 EOS, PAD = 2, 0
-# CI may be a slow, heavily loaded machine: a row that must be scored gets a per-item budget no
-# scheduler stall can exhaust, and a scorer that must time out hangs far longer (released when its test
-# ends), so "it did not wait for the hang" is elapsed < HANG_S / 2, never a tight margin.
-BUDGET_S = 10.0
-HANG_S = 120.0
-_RELEASE = threading.Event()
-
-
-@pytest.fixture(autouse=True)
-def release_hung_scorers():
-    """Each test's hung thread-mode scorers end with the test (at most 4 may stay hung at once)."""
-    _RELEASE.clear()
-    yield
-    _RELEASE.set()
 
 
 @pytest.fixture(scope="module")
