@@ -181,10 +181,12 @@ def test_health_streaks_reset_and_survive_resume():
 
 def test_probe_rejects_unwritable_dir_and_full_disk(tmp_path, tiny_model_dir, monkeypatch):
     (tmp_path / "file").write_text("not a folder")
-    with pytest.raises(ValueError, match=r"trainer.default_local_dir=.*/file/run is not writable"):
+    with pytest.raises(ValueError, match=r"trainer.default_local_dir='.*/file/run' cannot hold the run's files: "
+                                         r".*/file is a file, not a folder"):
         RayPPOTrainer(get_config(_overrides(tmp_path, tiny_model_dir, f"trainer.default_local_dir={tmp_path}/file/run")))
-    RayPPOTrainer(get_config(_overrides(tmp_path, tiny_model_dir, f"trainer.default_local_dir={tmp_path}/file/run",
-                                        "trainer.save_freq=-1")))  # never saves: no probe
+    with pytest.raises(ValueError, match="is a file, not a folder"):  # never saves, but logs and metrics go there
+        RayPPOTrainer(get_config(_overrides(tmp_path, tiny_model_dir, f"trainer.default_local_dir={tmp_path}/file/run",
+                                            "trainer.save_freq=-1")))
 
     import hybrid_rl.trainer.core.checkpoints as cm
 

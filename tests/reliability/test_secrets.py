@@ -165,8 +165,9 @@ def test_a_run_on_postgres_with_a_password_leaks_it_nowhere(tmp_path, tiny_model
     every tracker on (W&B, MLflow and SwanLab as recording stand-ins)."""
     database = "secrets_run"
     postgres_server.create_database(database)
-    url = postgres_server.create_user("alice", PASSWORD, database=database)
-    postgres_server.execute("GRANT ALL ON SCHEMA public TO alice", database=database)
+    # a role of this test's own: the server is shared by the session (test_buffer_check makes "alice")
+    url = postgres_server.create_user("secrets_run_user", PASSWORD, database=database)
+    postgres_server.execute("GRANT ALL ON SCHEMA public TO secrets_run_user", database=database)
     fake = _fake_trackers(tmp_path / "fake")
     args = [a for a in _run_args(tmp_path, tiny_model_dir) if not a.startswith(("async_training.buffer.path=",
                                                                                   "trainer.logger="))]
