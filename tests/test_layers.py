@@ -18,6 +18,8 @@ LOWER_FLOORS = ("hybrid_rl.algorithms", "hybrid_rl.protocol", "hybrid_rl.protoco
 RULES = [
     *[(floor, ("hybrid_rl.trainer", "hybrid_rl.studio", "hybrid_rl.eval", "hybrid_rl.debug")) for floor in LOWER_FLOORS],
     ("hybrid_rl.workers", ("hybrid_rl.trainer", "hybrid_rl.studio")),
+    # objectives: tensors and their own configs, below the workers that drive them
+    ("hybrid_rl.objectives", ("hybrid_rl.workers", "hybrid_rl.trainer", "hybrid_rl.studio", "hybrid_rl.single_controller")),
     ("hybrid_rl.trainer.config", (*MODES, *ENTRY_POINTS)),
     # the schemas, their loading and their documentation stand below everything that runs; the checks
     # (config/*checks.py) know the core's vocabulary (resume modes, trackers, single-process blockers)
