@@ -52,8 +52,9 @@ class MicroBatch:
 
     batch: dict[str, torch.Tensor]
     """The micro-batch's keys other than the model inputs (``response_mask``, ``advantages``, ...)."""
-    log_prob: torch.Tensor
-    """``[b, R]`` log-probs of the responses under the trained model (with grad)."""
+    log_prob: Optional[torch.Tensor]
+    """``[b, R]`` log-probs of the responses under the trained model (with grad); None for a
+    scalar head."""
     agg: dict[str, Any]
     """``loss_agg_mode`` and the mini-batch's global denominators (``global_batch_num_tokens`` /
     ``global_batch_num_seqs``, summed over micro-batches and ranks): ``agg_loss(..., **agg)``."""
@@ -61,6 +62,9 @@ class MicroBatch:
     """``[b, R]`` per-token entropies when :attr:`ForwardNeeds.entropy`."""
     topk_log_prob: Optional[torch.Tensor] = None
     """``[b, R, K]`` log-probs at ``batch[ForwardNeeds.topk_ids_key]`` when asked for."""
+    scores: Optional[torch.Tensor] = None
+    """A scalar head's outputs (with grad): ``[b]`` one score per row (reward model) or ``[b, R]`` one
+    per response token (value model)."""
     on_policy: bool = False
     """The update is exactly on-policy (one epoch, one mini-batch): the weights that sampled are the
     weights being updated, so ``old_log_probs`` may be absent (:attr:`old_log_prob` detaches)."""
