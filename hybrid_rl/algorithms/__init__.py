@@ -49,11 +49,16 @@ from hybrid_rl.algorithms.policy_loss import (
     unregister_policy_loss,
 )
 from hybrid_rl.algorithms import advantage_variants, policy_loss_variants  # noqa: F401  (register veRL's others)
+from hybrid_rl.algorithms.preference_loss import DPO_LOSS_TYPES, dpo_loss, dpo_metrics, sequence_log_probs
 from hybrid_rl.algorithms.reward_loss import bradley_terry_loss, preference_metrics
 from hybrid_rl.algorithms.value_loss import compute_value_loss
 
 __all__ = [
     "ADV_ESTIMATOR_INPUTS",
+    "DPO_LOSS_TYPES",
+    "dpo_loss",
+    "dpo_metrics",
+    "sequence_log_probs",
     "KL_PENALTY_TYPES",
     "LOSS_AGG_MODES",
     "AdaptiveKLController",

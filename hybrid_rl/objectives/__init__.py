@@ -12,3 +12,5 @@ from hybrid_rl.objectives.registry import (ObjectiveInfo, build_objective, descr
 __all__ = ["ForwardNeeds", "MicroBatch", "Objective", "ObjectiveInfo", "WeightedSum", "build_objective",
            "describe_objectives", "get_objective_cls", "missing_keys", "objective_info", "register_objective",
            "registered_objectives", "unregister_objective"]
+
+from hybrid_rl.objectives import preference, supervised  # noqa: E402,F401  (register dpo, bradley_terry, nll)
