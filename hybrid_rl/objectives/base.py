@@ -126,6 +126,10 @@ class Objective:
         """Metric names that are shares of a mini-batch quantity (summed over micro-batches and ranks)."""
         return ()
 
+    def step_metrics(self) -> dict[str, float]:
+        """Metrics reported once per optimizer step, not per micro-batch (e.g. a fixed coefficient)."""
+        return {}
+
     def required_keys(self, on_policy: bool = False) -> list[str]:
         """The batch keys this update needs (``on_policy``: :attr:`MicroBatch.on_policy`)."""
         return list(self.reads)
@@ -183,6 +187,9 @@ class WeightedSum(Objective):
     @property
     def summed(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(name for term, _ in self.terms for name in term.summed))
+
+    def step_metrics(self) -> dict[str, float]:
+        return {name: value for term, _ in self.terms for name, value in term.step_metrics().items()}
 
     def required_keys(self, on_policy: bool = False) -> list[str]:
         return list(dict.fromkeys(k for term, _ in self.terms for k in term.required_keys(on_policy)))

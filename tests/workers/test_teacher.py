@@ -1,4 +1,4 @@
-"""The teacher role (workers/teacher.py) and the actor's distillation term (workers/distill_loss.py):
+"""The teacher role (workers/teacher.py) and the actor's distillation term (objectives/distillation.py):
 teacher log-probs equal a plain transformers forward of the teacher, rows go to their teacher, and
 the term enters the loss as configured."""
 
@@ -11,7 +11,8 @@ from hybrid_rl.single_controller import RayClassWithInitArgs
 from hybrid_rl.single_controller.local import LocalWorkerGroup
 from hybrid_rl.utils.testing import build_tiny_model_dir
 from hybrid_rl.workers.config import ActorRolloutRefConfig
-from hybrid_rl.workers.distill_loss import add_distillation
+from hybrid_rl.objectives import MicroBatch, Objective, WeightedSum
+from hybrid_rl.objectives.distillation import DistillationTerm, DistillationTermConfig
 from hybrid_rl.workers.distillation_config import DistillationConfig, DistillationLossConfig, TeacherModelConfig
 from hybrid_rl.workers.fsdp_workers import ActorRolloutRefWorker
 from hybrid_rl.workers.teacher import route_rows
@@ -94,18 +95,29 @@ def test_route_rows_takes_every_row_for_one_teacher_and_needs_the_field_for_seve
         route_rows(data, two, "data_source")
 
 
+class _Policy(Objective):
+    """A stand-in policy term: a fixed loss 0.3."""
+
+    summed = ("actor/pg_loss",)
+
+    def __call__(self, mb):
+        return torch.tensor(0.3), {}
+
+
 def test_distillation_term_enters_the_loss_as_configured():
     log_prob = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
     batch = {"teacher_log_prob": torch.tensor([[-1.5, -1.0, -9.0]]), "response_mask": torch.tensor([[1, 1, 0]])}
     agg = {"loss_agg_mode": "token-mean", "global_batch_num_tokens": None, "global_batch_num_seqs": None}
-    policy = torch.tensor(0.3)
+    mb = MicroBatch(batch, log_prob, agg, on_policy=True)
     # k3 per token: r = t - s = [-0.5, 1.0]: e^r - r - 1 = [e^-0.5 - 0.5, e - 2]; token mean over 2
     k3 = (np.exp(-0.5) - 0.5 + np.e - 2) / 2
-    total, term, stats = add_distillation(policy, log_prob, log_prob.detach(), batch, agg,
-                                          DistillationLossConfig(distillation_loss_coef=0.5))
-    assert term.item() == pytest.approx(k3, rel=1e-6) and total.item() == pytest.approx(0.3 + 0.5 * k3, rel=1e-6)
-    alone, _, _ = add_distillation(policy, log_prob, log_prob.detach(), batch, agg,
-                                   DistillationLossConfig(use_task_rewards=False, distillation_loss_coef=0.5))
+    term = DistillationTerm(DistillationTermConfig.from_settings(DistillationLossConfig(distillation_loss_coef=0.5)))
+    value, stats = term(mb)
+    assert value.item() == pytest.approx(k3, rel=1e-6)
+    assert stats["actor/distillation/loss"].item() == pytest.approx(k3, rel=1e-6)
+    total, _ = WeightedSum([(_Policy(), 1.0), (term, 0.5)])(mb)
+    assert total.item() == pytest.approx(0.3 + 0.5 * k3, rel=1e-6)
+    alone, _ = WeightedSum([(_Policy(), 0.0), (term, 1.0)])(mb)
     assert alone.item() == pytest.approx(k3, rel=1e-6)  # the policy loss and the coefficient drop out
     assert stats["actor/distillation/teacher_log_prob"].item() == pytest.approx(-1.25)
     assert stats["actor/distillation/loss_max"].item() == pytest.approx(np.e - 2, rel=1e-6)
