@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import abc
 import os
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from hybrid_rl.utils.registry import EntryInfo, Registry, first_doc_line
 
 __all__ = ["AgentLoopBase", "AgentLoopOutput", "DictConfigWrap", "agent_loop_names", "check_agent_loops",
            "load_agent_loop_config", "register", "resolve_agent_loop"]
@@ -131,10 +134,20 @@ def _token_ids(rendered: Any) -> list[int]:
     return [int(t) for t in rendered]
 
 
-_REGISTRY: dict[str, dict[str, Any]] = {}
-"""agent name -> constructor config (``_target_`` and keyword arguments), as veRL's registry."""
-_CLASSES: dict[str, type] = {}
-"""agent name -> class, for loops registered with @register (also those defined in a notebook)."""
+@dataclass(frozen=True)
+class AgentLoopEntry:
+    """A registered agent loop."""
+
+    config: dict[str, Any]
+    """Its constructor config (``_target_`` and keyword arguments), as veRL's registry."""
+    cls: Optional[type] = None
+    """The class itself, for loops registered with @register (also those defined in a notebook);
+    None: imported from ``_target_`` when built."""
+
+
+_REGISTRY: Registry[EntryInfo] = Registry(
+    "agent loop", "a row's agent_name (default: actor_rollout_ref.rollout.agent.default_agent_loop)",
+    may_replace=lambda old, new: True)  # as veRL's: a loop registered again replaces the old one
 
 
 def register(agent_name: str) -> Callable[[type], type]:
@@ -146,8 +159,8 @@ def register(agent_name: str) -> Callable[[type], type]:
                              "hybrid_rl.agents.AgentLoopBase.")
         if agent_name in BUILTIN_AGENT_LOOPS:
             raise ValueError(f"@register({agent_name!r}): that name is a built-in loop. Fix: pick another name.")
-        _REGISTRY[agent_name] = {"_target_": f"{cls.__module__}.{cls.__qualname__}"}
-        _CLASSES[agent_name] = cls
+        _REGISTRY.add(agent_name, AgentLoopEntry({"_target_": f"{cls.__module__}.{cls.__qualname__}"}, cls),
+                      EntryInfo(description=first_doc_line(cls)))
         return cls
 
     return decorator
@@ -155,7 +168,7 @@ def register(agent_name: str) -> Callable[[type], type]:
 
 def agent_loop_names() -> list[str]:
     """Every agent name a row may use: the built-ins and the registered loops."""
-    return sorted(set(BUILTIN_AGENT_LOOPS) | set(_REGISTRY))
+    return sorted(set(BUILTIN_AGENT_LOOPS) | set(_REGISTRY.names()))
 
 
 def load_agent_loop_config(path: str) -> dict[str, dict[str, Any]]:
@@ -182,13 +195,12 @@ def load_agent_loop_config(path: str) -> dict[str, dict[str, Any]]:
                              "Fix: write - name: my_agent\\n  _target_: my_pkg.MyAgentLoop")
         if entry["name"] in BUILTIN_AGENT_LOOPS:
             raise ValueError(f"{where}: {entry['name']!r} is a built-in loop's name. Fix: pick another name.")
-        _import_target(entry["_target_"], where)
-        loaded[entry["name"]] = dict(entry)
-    for name, config in loaded.items():
+        cls = _import_target(entry["_target_"], where)
+        loaded[entry["name"]] = (dict(entry), first_doc_line(cls))
+    for name, (config, description) in loaded.items():
         config.pop("name")
-        _REGISTRY[name] = config
-        _CLASSES.pop(name, None)
-    return loaded
+        _REGISTRY.add(name, AgentLoopEntry(config), EntryInfo(description=description))
+    return {name: config for name, (config, _) in loaded.items()}
 
 
 def _import_target(target: str, where: str) -> type:
@@ -206,9 +218,10 @@ def _import_target(target: str, where: str) -> type:
 
 def resolve_agent_loop(name: str, **kwargs: Any) -> Any:
     """A new instance of the loop registered as ``name``, given veRL's constructor arguments."""
-    config = dict(_REGISTRY[name])
+    entry = _REGISTRY.get(name)
+    config = dict(entry.config)
     target = config.pop("_target_")
-    cls = _CLASSES.get(name) or _import_target(target, f"agent loop {name!r}")
+    cls = entry.cls or _import_target(target, f"agent loop {name!r}")
     return cls(**config, **kwargs)
 
 
@@ -220,15 +233,16 @@ def check_agent_loops(names: Iterable[str], trainer_config: DictConfigWrap, toke
             resolve_agent_loop(name, trainer_config=trainer_config, server_manager=None, tokenizer=tokenizer,
                                processor=None, dataset_cls=None, dataset_config=DictConfigWrap({}))
         except (ValueError, TypeError) as exc:
-            raise ValueError(f"agent loop {name!r} ({_REGISTRY[name].get('_target_')}): {exc}") from None
+            raise ValueError(f"agent loop {name!r} ({_REGISTRY.get(name).config.get('_target_')}): {exc}") from None
 
 
 def agent_loop_snapshot() -> dict[str, Any]:
     """The registry, for rollout workers in other processes (:mod:`hybrid_rl.agents.plugins`)."""
-    return {"configs": dict(_REGISTRY), "classes": dict(_CLASSES)}
+    return {"entries": _REGISTRY.entries(), "infos": _REGISTRY.describe()}
 
 
 def restore_agent_loops(snapshot: dict[str, Any]) -> None:
     """Register what :func:`agent_loop_snapshot` carried."""
-    _REGISTRY.update(snapshot.get("configs", {}))
-    _CLASSES.update(snapshot.get("classes", {}))
+    infos = snapshot.get("infos", {})
+    for name, entry in snapshot.get("entries", {}).items():
+        _REGISTRY.add(name, entry, infos.get(name))

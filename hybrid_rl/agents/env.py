@@ -20,6 +20,8 @@ import abc
 import inspect
 from typing import Any, Callable, Optional
 
+from hybrid_rl.agents.tool import class_registry
+
 __all__ = ["BaseTextEnv", "call_env", "get_env_cls", "register_env", "registered_envs"]
 
 
@@ -46,7 +48,7 @@ class BaseTextEnv(abc.ABC):
         """Free the episode's resources (called when the trajectory ends)."""
 
 
-_ENVS: dict[str, type] = {}
+_ENVS = class_registry("environment", "actor_rollout_ref.rollout.agent.agent_loop_config_path: entries' env")
 
 
 def register_env(name: str) -> Callable[[type], type]:
@@ -56,16 +58,14 @@ def register_env(name: str) -> Callable[[type], type]:
         if not _conforms(cls):
             raise ValueError(f"@register_env({name!r}) decorates {cls!r}, which has no reset() and step(). Fix: "
                              "subclass hybrid_rl.agents.BaseTextEnv.")
-        from hybrid_rl.agents.tool import add_unique
-
-        return add_unique(_ENVS, "environment", name, cls)
+        return _ENVS.add(name, cls)
 
     return decorator
 
 
 def registered_envs() -> list[str]:
     """Names registered with :func:`register_env`."""
-    return sorted(_ENVS)
+    return _ENVS.names()
 
 
 def _conforms(cls: Any) -> bool:
@@ -75,7 +75,7 @@ def _conforms(cls: Any) -> bool:
 def get_env_cls(name: str, where: str) -> type:
     """A registered environment name or a dotted import path, resolved to the class; ValueError otherwise."""
     if name in _ENVS:
-        return _ENVS[name]
+        return _ENVS.get(name)
     from hybrid_rl.agents.tool import import_object
 
     fix = (f"Fix: use a registered environment ({', '.join(registered_envs()) or 'none registered'}) or the "

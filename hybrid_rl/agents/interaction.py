@@ -13,6 +13,8 @@ from __future__ import annotations
 import uuid
 from typing import Any, Callable, Optional
 
+from hybrid_rl.agents.tool import class_registry
+
 __all__ = ["BaseInteraction", "get_interaction_cls", "register_interaction", "registered_interactions"]
 
 
@@ -44,7 +46,8 @@ class BaseInteraction:
         """Free the conversation's state."""
 
 
-_INTERACTIONS: dict[str, type] = {}
+_INTERACTIONS = class_registry("interaction",
+                               "actor_rollout_ref.rollout.multi_turn.interaction_config_path: interaction[].class_name")
 
 
 def register_interaction(name: str) -> Callable[[type], type]:
@@ -56,13 +59,13 @@ def register_interaction(name: str) -> Callable[[type], type]:
 
 def registered_interactions() -> list[str]:
     """Names registered with :func:`register_interaction`."""
-    return sorted(_INTERACTIONS)
+    return _INTERACTIONS.names()
 
 
 def get_interaction_cls(class_name: str, where: str) -> type:
     """A registered interaction name or a dotted import path, resolved to the class."""
     if class_name in _INTERACTIONS:
-        return _INTERACTIONS[class_name]
+        return _INTERACTIONS.get(class_name)
     from hybrid_rl.agents.tool import import_class
 
     return import_class(class_name, BaseInteraction, "generate_response", where, "interaction",

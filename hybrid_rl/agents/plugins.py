@@ -16,8 +16,8 @@ __all__ = ["plugin_snapshot", "restore_plugins"]
 
 def plugin_snapshot() -> dict[str, dict[str, type]]:
     """The registered tool and interaction classes by name."""
-    return {"tools": dict(tool._TOOLS), "interactions": dict(interaction._INTERACTIONS),
-            "agent_loops": agent_loop.agent_loop_snapshot(), "envs": dict(env._ENVS)}
+    return {"tools": tool._TOOLS.entries(), "interactions": interaction._INTERACTIONS.entries(),
+            "agent_loops": agent_loop.agent_loop_snapshot(), "envs": env._ENVS.entries()}
 
 
 def restore_plugins(snapshot: dict[str, dict[str, type]]) -> None:

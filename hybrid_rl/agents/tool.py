@@ -29,6 +29,7 @@ import uuid
 from typing import Any, Callable, Optional
 
 from hybrid_rl.agents.schemas import OpenAIFunctionToolSchema, ToolResponse, as_tool_schema, schema_dict
+from hybrid_rl.utils.registry import Registry, same_definition
 
 __all__ = ["BaseTool", "ToolResponse", "call_create", "get_tool_cls", "register_tool", "registered_tools",
            "tool_method", "tool_schema_dict"]
@@ -73,7 +74,16 @@ class BaseTool:
         """Free the instance."""
 
 
-_TOOLS: dict[str, type] = {}
+def class_registry(kind: str, config_key: str) -> Registry:
+    """The registry of a family of classes named in YAML (tools, interactions, environments): a second
+    class under a name raises in one line, the same class redefined (a re-run notebook cell) replaces it."""
+    def duplicate(name: str, old: type, new: type) -> str:
+        return f"{kind} {name!r} is already registered as {old.__module__}.{old.__qualname__}. Fix: pick another name."
+
+    return Registry(kind, config_key, may_replace=same_definition, duplicate_error=duplicate)
+
+
+_TOOLS = class_registry("tool", "actor_rollout_ref.rollout.multi_turn.tool_config_path: tools[].class_name")
 
 
 def conforms(cls: Any, base: type, method: str) -> bool:
@@ -84,7 +94,7 @@ def conforms(cls: Any, base: type, method: str) -> bool:
     return issubclass(cls, base) or inspect.iscoroutinefunction(getattr(cls, method, None))
 
 
-def registrar(registry: dict[str, type], base: type, kind: str, name: str, method: str) -> Callable[[type], type]:
+def registrar(registry: Registry, base: type, kind: str, name: str, method: str) -> Callable[[type], type]:
     """The class decorator behind ``@register_tool`` / ``@register_interaction``: adds a class that
     :func:`conforms` to ``base`` under ``name``; a second class under the same name raises (the same
     class redefined, e.g. a re-run notebook cell, replaces it)."""
@@ -94,20 +104,9 @@ def registrar(registry: dict[str, type], base: type, kind: str, name: str, metho
             raise ValueError(f"@register_{kind}({name!r}) decorates {cls!r}, which is neither a {base.__name__} "
                              f"subclass nor a class with an async {method}(). Fix: subclass "
                              f"hybrid_rl.agents.{base.__name__}.")
-        return add_unique(registry, kind, name, cls)
+        return registry.add(name, cls)
 
     return decorator
-
-
-def add_unique(registry: dict[str, type], kind: str, name: str, cls: type) -> type:
-    """``registry[name] = cls``, unless another class (by module and qualified name) holds the name:
-    then a one-line ValueError (the same class redefined, e.g. a re-run notebook cell, replaces it)."""
-    old = registry.get(name)
-    if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
-        raise ValueError(f"{kind} {name!r} is already registered as {old.__module__}.{old.__qualname__}. "
-                         "Fix: pick another name.")
-    registry[name] = cls
-    return cls
 
 
 def register_tool(name: str) -> Callable[[type], type]:
@@ -118,7 +117,7 @@ def register_tool(name: str) -> Callable[[type], type]:
 
 def registered_tools() -> list[str]:
     """Names registered with :func:`register_tool`."""
-    return sorted(_TOOLS)
+    return _TOOLS.names()
 
 
 VERL_ALIASES: dict[str, str] = {
@@ -165,7 +164,7 @@ def import_class(class_name: str, base: type, method: str, where: str, kind: str
 def get_tool_cls(class_name: str, where: str) -> type:
     """A registered tool name, or a dotted import path ``package.module.Class``, resolved to the class."""
     if class_name in _TOOLS:
-        return _TOOLS[class_name]
+        return _TOOLS.get(class_name)
     return import_class(class_name, BaseTool, "execute", where, "tool", registered_tools())
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from hybrid_rl.algorithms.masked import masked_whiten
-from hybrid_rl.algorithms.registry import Registry, first_doc_line
+from hybrid_rl.utils.registry import Registry, first_doc_line
 
 
 @dataclass(frozen=True)

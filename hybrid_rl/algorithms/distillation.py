@@ -35,7 +35,7 @@ import torch
 
 from hybrid_rl.algorithms.kl import kl_penalty
 from hybrid_rl.algorithms.loss_agg import agg_loss
-from hybrid_rl.algorithms.registry import Registry, first_doc_line
+from hybrid_rl.utils.registry import Registry, first_doc_line
 
 __all__ = ["DistillationLossInfo", "describe_distillation_losses", "distillation_loss_info",
            "distillation_objective", "distillation_token_loss", "forward_kl_topk", "get_distillation_loss_fn",

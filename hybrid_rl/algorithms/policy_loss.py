@@ -35,7 +35,7 @@ import torch
 
 from hybrid_rl.algorithms.loss_agg import agg_loss
 from hybrid_rl.algorithms.masked import masked_mean
-from hybrid_rl.algorithms.registry import Registry, first_doc_line
+from hybrid_rl.utils.registry import Registry, first_doc_line
 
 
 @dataclass(frozen=True)

@@ -50,13 +50,17 @@ from hybrid_rl.protocol import DataProto
 from hybrid_rl.reward.guard import ScoreOutcome, finite_float, normalize_score, run_guarded, safe_score_many
 from hybrid_rl.reward.registry import (check_data_sources, default_compute_score, default_compute_score_batched,
                                       thread_safe_sources)
+from hybrid_rl.utils.registry import Registry, same_object
 
 __all__ = ["BatchRewardManager", "NaiveRewardManager", "get_reward_manager_cls", "register_reward_manager",
            "registered_reward_managers"]
 
 logger = logging.getLogger(__name__)
 
-_MANAGERS: dict[str, type] = {}
+_MANAGERS: Registry = Registry(
+    "reward manager", "reward_model.reward_manager", may_replace=same_object,
+    duplicate_error=lambda name, old, new: f"reward manager {name!r} is already registered as {old.__qualname__}",
+    unknown_error=lambda name, names: f"unknown reward_model.reward_manager {name!r}; valid: {names}")
 _MAX_LOGGED_CHARS = 500
 
 
@@ -64,26 +68,17 @@ def register_reward_manager(name: str) -> Callable[[type], type]:
     """Class decorator adding a reward manager under ``name`` (``reward_model.reward_manager``). The
     class describes itself: its ``batched`` attribute (default false) says that a custom scorer
     (``custom_reward_function``) receives whole batches (``data_sources, solution_strs, ...``)."""
-
-    def decorator(cls: type) -> type:
-        if name in _MANAGERS and _MANAGERS[name] is not cls:
-            raise ValueError(f"reward manager {name!r} is already registered as {_MANAGERS[name].__qualname__}")
-        _MANAGERS[name] = cls
-        return cls
-
-    return decorator
+    return _MANAGERS.register(name)
 
 
 def registered_reward_managers() -> list[str]:
     """Names of all registered reward managers."""
-    return sorted(_MANAGERS)
+    return _MANAGERS.names()
 
 
 def get_reward_manager_cls(name: str) -> type:
     """The manager class registered as ``name``; ValueError listing the valid names otherwise."""
-    if name not in _MANAGERS:
-        raise ValueError(f"unknown reward_model.reward_manager {name!r}; valid: {sorted(_MANAGERS)}")
-    return _MANAGERS[name]
+    return _MANAGERS.get(name)
 
 
 class _Rows(NamedTuple):

@@ -23,6 +23,7 @@ from functools import partial
 from typing import Any, Callable
 
 from hybrid_rl.reward.scorers import arithmetic, gsm8k, math
+from hybrid_rl.utils.registry import EntryInfo, Registry, first_doc_line, same_definition
 
 __all__ = [
     "MATH_DATA_SOURCES",
@@ -40,7 +41,16 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ScoreFn = Callable[..., Any]
-_REWARDS: dict[str, ScoreFn] = {}
+
+
+def _duplicate_source(source: str, existing: ScoreFn, fn: ScoreFn) -> str:
+    return (f"data_source {source!r} already has the reward function "
+            f"{existing.__module__}.{existing.__qualname__}; pass override=True to replace it "
+            f"(`@register_reward({source!r}, override=True)`) or pick another name")
+
+
+_REWARDS: Registry[EntryInfo] = Registry("reward function", "data_source (a row's data_source column)",
+                                         may_replace=same_definition, duplicate_error=_duplicate_source)
 _WARMUPS: dict[ScoreFn, Callable[[], None]] = {}  # scorer -> its costly one-time initialisation
 _BOUNDED: set[ScoreFn] = set()  # built-in scorers that are linear-time pure Python (see thread_safe_sources)
 _SAMPLE_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
@@ -74,13 +84,10 @@ def check_scorer_signature(fn: Callable, what: str, batched: bool = False, **rew
         ) from exc
 
 
-def _same_function(a: Callable, b: Callable) -> bool:
-    key = lambda f: (getattr(f, "__module__", None), getattr(f, "__qualname__", None))  # noqa: E731
-    return key(a) == key(b) and key(a)[1] is not None
-
-
-def register_reward(*data_sources: str, override: bool = False) -> Callable[[ScoreFn], ScoreFn]:
-    """Decorator registering a scorer for one or more ``data_source`` names.
+def register_reward(*data_sources: str, override: bool = False,
+                    description: str | None = None) -> Callable[[ScoreFn], ScoreFn]:
+    """Decorator registering a scorer for one or more ``data_source`` names (``description``: one line
+    for ``--help``; default: the scorer's first docstring sentence).
 
     >>> @register_reward("my_source")
     ... def score(data_source, solution_str, ground_truth, extra_info=None):
@@ -93,18 +100,14 @@ def register_reward(*data_sources: str, override: bool = False) -> Callable[[Sco
 
     def decorator(fn: ScoreFn) -> ScoreFn:
         check_scorer_signature(fn, f"reward function {getattr(fn, '__qualname__', fn)!r}")
+        if not override:
+            for source in data_sources:  # all names checked before any is taken
+                _REWARDS.check_free(source, fn)
+        info = EntryInfo(description=first_doc_line(fn) if description is None else description)
         for source in data_sources:
-            existing = _REWARDS.get(source)
-            if existing is not None and existing is not fn and not override and not _same_function(existing, fn):
-                raise ValueError(
-                    f"data_source {source!r} already has the reward function "
-                    f"{existing.__module__}.{existing.__qualname__}; pass override=True to replace it "
-                    f"(`@register_reward({source!r}, override=True)`) or pick another name"
-                )
-        for source in data_sources:
-            if source in _REWARDS and _REWARDS[source] is not fn:
+            if source in _REWARDS and _REWARDS.find(source) is not fn:
                 logger.info("reward for data_source %r replaced by %s", source, getattr(fn, "__qualname__", fn))
-            _REWARDS[source] = fn
+            _REWARDS.add(source, fn, info, force=True)
         return fn
 
     return decorator
@@ -113,12 +116,12 @@ def register_reward(*data_sources: str, override: bool = False) -> Callable[[Sco
 def unregister_reward(*data_sources: str) -> None:
     """Remove scorers (unknown names are ignored). Mostly for tests and notebooks."""
     for source in data_sources:
-        _REWARDS.pop(source, None)
+        _REWARDS.unregister(source)
 
 
 def registered_data_sources() -> list[str]:
     """Sorted names that :func:`default_compute_score` can score."""
-    return sorted(_REWARDS)
+    return _REWARDS.names()
 
 
 def _unknown_source_error(data_source: Any) -> ValueError:
@@ -131,9 +134,12 @@ def _unknown_source_error(data_source: Any) -> ValueError:
 def get_reward_fn(data_source: str) -> ScoreFn:
     """The scorer registered for ``data_source``; ValueError naming the known ones otherwise."""
     try:
-        return _REWARDS[data_source]
-    except (KeyError, TypeError):
-        raise _unknown_source_error(data_source) from None
+        fn = _REWARDS.find(data_source)
+    except TypeError:  # an unhashable data_source value
+        fn = None
+    if fn is None:
+        raise _unknown_source_error(data_source)
+    return fn
 
 
 def thread_safe_sources(data_sources) -> bool:
@@ -141,7 +147,7 @@ def thread_safe_sources(data_sources) -> bool:
     (no C routine that holds the GIL, no unbounded backtracking), so a thread's timeout can always
     fire: the arithmetic and GSM8K answer parsers. math-verify's symbolic checks and any user
     scorer are not."""
-    return all(_REWARDS.get(source) in _BOUNDED for source in dict.fromkeys(data_sources))
+    return all(_REWARDS.find(source) in _BOUNDED for source in dict.fromkeys(data_sources))
 
 
 def check_data_sources(data_sources, warmup: bool = False) -> None:
@@ -224,8 +230,11 @@ def _score_arithmetic(data_source, solution_str, ground_truth, extra_info=None, 
     return arithmetic.compute_score(solution_str, ground_truth, **kwargs)
 
 
-register_reward("openai/gsm8k")(_score_gsm8k)
-register_reward(*MATH_DATA_SOURCES)(_score_math)
+register_reward("openai/gsm8k", description="GSM8K: the number after '####' equals the "
+                "answer.")(_score_gsm8k)
+register_reward(*MATH_DATA_SOURCES, description="MATH: the last \\boxed{} answer is equivalent to the "
+                "solution's (math-verify).")(_score_math)
 _WARMUPS[_score_math] = math.warmup
-register_reward("arithmetic", "calculator")(_score_arithmetic)  # calculator: the tool task, same "#### N" answer
+register_reward("arithmetic", "calculator", description="Arithmetic: the last '#### <integer>' equals the "
+                "answer.")(_score_arithmetic)  # calculator: the tool task, same "#### N" answer
 _BOUNDED.update({_score_gsm8k, _score_arithmetic})

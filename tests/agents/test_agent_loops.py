@@ -243,7 +243,7 @@ def test_loops_that_cannot_be_built_fail_at_start_up_in_one_line(tmp_path, monke
     from hybrid_rl.agents.agent_loop import DictConfigWrap, check_agent_loops
     from hybrid_rl.workers.rollout.multi_turn import rollout_config_tree
 
-    monkeypatch.setattr(agent_loop, "_REGISTRY", dict(agent_loop._REGISTRY))  # leave no entry behind
+    monkeypatch.setattr(agent_loop, "_REGISTRY", agent_loop._REGISTRY.copy())  # leave no entry behind
     path = tmp_path / "typo.yaml"
     path.write_text(f"- name: typo_loop\n  _target_: {__name__}.TwoCalls\n  notes: misspelt\n")
     loops = load_agent_loop_config(str(path))

@@ -149,8 +149,8 @@ def test_plugins_registered_here_reach_another_process_by_value():
             return "from the notebook", 0.0, {}
 
     payload = cloudpickle.dumps(plugin_snapshot())
-    del tool_module._TOOLS["test_notebook_tool"]  # as in a fresh worker process
+    tool_module._TOOLS.unregister("test_notebook_tool")  # as in a fresh worker process
     restore_plugins(cloudpickle.loads(payload))
     cls = get_tool_cls("test_notebook_tool", "here")
     assert cls.__name__ == "NotebookTool" and get_tool_cls("calculator", "here").__name__ == "CalculatorTool"
-    del tool_module._TOOLS["test_notebook_tool"]
+    tool_module._TOOLS.unregister("test_notebook_tool")

@@ -67,7 +67,7 @@ def test_scores_at_last_valid_token(tokenizer):
 
 
 def test_custom_manager_and_empty_mask_row(tokenizer, monkeypatch):
-    monkeypatch.setattr(manager_module, "_MANAGERS", dict(manager_module._MANAGERS))
+    monkeypatch.setattr(manager_module, "_MANAGERS", manager_module._MANAGERS.copy())
 
     @register_reward_manager("test_always_one")
     class AlwaysOne(NaiveRewardManager):
