@@ -12,6 +12,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # datasets reads only its cache (tests/gsm8k_data.py)
+# Every trainer checks its batch against the steps' declared keys at each step boundary (as
+# trainer.check_batch=true does), in this process and in the command-line runs it starts.
+os.environ.setdefault("HYBRID_RL_CHECK_BATCH", "1")
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -321,6 +321,10 @@ class BaseTrainerConfig:
     """Show a tqdm progress bar (step, ETA, latest reward) on the driver."""
     plot: bool = True
     """Write reward_curve.png (reward and validation score per step) into the run folder."""
+    check_batch: bool = False
+    """Check the batch at every step boundary against the steps' declared keys (what a step reads
+    before it, what it writes after it, no key outside hybrid_rl/schema.py); tens of microseconds a
+    step. ``HYBRID_RL_CHECK_BATCH=1`` turns it on too (the tests set it). Not a veRL key."""
     use_legacy_worker_impl: str = "auto"
     """veRL's worker-implementation switch: auto | enable (veRL's FSDP workers, which hybrid_rl's
     workers follow). disable (veRL's new engine workers) is refused: hybrid_rl has one implementation."""

@@ -5,8 +5,10 @@ datasets and the resumable loader, :meth:`fit` and its batch loop, :meth:`train_
 mode's :meth:`step_plan`, the timing of each named step, the validate/save cadence
 (:meth:`cadence_steps`), atomic checkpoints and resume, the health checks, the trackers, the progress
 bar and the end-of-run plot. A mode (PPO and its decoupled variant, SFT, reward-model training)
-supplies its datasets, its worker groups, its step methods ``step(batch, metrics) -> batch``, its
-validation and its log line; none of them subclasses another mode::
+supplies its datasets, its worker groups, its step methods ``step(batch, metrics) -> batch`` with the
+batch keys each reads and writes (:meth:`declare_batch_plan`, checked before any worker starts and,
+with ``trainer.check_batch``, at every step boundary), its validation and its log line; none of them
+subclasses another mode::
 
     TrainerCore ─┬─ RayPPOTrainer ── DecoupledPPOTrainer
                  ├─ SFTTrainer
@@ -25,10 +27,12 @@ import torch
 from codetiming import Timer
 
 from hybrid_rl.protocol import DataProto
+from hybrid_rl.schema import check_batch
 from hybrid_rl.single_controller import WorkerDiedError, WorkerGroupError
 from hybrid_rl.trainer.config.loader import to_container
 from hybrid_rl.trainer.config.run_checks import RunPlan, run_dir, world_size_problems
 from hybrid_rl.trainer.core import inputs, metrics as metric_fns, worker_groups
+from hybrid_rl.trainer.core.batch_contract import BatchPlan, check_after, check_batch_enabled, check_before
 from hybrid_rl.trainer.core.checkpoints import CheckpointManager, capture_rng_state, restore_rng_state
 from hybrid_rl.trainer.core.health import HealthMonitor
 from hybrid_rl.trainer.core.plotting import PLOT_FILE, plot_run
@@ -54,7 +58,8 @@ class TrainerCore(abc.ABC):
 
     A mode implements its config (:meth:`_typed_config`, :meth:`check_config`, :meth:`make_plan`,
     :meth:`_build_tokenizer`, :meth:`_report_precision`), :meth:`_datasets`, :meth:`init_workers`,
-    :meth:`step_plan` (its own steps, then :meth:`cadence_steps`), its step methods,
+    :meth:`step_plan` (its own steps, then :meth:`cadence_steps`), its step methods and their
+    :meth:`declare_batch_plan`,
     :meth:`run_validation`, :meth:`log` (ending in :meth:`_publish`) and :meth:`_checkpoint_parts`.
     The core reads only the sections every mode's config has: ``trainer``, ``ray_init`` and ``data``'s
     ``train_batch_size`` / ``shuffle`` / ``seed``.
@@ -75,6 +80,10 @@ class TrainerCore(abc.ABC):
         self.check_config(training=for_training)
         cfg = self.config
         self.plan: RunPlan = self.make_plan()
+        # what each step reads and writes; a plan whose step needs a key nothing makes stops here, in one line
+        self.batch_plan: Optional[BatchPlan] = self.declare_batch_plan()
+        if self.batch_plan is not None:
+            self.batch_plan.check()
         self.actor_compute_dtype = self._report_precision()
         self.tokenizer = tokenizer if tokenizer is not None else self._build_tokenizer()
         self.train_dataset, self.val_dataset = self._datasets(train_dataset, val_dataset)
@@ -142,6 +151,13 @@ class TrainerCore(abc.ABC):
     def step_plan(self) -> list[str]:
         """Names of the step methods run at ``self.global_steps``, in order: the mode's own steps, then
         :meth:`cadence_steps`."""
+
+    def declare_batch_plan(self) -> Optional[BatchPlan]:
+        """The batch keys the dataset gives and each step of :meth:`step_plan` reads and writes, checked
+        at start-up and, with ``trainer.check_batch``, at every step boundary
+        (:mod:`~hybrid_rl.trainer.core.batch_contract`). Called by the core's constructor after
+        :meth:`make_plan`. None (the default): the mode declares nothing and nothing is checked."""
+        return None
 
     @abc.abstractmethod
     def run_validation(self) -> dict[str, float]:
@@ -224,11 +240,18 @@ class TrainerCore(abc.ABC):
         """Run :meth:`step_plan` on one batch, then :meth:`log`; returns the step's metrics."""
         metrics: dict[str, Any] = {}
         timing: dict[str, float] = {}
+        plan = self.batch_plan if check_batch_enabled(self.config.trainer.check_batch) else None
         with timed("step", timing):
+            if plan is not None:
+                check_batch(batch, plan.inputs.writes, step=plan.inputs.name)
             for name in self.step_plan():
                 faults.inject(f"driver.{name}", self.global_steps)  # no-op unless HYBRID_RL_FAULT (tests)
+                if plan is not None:
+                    check_before(plan, name, batch)
                 with timed(name, timing):
                     batch = self._run_step(name, batch, metrics)
+                if plan is not None:
+                    check_after(plan, name, batch)
         return self.log(batch, metrics, timing)
 
     def _run_step(self, name: str, batch: DataProto, metrics: dict[str, Any]) -> DataProto:

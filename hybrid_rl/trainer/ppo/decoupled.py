@@ -29,6 +29,8 @@ from typing import Any
 
 from hybrid_rl.buffer import MemoryBuffer, batch_from_experiences, build_buffer
 from hybrid_rl.protocol import DataProto
+from hybrid_rl.trainer.core.batch_contract import BatchPlan
+from hybrid_rl.trainer.ppo.contracts import decoupled_batch_plan
 from hybrid_rl.trainer.ppo.producer import ProducerState, RolloutProducer
 from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
 
@@ -106,6 +108,10 @@ class DecoupledPPOTrainer(RayPPOTrainer):
         return {"timing_s/weight_load": max(o["timing_s/weight_load"] for o in outputs)}
 
     # ------------------------------------------------------------------ the step plan
+    def declare_batch_plan(self) -> BatchPlan:
+        """PPO's steps with the experience buffer's rows instead of generating and scoring."""
+        return decoupled_batch_plan(super().declare_batch_plan(), self.config)
+
     def step_plan(self) -> list[str]:
         steps = [s for s in super().step_plan() if s not in ("generate", "compute_rm_score", "compute_reward")]
         steps.insert(0, "take_experiences")

@@ -7,7 +7,7 @@ shared with held-out validation, is :mod:`hybrid_rl.trainer.core.generation`'s.)
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import numpy as np
 import torch
@@ -74,17 +74,22 @@ def compute_advantage(
     norm_adv_by_std_in_grpo: bool = True,
     components: Optional[dict[str, torch.Tensor]] = None,
     component_weights: Optional[list[float]] = None,
+    inputs: Iterable[str] = (),
 ) -> DataProto:
     """Fill ``advantages`` and ``returns`` ([B, R]) with the registered estimator ``adv_estimator``
-    (``components`` / ``component_weights``: the reward components of estimators that read them)."""
+    (``components`` / ``component_weights``: the reward components of estimators that read them).
+    ``inputs``: the optional estimator inputs the step plan provides, as ``compute_advantage``'s
+    contract reads them (``values`` when the plan has a critic, ``reward_baselines`` when it has a
+    greedy baseline; hybrid_rl/trainer/ppo/contracts.py)."""
     tensors = data.batch
+    planned = set(inputs)
     advantages, returns = algorithms.compute_advantage(
         adv_estimator,
         token_level_rewards=tensors["token_level_rewards"],
         response_mask=tensors["response_mask"],
-        values=tensors["values"] if "values" in tensors.keys() else None,
+        values=tensors["values"] if "values" in planned else None,
         index=data.non_tensor_batch.get("uid"),
-        reward_baselines=tensors["reward_baselines"] if "reward_baselines" in tensors.keys() else None,
+        reward_baselines=tensors["reward_baselines"] if "reward_baselines" in planned else None,
         gamma=gamma,
         lam=lam,
         norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,

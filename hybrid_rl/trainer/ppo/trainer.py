@@ -9,8 +9,10 @@ into ``timing_s/<step>``::
     -> [compute_rollout_correction] -> compute_advantage -> [update_critic] -> update_actor
     -> [validate] -> [save_checkpoint] -> log
 
-:meth:`RayPPOTrainer.step_plan` decides which steps run this step (what the chosen estimator and loss
-need comes from their registry info); a variant trainer overrides it (to insert or drop a step) or a
+:func:`~hybrid_rl.trainer.ppo.contracts.ppo_batch_plan` decides from the config which steps run and
+declares the batch keys each reads and writes (what the chosen estimator and loss need comes from
+their registry info); :meth:`RayPPOTrainer.step_plan` is its names for this step. A variant trainer
+overrides ``step_plan`` (to insert or drop a step, declaring it in ``declare_batch_plan``) or a
 single step method. The loop, checkpoints, trackers and the validate/save cadence are
 :class:`~hybrid_rl.trainer.core.loop.TrainerCore`'s. Only light math runs here; model work runs in the
 colocated Ray worker group (one process per device).
@@ -35,11 +37,11 @@ from hybrid_rl.trainer.config.loader import to_ppo_config
 from hybrid_rl.trainer.core import generation, inputs, metrics as metric_fns, model_facts, worker_groups
 from hybrid_rl.trainer.core.checkpoints import estimate_checkpoint_bytes
 from hybrid_rl.trainer.core.health import memory_hint
+from hybrid_rl.trainer.core.batch_contract import BatchPlan
 from hybrid_rl.trainer.core.loop import TrainerCore
 from hybrid_rl.trainer.core.validation import dataset_batches, run_validation
-from hybrid_rl.trainer.ppo import learned_reward as reward_model, ops as ppo_ops
+from hybrid_rl.trainer.ppo import contracts as ppo_contracts, learned_reward as reward_model, ops as ppo_ops
 from hybrid_rl.trainer.ppo.dynamic_sampling import fill_with_informative_groups
-from hybrid_rl.workers.config import update_is_on_policy
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +89,6 @@ class RayPPOTrainer(TrainerCore):
         self.val_reward_fn = val_reward_fn or inputs.build_reward_manager(cfg, self.tokenizer, num_examine=0)
         self.remote_rm = reward_model.build_remote_reward_model(cfg)  # None unless reward_model.model.path is a URL
         self.kl_ctrl_in_reward = get_kl_controller(**asdict(cfg.algorithm.kl_ctrl)) if cfg.algorithm.use_kl_in_reward else None
-        self.rollout_correction = resolve_preset(cfg.algorithm.rollout_correction)  # the preset's keys filled in
         # ((body, head) params, peak FLOP/s per worker in the actor's compute dtype, or None)
         self._flops: Optional[tuple[tuple[int, int], Optional[float]]] = None
 
@@ -97,6 +98,7 @@ class RayPPOTrainer(TrainerCore):
 
     def check_config(self, training: bool) -> None:
         validate_config(self.config, training=training)
+        self.rollout_correction = resolve_preset(self.config.algorithm.rollout_correction)  # the preset's keys filled in
 
     def make_plan(self) -> RunPlan:
         return make_run_plan(self.config)
@@ -157,41 +159,17 @@ class RayPPOTrainer(TrainerCore):
         """Rows the rollout engine should hold at once per worker (:func:`worker_groups.rollout_rows_per_call`)."""
         return worker_groups.rollout_rows_per_call(self.config, self.plan, self.val_dataset)
 
+    def declare_batch_plan(self) -> BatchPlan:
+        """Every step the config runs, with its batch keys (:func:`~hybrid_rl.trainer.ppo.contracts.ppo_batch_plan`)."""
+        return ppo_contracts.ppo_batch_plan(self.config, self.plan, self.rollout_correction)
+
     def step_plan(self) -> list[str]:
-        """Names of the step methods run at ``self.global_steps``, in order (override to customise)."""
-        cfg = self.config
-        steps = ["generate"]
-        if self.plan.use_greedy_baseline:
-            steps.append("compute_reward_baseline")
-        if cfg.reward_model.enable:
-            steps.append("compute_rm_score")
-        steps.append("compute_reward")
-        if cfg.algorithm.filter_groups.enable:
-            steps.append("filter_groups")
-        correction = self.rollout_correction
-        # on-policy: the actor uses its own detached log-probs; the in-reward KL and the rollout
-        # correction still need them; bypass mode takes the rollout's instead
-        recompute = correction.measured or not (
-            update_is_on_policy(cfg.actor_rollout_ref.actor, cfg.data.train_batch_size)
-            and not cfg.algorithm.use_kl_in_reward)
-        if correction.bypass_mode:
-            steps.append("use_rollout_log_probs")
-        elif recompute:
-            steps.append("compute_old_log_prob")
-        if self.plan.use_reference_policy:
-            steps.append("compute_ref_log_prob")
-        if cfg.distillation.enabled:
-            steps.append("compute_teacher_log_prob")
-        if self.plan.use_critic:
-            steps.append("compute_values")
-        if not correction.bypass_mode and recompute and cfg.actor_rollout_ref.rollout.calculate_log_probs:
-            steps.append("compute_rollout_correction")  # weights and rejections, or the mismatch metrics only
-        steps.append("compute_advantage")
-        if self.plan.use_critic:
-            steps.append("update_critic")
-        if self.global_steps > cfg.trainer.critic_warmup:
-            steps.append("update_actor")
-        return steps + self.cadence_steps()
+        """Names of the step methods run at ``self.global_steps``, in order (override to customise): the
+        steps :func:`~hybrid_rl.trainer.ppo.contracts.ppo_batch_plan` decides from the config, without
+        ``update_actor`` during the critic's warm-up, then the cadence."""
+        plan = ppo_contracts.ppo_batch_plan(self.config, self.plan, self.rollout_correction)
+        warm = self.global_steps > self.config.trainer.critic_warmup
+        return [s.name for s in plan.steps if warm or s.name != "update_actor"] + self.cadence_steps()
 
     # ------------------------------------------------------------------ named steps
     def _generation_meta(self, validate: bool, step: Optional[int] = None) -> dict[str, Any]:
@@ -325,7 +303,8 @@ class RayPPOTrainer(TrainerCore):
         return ppo_ops.compute_advantage(batch, alg.adv_estimator, gamma=alg.gamma, lam=alg.lam,
                                          norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
                                          components=ppo_ops.reward_components(batch, alg.gdpo_reward_keys),
-                                         component_weights=alg.gdpo_reward_weights)
+                                         component_weights=alg.gdpo_reward_weights,
+                                         inputs=self.batch_plan.contract("compute_advantage").reads)
 
     def update_critic(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         output = self.critic_wg.update_critic(batch)

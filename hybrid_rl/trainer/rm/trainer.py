@@ -37,8 +37,10 @@ from hybrid_rl.trainer.config.supervised_checks import supervised_plan, validate
 from hybrid_rl.trainer.core import inputs, model_facts, worker_groups
 from hybrid_rl.trainer.core.checkpoints import estimate_checkpoint_bytes
 from hybrid_rl.trainer.core.default_task import supervised_data_files
+from hybrid_rl.trainer.core.batch_contract import BatchPlan
 from hybrid_rl.trainer.core.loop import TrainerCore
 from hybrid_rl.trainer.core.validation import dataset_batches
+from hybrid_rl.trainer.rm.contracts import rm_batch_plan
 
 __all__ = ["RMTrainer", "RM_CHECKPOINT_DIR"]
 
@@ -122,6 +124,9 @@ class RMTrainer(TrainerCore):
         return self.workers.reward_model
 
     # ------------------------------------------------------------------ steps
+    def declare_batch_plan(self) -> BatchPlan:
+        return rm_batch_plan()
+
     def step_plan(self) -> list[str]:
         return ["update_reward_model"] + self.cadence_steps()
 

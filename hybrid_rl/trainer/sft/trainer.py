@@ -31,8 +31,10 @@ from hybrid_rl.trainer.core import inputs, metrics as metric_fns, model_facts, w
 from hybrid_rl.trainer.core.checkpoints import estimate_checkpoint_bytes
 from hybrid_rl.trainer.core.default_task import supervised_data_files
 from hybrid_rl.trainer.core.generation import generation_meta
+from hybrid_rl.trainer.core.batch_contract import BatchPlan
 from hybrid_rl.trainer.core.loop import TrainerCore
 from hybrid_rl.trainer.core.validation import dataset_batches, run_validation
+from hybrid_rl.trainer.sft.contracts import sft_batch_plan
 
 __all__ = ["SFTTrainer"]
 
@@ -131,6 +133,9 @@ class SFTTrainer(TrainerCore):
             except ValueError as error:  # no data_source / ground truth: the loss only
                 logger.info("SFT validation reports the held-out loss only (%s)", str(error).splitlines()[0])
         return train_dataset, val_dataset
+
+    def declare_batch_plan(self) -> BatchPlan:
+        return sft_batch_plan()
 
     def step_plan(self) -> list[str]:
         return ["update_actor"] + self.cadence_steps()
