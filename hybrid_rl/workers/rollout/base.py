@@ -1,9 +1,16 @@
-"""The rollout interface shared by the HF and vLLM engines, and the pieces both engines use.
+"""The rollout interface shared by every engine, and the pieces the engines use.
 
 Contract (docs/architecture.md): ``generate_sequences`` produces ONE response per input row (the
 driver has already repeated each prompt ``n`` times); ``update_weights`` loads the actor's full
 HF-named weights into the engine's own inference copy; ``sleep``/``wake_up`` release and restore
 engine memory where the engine supports it.
+
+The multi-turn and agent wiring is written once, here: :meth:`BaseRollout.generate_sequences`
+checks the batch, resolves the sampling parameters and sends rows that run through agent loops to
+the :class:`~hybrid_rl.workers.rollout.multi_turn.MultiTurnGenerator` built by
+:meth:`BaseRollout.init_agents`, with the engine's :meth:`~BaseRollout.generate_turn` as its model.
+An engine implements that generate primitive (and may override :meth:`~BaseRollout.generate_batch`
+with a faster single-turn path) plus the weight and memory methods.
 
 Randomness: each rollout owns a private random stream (:class:`PrivateRng`) that is swapped in
 around engine calls, so generation never perturbs the trainer's torch/numpy/python RNG and the
@@ -15,15 +22,30 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np
 import torch
 
+from hybrid_rl.agents.config import agent_rollout_enabled
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.utils.seeding import seed_everything
 from hybrid_rl.workers.rollout.config import RolloutConfig
+from hybrid_rl.workers.rollout.multi_turn import MultiTurnGenerator
+from hybrid_rl.workers.rollout.params import GenerationParams, resolve_generation_params
+from hybrid_rl.workers.rollout.sequences import build_rollout_output, check_prompt_batch, prompt_token_lists
+
+__all__ = ["BaseRollout", "EngineRefusedModel", "GenerationParams", "PrivateRng", "ROW_SEED_STRIDE",
+           "StrictWeightStream", "TurnResults", "data_parallel_rank", "expected_weight_shapes",
+           "resolve_generation_params"]
+
+TurnResults = list[tuple[list[int], list[float]]]
+"""One ``(new token ids, their log-probs)`` per row of a :meth:`BaseRollout.generate_turn` call
+(log-probs empty unless ``calculate_log_probs``)."""
+
+
+class EngineRefusedModel(RuntimeError):
+    """The engine's kernels cannot serve this model on this machine (``build_rollout`` falls back)."""
 
 
 class BaseRollout(ABC):
@@ -32,12 +54,50 @@ class BaseRollout(ABC):
     name: str = ""
     """Engine name reported to the driver (``hf`` or ``vllm``)."""
 
-    @abstractmethod
+    config: RolloutConfig
+    """The engine's ``actor_rollout_ref.rollout`` settings (set by the engine's constructor)."""
+    tokenizer: Any
+    """The model's tokenizer (its EOS ids and chat template serve the agent loops)."""
+    multi_turn: Optional[MultiTurnGenerator] = None
+    """Runs rows through agent loops (:meth:`init_agents`); None: every row is one completion."""
+
+    def init_agents(self) -> None:
+        """Build the agent loops' generator when rows run through agent loops (multi-turn on, or the
+        ``agent`` section names loops); an engine calls it at the end of its constructor, so a bad
+        tool file or chat template fails when the engine is built."""
+        if agent_rollout_enabled(self.config):
+            self.multi_turn = MultiTurnGenerator(self.config, self.tokenizer,
+                                                 getattr(self.tokenizer, "eos_token_id", None))
+
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """One response per row of ``prompts`` (batch ``input_ids``/``attention_mask``/
         ``position_ids`` [B, P], left-padded). Returns ``prompts``, ``responses``,
         ``response_mask``, ``input_ids``/``attention_mask``/``position_ids`` [B, P+R] and optionally
         ``rollout_log_probs``; non-tensor batch and meta_info are passed through."""
+        check_prompt_batch(prompts, self.config.prompt_length)
+        self.check_ready()
+        params = resolve_generation_params(self.config, prompts.meta_info, self.tokenizer)
+        if self.multi_turn is not None:
+            token_lists = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])
+            return self.multi_turn.generate(prompts, token_lists, params, self.generate_turn)
+        return self.generate_batch(prompts, params)
+
+    def check_ready(self) -> None:
+        """Raise when the engine cannot generate now (asleep, weights not synced); default: it can."""
+
+    @abstractmethod
+    def generate_turn(self, token_lists: list[list[int]], max_tokens: list[int],
+                      params: GenerationParams) -> TurnResults:
+        """The generate primitive: one continuation per row of ``token_lists`` (unpadded prompt ids),
+        in one engine call, each cut after its first EOS and at ``max_tokens[i]`` new tokens."""
+
+    def generate_batch(self, prompts: DataProto, params: GenerationParams) -> DataProto:
+        """Single-turn generation of the checked batch (layout: :meth:`generate_sequences`). Default:
+        :meth:`generate_turn` over the unpadded prompts; an engine may override it with a faster path."""
+        token_lists = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])
+        turns = self.generate_turn(token_lists, [params.response_length] * len(token_lists), params)
+        return build_rollout_output(prompts, [tokens for tokens, _ in turns], params,
+                                    [lps for _, lps in turns] if self.config.calculate_log_probs else None)
 
     @abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -70,58 +130,6 @@ class BaseRollout(ABC):
         counted from its live tensors (:mod:`hybrid_rl.utils.memory`); storages already in
         ``seen`` are not counted again."""
         return {}
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    """Sampling parameters of one ``generate_sequences`` call, resolved from config + meta_info."""
-
-    do_sample: bool
-    temperature: float
-    top_p: float
-    top_k: int
-    """-1 = disabled."""
-    seed: Optional[int]
-    """Per-call seed from ``meta_info["seed"]``; None = continue the rollout's private stream."""
-    eos_token_ids: tuple[int, ...]
-    pad_token_id: int
-    response_length: int
-
-
-def _as_id_tuple(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, (list, tuple)):
-        return tuple(int(v) for v in value)
-    return (int(value),)
-
-
-def resolve_generation_params(config: RolloutConfig, meta_info: dict, tokenizer: Any) -> GenerationParams:
-    """Training params (or ``val_kwargs`` when ``meta_info["validate"]``), with the per-call
-    overrides the driver may set in meta_info: ``do_sample``, ``temperature``, ``seed``,
-    ``eos_token_id``, ``pad_token_id``."""
-    source = config.val_kwargs if meta_info.get("validate", False) else config
-    do_sample = bool(meta_info.get("do_sample", source.do_sample))
-    temperature = float(meta_info.get("temperature", source.temperature))
-    if do_sample and temperature <= 0:
-        raise ValueError(f"meta_info temperature={temperature} with do_sample=True is invalid: sampling "
-                         "needs a positive temperature. Fix: pass do_sample=False for greedy decoding.")
-    eos = _as_id_tuple(meta_info.get("eos_token_id", getattr(tokenizer, "eos_token_id", None)))
-    if not eos:
-        raise ValueError("no EOS token id: the tokenizer has no eos_token_id and meta_info has none. "
-                         "Fix: set meta_info['eos_token_id'] or use a tokenizer with an EOS token.")
-    pad = meta_info.get("pad_token_id", getattr(tokenizer, "pad_token_id", None))
-    seed = meta_info.get("seed")
-    return GenerationParams(
-        do_sample=do_sample,
-        temperature=temperature if do_sample else 0.0,
-        top_p=float(source.top_p) if do_sample else 1.0,
-        top_k=int(source.top_k) if do_sample else -1,
-        seed=None if seed is None else int(seed),
-        eos_token_ids=eos,
-        pad_token_id=int(eos[0] if pad is None else pad),
-        response_length=config.response_length,
-    )
 
 
 def data_parallel_rank(tensor_parallel_size: int = 1) -> int:

@@ -17,8 +17,10 @@ from typing import Any, Optional
 from hybrid_rl.agents.config import AgentLoopConfig, MultiTurnConfig
 from hybrid_rl.utils.bounds import bounded, check_bounds
 from hybrid_rl.utils.precision import COMPUTE_DTYPES
+from hybrid_rl.workers.rollout.registry import rollout_engine_names
 
-ROLLOUT_NAMES = ("vllm", "hf")
+ROLLOUT_NAMES = rollout_engine_names()
+"""The registered engines (``@register_rollout_engine``), read at each use; prints as ``('vllm', 'hf')``."""
 ROLLOUT_MODES = ("sync", "async")
 HF_CACHE_IMPLEMENTATIONS = ("auto", "static", "dynamic")
 LOAD_FORMATS = ("dummy", "auto", "hf", "safetensors")

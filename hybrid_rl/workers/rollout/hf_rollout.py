@@ -22,14 +22,11 @@ from hybrid_rl.utils.memory import module_bytes
 from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers.model_loader import load_causal_lm
 from hybrid_rl.workers.rollout.base import (ROW_SEED_STRIDE, BaseRollout, GenerationParams, PrivateRng,
-                                            StrictWeightStream, data_parallel_rank, expected_weight_shapes,
-                                            resolve_generation_params)
+                                            StrictWeightStream, TurnResults, data_parallel_rank,
+                                            expected_weight_shapes)
 from hybrid_rl.workers.rollout.config import RolloutConfig
 from hybrid_rl.workers.rollout.grouped_attention import use_grouped_decode_attention
-from hybrid_rl.agents.config import agent_rollout_enabled
-from hybrid_rl.workers.rollout.multi_turn import MultiTurnGenerator
-from hybrid_rl.workers.rollout.sequences import (build_rollout_output, check_prompt_batch, eos_cut_length,
-                                                 prompt_token_lists)
+from hybrid_rl.workers.rollout.sequences import build_rollout_output, eos_cut_length
 
 logger = logging.getLogger(__name__)
 
@@ -106,15 +103,10 @@ class HFRollout(BaseRollout):
         # Distinct streams per data-parallel rank: ranks holding copies of one prompt must not
         # draw identical samples.
         self._rng = PrivateRng(config.seed + self._dp_rank, cuda=self.device.type == "cuda")
-        self._multi_turn = (MultiTurnGenerator(config, tokenizer, getattr(tokenizer, "eos_token_id", None))
-                            if agent_rollout_enabled(config) else None)
+        self.init_agents()
 
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        check_prompt_batch(prompts, self.config.prompt_length)
-        params = resolve_generation_params(self.config, prompts.meta_info, self.tokenizer)
-        if self._multi_turn is not None:
-            token_lists = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])
-            return self._multi_turn.generate(prompts, token_lists, params, self._generate_turn)
+    def generate_batch(self, prompts: DataProto, params: GenerationParams) -> DataProto:
+        """The padded prompt tensors in micro-batches of ``max_num_seqs`` rows, as they come."""
         input_ids = prompts.batch["input_ids"]  # [B, P]
         attention_mask = prompts.batch["attention_mask"]  # [B, P]
         responses: list[list[int]] = []
@@ -130,8 +122,8 @@ class HFRollout(BaseRollout):
         return build_rollout_output(prompts, responses, params,
                                     log_probs if self.config.calculate_log_probs else None)
 
-    def _generate_turn(self, token_lists: list[list[int]], max_tokens: list[int],
-                       params: GenerationParams) -> list[tuple[list[int], list[float]]]:
+    def generate_turn(self, token_lists: list[list[int]], max_tokens: list[int],
+                      params: GenerationParams) -> TurnResults:
         """One model turn per row (multi-turn): rows left-padded into micro-batches of ``max_num_seqs``,
         each row's new tokens cut after its first EOS and at ``max_tokens[i]``."""
         call_seed = None if params.seed is None else params.seed + ROW_SEED_STRIDE * self._dp_rank

@@ -26,7 +26,7 @@ from hybrid_rl.agents.agent_runner import AgentLoopContext, run_agent_loops
 from hybrid_rl.agents.loop import END_REASONS
 from hybrid_rl.agents.server import TURN_SEED_STRIDE, BatchingServer
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.workers.rollout.base import GenerationParams
+from hybrid_rl.workers.rollout.params import GenerationParams
 from hybrid_rl.workers.rollout.config import RolloutConfig
 
 __all__ = ["MultiTurnGenerator", "TURN_SEED_STRIDE", "build_trajectory_output", "row_contexts"]

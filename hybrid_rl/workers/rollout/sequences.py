@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 import torch
 
 from hybrid_rl.protocol import DataProto
-from hybrid_rl.workers.rollout.base import GenerationParams
+from hybrid_rl.workers.rollout.params import GenerationParams
 
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 

@@ -38,13 +38,11 @@ from hybrid_rl.utils.log_setup import effective_level
 from hybrid_rl.utils.memory import module_bytes, tensor_bytes
 from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers.model_loader import load_hf_config
-from hybrid_rl.workers.rollout.base import (ROW_SEED_STRIDE, BaseRollout, GenerationParams, PrivateRng,
-                                            StrictWeightStream, data_parallel_rank, expected_weight_shapes,
-                                            resolve_generation_params)
+from hybrid_rl.workers.rollout.base import (ROW_SEED_STRIDE, BaseRollout, EngineRefusedModel, GenerationParams,
+                                            PrivateRng, StrictWeightStream, TurnResults, data_parallel_rank,
+                                            expected_weight_shapes)
 from hybrid_rl.workers.rollout.config import RolloutConfig
-from hybrid_rl.agents.config import agent_rollout_enabled
-from hybrid_rl.workers.rollout.multi_turn import MultiTurnGenerator
-from hybrid_rl.workers.rollout.sequences import build_rollout_output, check_prompt_batch, prompt_token_lists
+from hybrid_rl.workers.rollout.sequences import build_rollout_output, prompt_token_lists
 from hybrid_rl.workers.rollout.vllm_cpu_kernels import cpu_ir_op_priority
 from hybrid_rl.workers.rollout.vllm_cpu_sampler import install as install_cpu_sampler
 from hybrid_rl.workers.rollout.vllm_cpu_sleep import (flatten_tensors, release_kv_cache, release_linear_weights,
@@ -92,10 +90,6 @@ def _keep_default_process_group() -> Iterator[None]:
         yield
     finally:
         parallel_state.destroy_distributed_environment = original
-
-
-class EngineRefusedModel(RuntimeError):
-    """The engine's kernels cannot serve this model on this machine (``build_rollout`` falls back)."""
 
 
 _REFUSALS = ("Unsupported CPU attention configuration",)
@@ -270,28 +264,28 @@ class VLLMRollout(BaseRollout):
                     "cpu" if self.on_cpu else "gpu", kwargs["dtype"], kwargs["enforce_eager"], self._num_threads,
                     f", KV cache {kwargs['kv_cache_memory_bytes'] / 2**30:.2f} GiB" if self.on_cpu else "")
         self._dtype = getattr(torch, kwargs["dtype"])
-        self._multi_turn = (MultiTurnGenerator(config, tokenizer, getattr(tokenizer, "eos_token_id", None))
-                            if agent_rollout_enabled(config) else None)
+        self.init_agents()
 
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        check_prompt_batch(prompts, self.config.prompt_length)
+    def check_ready(self) -> None:
+        """Refuse to generate asleep or with weights a failed update left inconsistent."""
         if self._asleep or not self._weights_valid:
             raise RuntimeError("vLLM rollout: cannot generate " + (
                 "while asleep; call wake_up() (and update_weights) first." if self._asleep else
                 "after a failed weight update left the engine inconsistent; call update_weights with "
                 "the full state dict first."))
-        params = resolve_generation_params(self.config, prompts.meta_info, self.tokenizer)
+
+    def generate_batch(self, prompts: DataProto, params: GenerationParams) -> DataProto:
+        """All rows in one engine call; with tensor parallelism the group's rows are gathered first
+        (every engine of a TP group must run the same requests) and this rank keeps its own."""
         token_lists = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])
         token_lists, own_rows = _gather_tensor_parallel(token_lists, self.config.tensor_model_parallel_size)
-        if self._multi_turn is not None:  # tensor_model_parallel_size is 1 here (MultiTurnGenerator checks)
-            return self._multi_turn.generate(prompts, token_lists, params, self._generate_turn)
         responses, log_probs = self._generate(token_lists, params)
         responses, log_probs = responses[own_rows], log_probs[own_rows]
         return build_rollout_output(prompts, responses, params,
                                     log_probs if self.config.calculate_log_probs else None)
 
-    def _generate_turn(self, token_lists: list[list[int]], max_tokens: list[int],
-                       params: GenerationParams) -> list[tuple[list[int], list[float]]]:
+    def generate_turn(self, token_lists: list[list[int]], max_tokens: list[int],
+                      params: GenerationParams) -> TurnResults:
         """One model turn per row (multi-turn), each at most ``max_tokens[i]`` new tokens."""
         return list(zip(*self._generate(token_lists, params, max_tokens)))
 
