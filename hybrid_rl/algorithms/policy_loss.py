@@ -61,7 +61,8 @@ class PolicyLossInfo:
     """One line for listings (``--help``, the studio); default: the function's first docstring line."""
 
 
-_POLICY_LOSS_REGISTRY: Registry[PolicyLossInfo] = Registry("policy loss", "actor.policy_loss.loss_mode")
+_POLICY_LOSS_REGISTRY: Registry[PolicyLossInfo] = Registry(
+    "policy loss", "actor.policy_loss.loss_mode", aliases=("actor_rollout_ref.actor.policy_loss.loss_mode",))
 
 #: Bound on ``log_prob - old_log_prob`` before exponentiation (exp(20) ~ 5e8 is still finite in fp32).
 LOG_RATIO_CLAMP = 20.0

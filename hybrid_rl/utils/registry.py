@@ -85,13 +85,17 @@ class Registry(Generic[I]):
         duplicate_error: ``(name, old, new) -> str``: the one-line message of a refused duplicate.
         unknown_error: ``(name, registered names) -> str``: the one-line message of an unknown name.
         listed: list it in :func:`all_registries` (false for copies made by tests).
+        aliases: other keys that pick an entry (the same setting's path in another mode's config
+            tree), listed by ``--help`` too.
     """
 
     def __init__(self, kind: str, config_key: str, *, may_replace: Optional[Callable[[Any, Any], bool]] = None,
                  duplicate_error: Optional[Callable[[str, Any, Any], str]] = None,
-                 unknown_error: Optional[Callable[[str, list[str]], str]] = None, listed: bool = True):
+                 unknown_error: Optional[Callable[[str, list[str]], str]] = None, listed: bool = True,
+                 aliases: tuple[str, ...] = ()):
         self.kind = kind
         self.config_key = config_key
+        self.aliases = tuple(aliases)
         self._may_replace = may_replace
         self._duplicate_error = duplicate_error or _default_duplicate_error(kind)
         self._unknown_error = unknown_error
@@ -138,7 +142,7 @@ class Registry(Generic[I]):
         """An unlisted copy with the same entries and rules (a test swaps it in, leaving no entry behind)."""
         clone: Registry[I] = Registry(self.kind, self.config_key, may_replace=self._may_replace,
                                       duplicate_error=self._duplicate_error, unknown_error=self._unknown_error,
-                                      listed=False)
+                                      listed=False, aliases=self.aliases)
         clone._entries, clone._infos = dict(self._entries), dict(self._infos)
         return clone
 

@@ -100,10 +100,11 @@ def test_every_family_sits_on_the_one_registry():
     import hybrid_rl.agents  # noqa: F401 - tools, interactions, environments, agent loops
     import hybrid_rl.algorithms.distillation  # noqa: F401 - estimators, policy losses, distillation losses
     import hybrid_rl.reward  # noqa: F401 - scorers, managers
+    import hybrid_rl.workers.rollout  # noqa: F401 - engines
 
     kinds = {r.kind for r in all_registries()}
     assert {"advantage estimator", "policy loss", "distillation loss", "reward function", "reward manager",
-            "tool", "interaction", "environment", "agent loop"} <= kinds
+            "tool", "interaction", "environment", "agent loop", "rollout engine"} <= kinds
 
 
 def test_first_doc_line_keeps_abbreviations():
