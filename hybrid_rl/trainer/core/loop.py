@@ -348,6 +348,9 @@ class TrainerCore(abc.ABC):
                 metrics = self.run_validation()
             metrics["timing_s/validate"] = timing["validate"]
             self.tracker.log(metrics, step=0)
+        if self.batch_plan is not None and check_batch_enabled(t.check_batch):
+            logger.info("trainer.check_batch: the batch is checked at every step boundary against %s",
+                        self.batch_plan.owner)
         self.progress = ProgressBar(self.total_training_steps, self.global_steps, enabled=t.progress_bar)
         return metrics
 
