@@ -99,7 +99,7 @@ def test_an_engine_that_cannot_run_here_falls_back_with_one_notice(fake_engines,
 
 def test_an_engine_without_fallback_that_cannot_run_is_one_line(fake_engines):
     tokenizer = SimpleNamespace(eos_token_id=EOS, pad_token_id=PAD)
-    with pytest.raises(RuntimeError) as error:
+    with pytest.raises(ValueError) as error:  # a user's choice: main_ppo's one-line config error
         build_rollout(_config("fake_missing"), "model", tokenizer, "cpu")
     message = str(error.value)
     assert message.startswith("rollout.name=fake_missing cannot run here: its library is missing. Fix: set ")

@@ -136,7 +136,7 @@ def build_rollout(config: RolloutConfig, model_path: str, tokenizer: Any, device
                 reason = str(refusal)
         tried.append(name)
         if info.fallback is None or info.fallback in tried:
-            raise RuntimeError(f"rollout.name={name} cannot run here: {reason}. Fix: set actor_rollout_ref.rollout."
+            raise ValueError(f"rollout.name={name} cannot run here: {reason}. Fix: set actor_rollout_ref.rollout."
                                f"name to an engine that runs on {device!r} ({registered_rollout_engines()}).")
         if not _fallback_logged:
             logger.warning("rollout.name=%s: %s; falling back to the %s rollout (%s).", name, reason,
