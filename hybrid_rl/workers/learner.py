@@ -74,15 +74,15 @@ class Learner:
         attn_implementation: the packed-attention kernel (:mod:`hybrid_rl.workers.attention_backend`);
             None = this process's current choice.
         fused_head: log-probs straight from the LM head's input (:mod:`hybrid_rl.workers.fused_head`).
-        role: the config section's name in messages and logs (``actor``).
+        role: the config section's name in messages, logs and the learner's own metrics (``actor``).
     """
 
     def __init__(self, module: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, *,
                  mini_batch_rows: int, micro_batch_rows: Optional[int] = None, use_dynamic_bsz: bool = False,
-                 max_token_len: Optional[int] = None, max_token_len_key: str = "actor.ppo_max_token_len_per_gpu",
+                 max_token_len: Optional[int] = None, max_token_len_key: str = "max_token_len",
                  grad_clip: Optional[float] = None, use_prefix_grouper: bool = True,
                  use_remove_padding: bool = False, device: torch.device | str = "cpu",
-                 attn_implementation: Optional[str] = None, fused_head: bool = False, role: str = "actor"):
+                 attn_implementation: Optional[str] = None, fused_head: bool = False, role: str = "learner"):
         self.module = module
         self.optimizer = optimizer
         self.mini_batch_rows = mini_batch_rows
@@ -169,7 +169,7 @@ class Learner:
 
     # ------------------------------------------------------------------ updates
     def update(self, data: DataProto, objective: Objective, *, epochs: int = 1, shuffle: bool = False,
-               metric_prefix: str = "actor", loss_agg_mode: str = "token-mean", caller: str = "update",
+               metric_prefix: Optional[str] = None, loss_agg_mode: str = "token-mean", caller: str = "update",
                ) -> Metrics:
         """Minimise ``objective`` over ``data`` (this rank's rows): ``epochs`` passes of mini-batches of
         ``mini_batch_rows`` (permuted per epoch with ``shuffle``), one optimizer step each.
@@ -178,7 +178,7 @@ class Learner:
         ``meta_info["temperature"]``; ``meta_info`` is also the objective's context (``bind``). The
         update is on-policy when it takes exactly one optimizer step (one epoch, one mini-batch).
         Returns metric lists: the objective's, and ``{metric_prefix}/padding_frac``, ``/grad_norm``,
-        ``/num_skipped_steps``.
+        ``/num_skipped_steps`` (``metric_prefix`` None: the role).
         """
         if self.optimizer is None:
             raise ValueError(f"{caller} needs an optimizer; this {self.role} was built without one")
@@ -190,6 +190,7 @@ class Learner:
         objective.check_keys(present, on_policy, caller=caller)
         check_mini_batch_rows(len(data), self.mini_batch_rows, self.role)
         data = data.select(batch_keys=list(dict.fromkeys(MODEL_INPUTS + objective.input_keys(present, on_policy))))
+        metric_prefix = metric_prefix or self.role
         step = _Step(objective, objective.forward, data.meta_info["temperature"],
                      loss_agg_mode, on_policy, context, metric_prefix)
         metrics: Metrics = defaultdict(list)

@@ -98,7 +98,7 @@ def test_the_split_does_not_change_the_update(base_model, nll_name, split):
     whole_model, split_model = copy.deepcopy(base_model), copy.deepcopy(base_model)
     whole = _learner(whole_model).update(_data(), build_objective(nll_name))
     parts = _learner(split_model, **split).update(_data(), build_objective(nll_name))
-    assert len(parts["custom/rows"]) == len(parts["actor/padding_frac"]) > 1  # per micro-batch
+    assert len(parts["custom/rows"]) == len(parts["learner/padding_frac"]) > 1  # per micro-batch
     assert sum(parts["custom/rows"]) == 8
     assert parts["custom/nll"][0] == pytest.approx(whole["custom/nll"][0], rel=1e-5)
     for (name, a), b in zip(whole_model.state_dict().items(), split_model.state_dict().values()):
@@ -108,7 +108,7 @@ def test_the_split_does_not_change_the_update(base_model, nll_name, split):
 def test_epochs_and_mini_batches_each_take_a_step(base_model, nll_name):
     learner = _learner(copy.deepcopy(base_model), mini_batch_rows=4, micro_batch_rows=2)
     metrics = learner.update(_data(), build_objective(nll_name), epochs=2, shuffle=True)
-    assert len(metrics["actor/grad_norm"]) == len(metrics["custom/nll"]) == len(metrics["custom/steps"]) == 4
+    assert len(metrics["learner/grad_norm"]) == len(metrics["custom/nll"]) == len(metrics["custom/steps"]) == 4
     assert len(metrics["custom/rows"]) == 8
     assert not SEEN[-1].on_policy
 
@@ -123,7 +123,7 @@ def test_the_batch_is_checked_against_the_objective(base_model, nll_name):
     del data.batch["weights"]
     with pytest.raises(ValueError, match=r"update: the test_weighted_nll objective needs batch keys \['weights'\]"):
         _learner(copy.deepcopy(base_model)).update(data, build_objective(nll_name))
-    with pytest.raises(ValueError, match="update needs an optimizer; this actor was built without one"):
+    with pytest.raises(ValueError, match="update needs an optimizer; this learner was built without one"):
         Learner(base_model, mini_batch_rows=8).update(_data(), build_objective(nll_name))
     no_temperature = _data()
     no_temperature.meta_info.clear()
