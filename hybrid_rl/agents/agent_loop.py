@@ -148,6 +148,9 @@ class AgentLoopEntry:
 _REGISTRY: Registry[EntryInfo] = Registry(
     "agent loop", "a row's agent_name (default: actor_rollout_ref.rollout.agent.default_agent_loop)",
     may_replace=lambda old, new: True)  # as veRL's: a loop registered again replaces the old one
+for _name, _text in (("tool_agent", "Built in: the batched tool and interaction loop (hybrid_rl.agents.loop)."),
+                     ("single_turn_agent", "Built in: one completion per row, through the agent path.")):
+    _REGISTRY.add(_name, AgentLoopEntry({}), EntryInfo(_text))  # run by the rollout itself, never built
 
 
 def register(agent_name: str) -> Callable[[type], type]:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
+
+from hybrid_rl.utils.registry import Registry
 
 __all__ = ["TOOL_CALL_FORMATS", "ToolCall", "get_tool_parser", "parse_hermes", "parse_mistral", "text_before_calls"]
 
@@ -129,9 +131,12 @@ def parse_mistral(text: str) -> list[ToolCall]:
     return calls
 
 
-TOOL_CALL_FORMATS: dict[str, Callable[[str], list[ToolCall]]] = {
-    "hermes": parse_hermes, "llama3_json": parse_llama3_json, "mistral": parse_mistral}
-"""Parsers by ``rollout.multi_turn.format`` name."""
+_FORMATS: Registry = Registry("tool-call format", "actor_rollout_ref.rollout.multi_turn.format")
+for _name, _parser in (("hermes", parse_hermes), ("llama3_json", parse_llama3_json), ("mistral", parse_mistral)):
+    _FORMATS.add(_name, _parser)
+
+TOOL_CALL_FORMATS: Mapping[str, Callable[[str], list[ToolCall]]] = _FORMATS.entry_view()
+"""Parsers by ``rollout.multi_turn.format`` name (a read-only view of the registry)."""
 
 _CALLS_START = {"hermes": "<tool_call>", "mistral": MISTRAL_TAG}
 """Where a format's calls begin in a turn (``llama3_json``: the whole turn is the call)."""

@@ -20,7 +20,8 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterator, Optional, Sequence, TypeVar
+from types import MappingProxyType
+from typing import Any, Callable, Generic, Iterator, Mapping, Optional, Sequence, TypeVar
 
 __all__ = ["EntryInfo", "NameView", "Registry", "all_registries", "first_doc_line", "same_definition",
            "same_object"]
@@ -178,6 +179,10 @@ class Registry(Generic[I]):
         """A live, read-only sequence of the names in registration order (a module constant that
         follows later registrations)."""
         return NameView(self)
+
+    def entry_view(self) -> Mapping[str, Any]:
+        """A live, read-only ``name -> entry`` mapping (a module constant that follows later registrations)."""
+        return MappingProxyType(self._entries)
 
     def entries(self) -> dict[str, Any]:
         """Every entry by name, in registration order (a snapshot)."""

@@ -9,14 +9,16 @@ def test_the_block_lists_every_registry_and_every_entry():
     registries = all_registries()
     kinds = {r.kind for r in registries}
     assert {"advantage estimator", "policy loss", "distillation loss", "objective", "reward function",
-            "reward manager", "tool", "interaction", "environment", "agent loop", "rollout engine"} <= kinds
+            "reward manager", "tool", "interaction", "environment", "agent loop", "tool-call format",
+            "rollout engine"} <= kinds
     for registry in registries:
         assert f"  {registry.kind} ({registry.config_key}):\n" in text
         for name, info in registry.describe().items():
             assert f"    {entry_line(name, info)}\n" in text
     assert "    grpo [needs groups]: GRPO outcome advantage" in text
     assert "    vllm [runs on cpu, cuda, falls back to hf]: " in text
-    assert "    calculator: " in text and "    naive: " in text
+    assert "    calculator: " in text and "    naive: " in text and "    hermes: " in text
+    assert "    tool_agent: Built in: " in text  # the built-in agent loops are entries too
 
 
 def test_notes_sit_under_each_key_and_alias():

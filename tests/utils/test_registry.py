@@ -80,6 +80,11 @@ def test_name_view_follows_registrations_in_order_and_prints_as_a_tuple():
     assert tuple(view) == ("vllm", "hf", "fake")
     registry.unregister("fake")
     assert registry.names() == ["hf", "vllm"]  # names() is sorted
+    entries = registry.entry_view()
+    registry.add("late", len)
+    assert entries["late"] is len and list(entries) == ["vllm", "hf", "late"]
+    with pytest.raises(TypeError):
+        entries["x"] = len  # read-only
 
 
 def test_copy_is_unlisted_and_independent():
