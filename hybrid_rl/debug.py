@@ -149,7 +149,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides are key=value)")
     from hybrid_rl.trainer.config.loader import check_override_keys
-    from hybrid_rl.trainer.main_ppo import _fail
+    from hybrid_rl.trainer.modes import fail as _fail
 
     try:
         check_override_keys(overrides)

@@ -9,8 +9,9 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "hybrid_rl"
 
 MODES = ("hybrid_rl.trainer.ppo", "hybrid_rl.trainer.sft", "hybrid_rl.trainer.rm")
+# the modes' table and its one command-line path stand with the entry points, above the modes they run
 ENTRY_POINTS = ("hybrid_rl.trainer.main_ppo", "hybrid_rl.trainer.main_sft", "hybrid_rl.trainer.main_rm",
-                "hybrid_rl.trainer.supervised_cli")
+                "hybrid_rl.trainer.supervised_cli", "hybrid_rl.trainer.modes")
 LOWER_FLOORS = ("hybrid_rl.algorithms", "hybrid_rl.protocol", "hybrid_rl.protocol_utils", "hybrid_rl.schema",
                 "hybrid_rl.utils", "hybrid_rl.data", "hybrid_rl.reward", "hybrid_rl.buffer", "hybrid_rl.agents",
                 "hybrid_rl.single_controller")
@@ -66,3 +67,25 @@ def test_the_rules_see_the_modules():
     for importer, _ in RULES:
         assert any(_within(module, importer) for module in MODULES), importer
     assert "hybrid_rl.trainer.core.loop" in MODULES["hybrid_rl.trainer.ppo.trainer"]
+    assert all(entry in MODULES for entry in ENTRY_POINTS), ENTRY_POINTS
+
+
+def _private_imports(path: pathlib.Path) -> set[str]:
+    """``module._name`` for every ``from module import _name`` of ``path`` (a private helper)."""
+    return {f"{node.module}.{alias.name}" for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+            for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")}
+
+
+def test_no_module_imports_an_entry_points_private_helper():
+    """Each entry point's shared code is :mod:`hybrid_rl.trainer.modes`' public functions."""
+    found = sorted(f"{_module_name(path)} imports {name}" for path in sorted(PACKAGE.rglob("*.py"))
+                   for name in _private_imports(path) if any(_within(name.rsplit(".", 1)[0], entry)
+                                                              for entry in ENTRY_POINTS))
+    assert not found, found
+
+
+def test_the_private_import_probe_sees_one(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from hybrid_rl.trainer.main_ppo import _fail, build_trainer\n")
+    assert _private_imports(probe) == {"hybrid_rl.trainer.main_ppo._fail"}

@@ -19,22 +19,14 @@ held-out problems' pairs.
 
 from __future__ import annotations
 
-import sys
 from typing import Optional, Sequence
 
-from hybrid_rl.trainer.config.loader import RM_SCHEMA
-from hybrid_rl.trainer.supervised_cli import SupervisedMode, compose, run_cli, run_mode
+from hybrid_rl.trainer.modes import MODES, compose, run_config, run_mode
 
-__all__ = ["RM_MODE", "main", "rm_config", "run_rm"]
+__all__ = ["RM_MODE", "main", "run_rm", "rm_config"]
 
-
-def _trainer() -> type:
-    from hybrid_rl.trainer.rm.trainer import RMTrainer
-
-    return RMTrainer
-
-
-RM_MODE = SupervisedMode(RM_SCHEMA, "Reward-model training on preference pairs (Bradley-Terry).", _trainer)
+RM_MODE = MODES["rm"]
+"""This command's row of :data:`hybrid_rl.trainer.modes.MODES`."""
 
 
 def rm_config(argv: Sequence[str] = ()):
@@ -44,11 +36,12 @@ def rm_config(argv: Sequence[str] = ()):
 
 def run_rm(argv: Sequence[str] = ()) -> dict[str, float]:
     """Train a reward model from ``key=value`` arguments (a notebook's entry); returns the last step's metrics."""
-    return run_mode(RM_MODE, rm_config(argv))
+    return run_config("rm", rm_config(argv))
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_cli(sys.argv[1:] if argv is None else argv, RM_MODE, command_line=argv is None)
+    """``python -m hybrid_rl.trainer.main_rm [key=value ...]``."""
+    run_mode("rm", argv)
 
 
 if __name__ == "__main__":

@@ -17,23 +17,14 @@ the RL task's split), validating the held-out loss and the greedy accuracy on th
 
 from __future__ import annotations
 
-import sys
 from typing import Optional, Sequence
 
-from hybrid_rl.trainer.config.loader import SFT_SCHEMA
-from hybrid_rl.trainer.supervised_cli import SupervisedMode, compose, run_cli, run_mode
+from hybrid_rl.trainer.modes import MODES, compose, run_config, run_mode
 
 __all__ = ["SFT_MODE", "main", "run_sft", "sft_config"]
 
-
-def _trainer() -> type:
-    from hybrid_rl.trainer.sft.trainer import SFTTrainer
-
-    return SFTTrainer
-
-
-SFT_MODE = SupervisedMode(SFT_SCHEMA, "Supervised fine-tuning with the masked negative log-likelihood of the "
-                                      "assistant turns.", _trainer)
+SFT_MODE = MODES["sft"]
+"""This command's row of :data:`hybrid_rl.trainer.modes.MODES`."""
 
 
 def sft_config(argv: Sequence[str] = ()):
@@ -43,11 +34,12 @@ def sft_config(argv: Sequence[str] = ()):
 
 def run_sft(argv: Sequence[str] = ()) -> dict[str, float]:
     """Run an SFT job from ``key=value`` arguments (a notebook's entry); returns the last step's metrics."""
-    return run_mode(SFT_MODE, sft_config(argv))
+    return run_config("sft", sft_config(argv))
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_cli(sys.argv[1:] if argv is None else argv, SFT_MODE, command_line=argv is None)
+    """``python -m hybrid_rl.trainer.main_sft [key=value ...]``."""
+    run_mode("sft", argv)
 
 
 if __name__ == "__main__":
