@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from typing import Any, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
@@ -24,36 +23,65 @@ from hybrid_rl.workers.rollout.config import RolloutConfig
 logger = logging.getLogger(__name__)
 
 
-@dataclass
 class WorkerGroups:
-    """Handles on the colocated worker group's role views."""
+    """The worker groups a run drives, by role (``workers.groups["actor_rollout"]``), and their devices.
 
-    actor_rollout: Optional[Any]
-    """View with the actor / rollout / reference methods (None in reward-model training)."""
-    critic: Optional[Any]
-    """View with the critic methods (None without a critic)."""
-    resource_pool: Any
-    """The reserved devices (released at shutdown); None for a worker in the driver's process."""
-    rollout: Optional[Any] = None
-    """Decoupled mode: the rollout group in its own pool (a view when it also hosts the reward model;
-    None when colocated)."""
-    rollout_pool: Optional[Any] = None
-    """Decoupled mode: the rollout group's devices."""
-    reward_model: Optional[Any] = None
-    """View with the reward-model methods: reward-model training's group, RL's colocated reward model
-    (in the training processes, or in the rollout processes in the decoupled mode); None otherwise."""
-    teacher: Optional[Any] = None
-    """Distillation with the teachers in their own pool (``distillation.nnodes`` > 0); None when colocated."""
-    teacher_pool: Optional[Any] = None
-    """The teachers' devices."""
+    Roles: ``actor_rollout`` (actor / rollout / reference methods; None in reward-model training),
+    ``critic``, ``reward_model`` (reward-model training's group, or RL's reward model in the training
+    or, decoupled, the rollout processes), ``rollout`` (the decoupled mode's rollout group),
+    ``teacher`` (distillation teachers in their own pool); a mode may add its own. Views that share
+    processes form one unit with the pool it reserved (None for a worker in the driver's process):
+    :meth:`shutdown` stops each unit once and releases its pool. ``workers.critic`` reads a role
+    too, None when the run has none."""
+
+    def __init__(self, actor_rollout: Optional[Any] = None, critic: Optional[Any] = None,
+                 resource_pool: Optional[Any] = None, **roles: Any):
+        """The colocated unit: ``actor_rollout``, ``critic`` and any other ``roles`` (views of one
+        group) on ``resource_pool``."""
+        self.groups: dict[str, Any] = {}
+        """Every role's group (a view of its unit's group)."""
+        self._units: list[tuple[tuple[str, ...], Any]] = []
+        self.add({"actor_rollout": actor_rollout, "critic": critic, **roles}, resource_pool)
+
+    def add(self, views: dict[str, Any], pool: Optional[Any]) -> None:
+        """A unit: ``views`` (role -> view; None = no such role) of one group, on ``pool``."""
+        views = {role: view for role, view in views.items() if view is not None}
+        taken = sorted(set(views) & set(self.groups))
+        if taken:
+            raise ValueError(f"worker roles {taken} have a group already; give each role one group.")
+        self.groups.update(views)
+        self._units.append((tuple(views), pool))
+
+    def __getattr__(self, role: str) -> Optional[Any]:
+        if role.startswith("_") or role == "groups":  # not set yet (copying, unpickling)
+            raise AttributeError(role)
+        return self.groups.get(role)
+
+    def pool_of(self, role: str) -> Optional[Any]:
+        """The devices of ``role``'s unit (None: no such role, or a worker in the driver's process)."""
+        return next((pool for roles, pool in self._units if role in roles), None)
+
+    @property
+    def resource_pool(self) -> Optional[Any]:
+        """The colocated group's devices."""
+        return self._units[0][1]
+
+    @property
+    def rollout_pool(self) -> Optional[Any]:
+        """Decoupled mode: the rollout group's devices."""
+        return self.pool_of("rollout")
+
+    @property
+    def teacher_pool(self) -> Optional[Any]:
+        """The distillation teachers' devices (``distillation.nnodes`` > 0)."""
+        return self.pool_of("teacher")
 
     def shutdown(self) -> None:
-        (self.actor_rollout or self.reward_model).shutdown()  # the views share the group's processes
-        if self.resource_pool is not None:  # None when the worker lives in the driver's process
-            self.resource_pool.remove()
-        for group, pool in ((self.rollout, self.rollout_pool), (self.teacher, self.teacher_pool)):
-            if group is not None:
-                group.shutdown()
+        """Stop each unit's processes (through one of its views) and release its devices."""
+        for roles, pool in self._units:
+            if roles:
+                self.groups[roles[0]].shutdown()  # the views share the group's processes
+            if pool is not None:  # None when the worker lives in the driver's process
                 pool.remove()
 
 
@@ -252,14 +280,15 @@ def _add_own_pools(groups: WorkerGroups, cfg: Any, plan: RunPlan, actor_cls: Opt
                    total_training_steps: int) -> None:
     """The decoupled mode's rollout pool (with the reward model, when local) and the teachers' pool."""
     if plan.rollout_world_size:
-        groups.rollout, groups.rollout_pool, rm_view = _rollout_group(
+        rollout, pool, rm_view = _rollout_group(
             cfg, plan, [cfg.rollout.n_gpus_per_node] * cfg.rollout.nnodes, worker_cls=actor_cls,
             rows_per_call=rollout_rows_per_call, call_timeout_s=call_timeout_s, log_dir=log_dir,
             total_training_steps=total_training_steps, with_reward_model=plan.use_reward_model)
-        groups.reward_model = groups.reward_model or rm_view
+        groups.add({"rollout": rollout, "reward_model": None if groups.reward_model else rm_view}, pool)
     if plan.teacher_world_size:
-        groups.teacher, groups.teacher_pool = build_teacher_group(cfg, plan, worker_cls=actor_cls,
-                                                                  call_timeout_s=call_timeout_s, log_dir=log_dir)
+        teacher, pool = build_teacher_group(cfg, plan, worker_cls=actor_cls, call_timeout_s=call_timeout_s,
+                                            log_dir=log_dir)
+        groups.add({"teacher": teacher}, pool)
 
 
 def _colocated_group(cfg: Any, plan: RunPlan, worker: Any, call_timeout_s: Optional[float],
