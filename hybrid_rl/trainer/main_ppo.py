@@ -27,7 +27,7 @@ from hybrid_rl.trainer.ppo.preflight import (check_agent_config, check_agent_nam
                                               check_reward_coverage, check_teacher_keys)
 
 __all__ = ["CONFIG_ERROR_EXIT_CODE", "FULL_ERROR_ENV", "build_trainer", "config_notices", "get_config", "main",
-           "registry_notes", "run_ppo", "user_error_message"]
+           "run_ppo", "user_error_message"]
 
 
 def build_trainer(cfg: Union[DictConfig, PPOConfig], trainer_cls: Optional[type] = None, *,
@@ -67,24 +67,6 @@ def config_notices(cfg: PPOConfig, overrides: list[str]) -> list[str]:
     from hybrid_rl.trainer.config.verl_compat import recommended_setting_notices, verl_default_notices
 
     return verl_default_notices(cfg, overrides) + recommended_setting_notices(cfg, overrides)
-
-
-def registry_notes() -> dict[str, list[str]]:
-    """The registered estimators, losses and reward managers under the keys that pick them."""
-    from hybrid_rl.algorithms import describe_adv_estimators, describe_policy_losses
-    from hybrid_rl.reward import registered_reward_managers
-
-    def needs(info) -> str:
-        flags = [name.replace("_", " ") for name, value in vars(info).items()
-                 if name.startswith("needs_") and value is True]
-        return f" [{', '.join(flags)}]" if flags else ""
-
-    return {
-        "algorithm.adv_estimator": [f"{name}{needs(i)}: {i.description}" for name, i in describe_adv_estimators().items()],
-        "actor_rollout_ref.actor.policy_loss.loss_mode": [f"{name}{needs(i)}: {i.description}"
-                                                          for name, i in describe_policy_losses().items()],
-        "reward_model.reward_manager": [f"registered: {', '.join(registered_reward_managers())}"],
-    }
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -65,6 +65,8 @@ class ModeSpec:
     """``module:function(config, overrides) -> list[str]``: the mode's advice logged when a run starts."""
     help_notes: Optional[str] = None
     """``module:function() -> {key: lines}``: lines under keys in ``--help`` (a registry's entries)."""
+    help_block: Optional[str] = None
+    """``module:function() -> str``: a block at the end of ``--help`` (every registry's listing)."""
     hydra_app: bool = False
     """The run goes through Hydra's app runner (its flags, ``--cfg`` print, run folder); False: this
     module's parser (``--help``, ``--cfg job``, ``--config-path DIR --config-name NAME`` only)."""
@@ -106,7 +108,8 @@ register_mode(ModeSpec(
     "RL training of the PPO family (PPO, GRPO, RLOO, REINFORCE++, ReMax and any registered estimator), "
     "colocated or decoupled.", "on the command line (veRL's names)", "hybrid_rl.trainer.config.checks:validate_config",
     build="hybrid_rl.trainer.main_ppo:build_trainer", notices="hybrid_rl.trainer.main_ppo:config_notices",
-    help_notes="hybrid_rl.trainer.main_ppo:registry_notes", hydra_app=True))
+    help_notes="hybrid_rl.trainer.registry_help:registry_notes",
+    help_block="hybrid_rl.trainer.registry_help:registry_help", hydra_app=True))
 register_mode(ModeSpec(
     "sft", SFT_SCHEMA, "hybrid_rl.trainer.sft.trainer:SFTTrainer", "hybrid_rl.trainer.main_sft",
     "the arithmetic task's SFT examples (hybrid_rl.data.rlhf_data), generated on first use",
@@ -189,8 +192,9 @@ def help_text(spec: ModeSpec, overrides: Sequence[str], config_dir: Optional[str
              "[--config-path DIR --config-name NAME]")
     intro = (f"{spec.description} Every key below is set as key=value {spec.key_names}; "
              + _HELP_TAIL.format(ray=", Ray is not started" if spec.starts_ray else ""))
-    notes = spec.resolve("help_notes")
-    return config_help(spec.schema.node, composed, usage, intro, notes() if notes else None)
+    notes, block = spec.resolve("help_notes"), spec.resolve("help_block")
+    text = config_help(spec.schema.node, composed, usage, intro, notes() if notes else None)
+    return text + ("\n" + block() if block else "")
 
 
 # ----------------------------------------------------------------------------- the command line
