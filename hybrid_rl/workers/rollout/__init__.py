@@ -79,6 +79,7 @@ def vllm_model_unsupported_reason(model_path: str, device: str, trust_remote_cod
 
 
 def _vllm_unavailable(config: RolloutConfig, model_path: str, device: str, trust_remote_code: bool) -> Optional[str]:
+    """Why vLLM cannot serve this model on ``device`` (looked up here at each call: tests patch them)."""
     return (vllm_unavailable_reason(device)
             or vllm_model_unsupported_reason(model_path, device, trust_remote_code))
 
@@ -137,7 +138,7 @@ def build_rollout(config: RolloutConfig, model_path: str, tokenizer: Any, device
         tried.append(name)
         if info.fallback is None or info.fallback in tried:
             raise ValueError(f"rollout.name={name} cannot run here: {reason}. Fix: set actor_rollout_ref.rollout."
-                               f"name to an engine that runs on {device!r} ({registered_rollout_engines()}).")
+                             f"name to an engine that runs on {device!r} ({registered_rollout_engines()}).")
         if not _fallback_logged:
             logger.warning("rollout.name=%s: %s; falling back to the %s rollout (%s).", name, reason,
                            info.fallback, rollout_engine_info(info.fallback).backend)
