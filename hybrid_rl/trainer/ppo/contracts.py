@@ -7,15 +7,17 @@ reference, the teachers, the critic, the rollout correction) and what each reads
 warm-up, then the cadence. :func:`decoupled_batch_plan` is the decoupled mode's: the experience
 buffer gives the scored rollout, and the new weights are pushed to the rollout pool.
 
-The actor update's keys come from :func:`actor_update_contract` (the one place that says what the
-actor's loss reads).
+The actor update's keys are what its objective declares (:func:`actor_update_contract`).
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from hybrid_rl.algorithms.distillation import distillation_loss_info
+from hybrid_rl.objectives.ppo import ppo_objective
+from hybrid_rl.schema import SCHEMA_BY_NAME
 from hybrid_rl.trainer.config.run_checks import RunPlan
 from hybrid_rl.trainer.core.batch_contract import BatchPlan, StepContract
 from hybrid_rl.workers.config import update_is_on_policy
@@ -43,26 +45,21 @@ def needs_old_log_prob_pass(cfg: Any, correction: Any) -> bool:
     return correction.measured or not (on_policy and not cfg.algorithm.use_kl_in_reward)
 
 
-def actor_update_contract(cfg: Any, old_log_probs: bool, bypass: bool) -> StepContract:
-    """``update_actor``: the model inputs and what the actor's loss reads (today's ``update_policy``
-    key list: ``old_log_probs`` unless the update is on-policy without them, ``ref_log_prob`` with
-    the KL loss, the teacher's keys with distillation, the rollout's log-probs in bypass mode).
-
-    This is the single place to read them from the actor's objective instead
-    (``ppo_objective(actor_cfg, distillation_loss).required_keys(on_policy)`` / ``optional_reads``
-    of :mod:`hybrid_rl.objectives.ppo`) once the actor trains through it."""
-    actor = cfg.actor_rollout_ref.actor
-    reads = list(MODEL_INPUTS) + ["response_mask", "advantages"] + (["old_log_probs"] if old_log_probs else [])
-    if actor.use_kl_loss:
-        reads.append("ref_log_prob")
-    if cfg.distillation.enabled:
-        reads.append("teacher_log_prob")
-        if distillation_loss_info(cfg.distillation.distillation_loss.loss_mode).use_topk:
-            reads += ["teacher_topk_ids", "teacher_topk_log_probs"]
-    if bypass:
-        reads.append("rollout_log_probs")
-    optional = ("old_log_probs", "rollout_log_probs", "rollout_is_weights")
-    return StepContract("update_actor", tuple(reads), tuple(k for k in optional if k not in reads))
+def actor_update_contract(cfg: Any, old_log_probs: bool, correction: Any) -> StepContract:
+    """``update_actor``: the model inputs and what the actor's objective declares it reads
+    (:func:`hybrid_rl.objectives.ppo.ppo_objective`, built as the actor worker builds it: the policy
+    loss, entropy, KL loss and distillation terms). ``old_log_probs``: an earlier step writes them (else
+    the update is on-policy and uses its own detached log-probs); ``correction``: the resolved
+    ``algorithm.rollout_correction`` (bypass mode's loss reads the rollout's log-probs)."""
+    distillation = cfg.distillation.distillation_loss if cfg.distillation.enabled else None
+    objective = ppo_objective(cfg.actor_rollout_ref.actor, distillation)
+    if correction.bypass_mode:
+        objective.bind({"rollout_correction": asdict(correction)})
+    on_policy = not old_log_probs
+    reads = tuple(objective.required_keys(on_policy))
+    optional = [k for k in objective.input_keys(SCHEMA_BY_NAME, on_policy) if k not in reads]
+    return StepContract("update_actor", MODEL_INPUTS + tuple(k for k in reads if k not in MODEL_INPUTS),
+                        tuple(optional))
 
 
 def _rollout_writes(cfg: Any) -> tuple[str, ...]:
@@ -109,7 +106,7 @@ def _log_prob_steps(cfg: Any, plan: RunPlan, correction: Any) -> list[StepContra
     return steps
 
 
-def _update_steps(cfg: Any, plan: RunPlan, old_log_probs: bool, bypass: bool) -> list[StepContract]:
+def _update_steps(cfg: Any, plan: RunPlan, old_log_probs: bool, correction: Any) -> list[StepContract]:
     """compute_advantage -> [update_critic] -> update_actor."""
     reads = ["token_level_scores", "response_mask"]
     if cfg.algorithm.use_kl_in_reward:
@@ -122,7 +119,7 @@ def _update_steps(cfg: Any, plan: RunPlan, old_log_probs: bool, bypass: bool) ->
                           ("token_level_rewards", "advantages", "returns"))]
     if plan.use_critic:
         steps.append(StepContract("update_critic", MODEL_INPUTS + ("response_mask", "values", "returns")))
-    return steps + [actor_update_contract(cfg, old_log_probs, bypass)]
+    return steps + [actor_update_contract(cfg, old_log_probs, correction)]
 
 
 def ppo_batch_plan(cfg: Any, plan: RunPlan, correction: Any) -> BatchPlan:
@@ -130,8 +127,7 @@ def ppo_batch_plan(cfg: Any, plan: RunPlan, correction: Any) -> BatchPlan:
     resolved ``algorithm.rollout_correction``)."""
     log_prob_steps = _log_prob_steps(cfg, plan, correction)
     old_log_probs = any("old_log_probs" in step.writes for step in log_prob_steps)
-    steps = _scoring_steps(cfg, plan) + log_prob_steps + _update_steps(cfg, plan, old_log_probs,
-                                                                         correction.bypass_mode)
+    steps = _scoring_steps(cfg, plan) + log_prob_steps + _update_steps(cfg, plan, old_log_probs, correction)
     return BatchPlan(StepContract("dataset collate", writes=PROMPT_INPUTS), tuple(steps), OWNER)
 
 
