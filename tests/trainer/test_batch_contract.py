@@ -122,6 +122,29 @@ def test_a_broken_plan_stops_the_trainer_before_any_worker(tmp_path):
         NeedsATeacher(_ppo_cfg(tmp_path), for_training=False)
 
 
+def test_the_command_line_refuses_a_broken_plan_in_one_line(tmp_path, monkeypatch, capsys):
+    from hybrid_rl.trainer import main_ppo
+
+    def needs_a_teacher(self):  # the update reads what no step of the default run makes
+        return BatchPlan(StepContract("dataset collate", writes=("input_ids",)),
+                         (StepContract("update_actor", ("input_ids", "teacher_log_prob")),), "a test")
+
+    monkeypatch.setattr(RayPPOTrainer, "declare_batch_plan", needs_a_teacher)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["main_ppo"])
+    monkeypatch.delenv("RAY_IGNORE_UNHANDLED_ERRORS", raising=False)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main_ppo.main([f"data.arithmetic.cache_dir={tmp_path}", f"trainer.default_local_dir={tmp_path}/run"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.splitlines()[-1] == (
+        "hybrid_rl config error: step update_actor needs batch key 'teacher_log_prob' that no earlier step produces "
+        "(steps: update_actor; dataset collate writes ['input_ids']). Fix: enable the setting that runs the step "
+        "producing it (the schema says it comes from: teacher compute_teacher_log_prob) or drop what needs it "
+        "(declared in a test)")
+
+
 def _ppo_cfg(tmp_path, *extra):
     return get_config([f"data.arithmetic.cache_dir={tmp_path}", f"trainer.default_local_dir={tmp_path}/run", *extra])
 
