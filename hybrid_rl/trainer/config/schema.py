@@ -455,3 +455,11 @@ class PPOConfig:
     """The decoupled (asynchronous) mode."""
     distillation: DistillationConfig = field(default_factory=DistillationConfig)
     """On-policy distillation: teacher models score the student's samples (veRL 0.9's keys)."""
+
+    def own_pools(self) -> list[str]:
+        """The worker pools this run reserves beside the training group, each named with its key (the
+        trainer core's single-process choice reads this method of any mode's config)."""
+        pools = ["a separate rollout pool (async_training.enable)"] if self.async_training.enable else []
+        if self.distillation.pool_size:
+            pools.append(f"the teachers' own pool (distillation.nnodes={self.distillation.nnodes})")
+        return pools

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from hybrid_rl.trainer.config import CustomRewardFunctionConfig, PPOConfig
 from hybrid_rl.trainer.config.run_checks import as_file_list
+from hybrid_rl.trainer.core.run_config import RunConfig
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def load_model_tokenizer(path: str, key: str, trust_remote_code: bool = False):
     return load_tokenizer(resolve_model_path(path, key=key), trust_remote_code=trust_remote_code)
 
 
-def resolve_data_files(cfg: PPOConfig) -> tuple[list[str], list[str]]:
+def resolve_data_files(cfg: RunConfig) -> tuple[list[str], list[str]]:
     """(train files, val files). Unset train files = the arithmetic task, generated on first use."""
     if cfg.data.train_files is None:
         from hybrid_rl.trainer.core.default_task import ensure_default_task
@@ -84,7 +85,7 @@ def build_prompt_dataset(files: list[str], tokenizer, *, prompt_key: str, max_pr
                        max_bad_fraction=max_bad_fraction)
 
 
-def build_train_dataloader(dataset, cfg: Any):
+def build_train_dataloader(dataset, cfg: RunConfig):
     """Resumable loader: ``state_dict()`` goes into every checkpoint."""
     from hybrid_rl.data import build_dataloader
 

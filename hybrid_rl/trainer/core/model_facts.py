@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config.run_checks import RunPlan
+from hybrid_rl.trainer.core.run_config import RunConfig
 from hybrid_rl.workers.config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def compute_dtype_fields(cfg: PPOConfig, plan: RunPlan) -> dict[str, str]:
     return fields
 
 
-def report_precision(cfg: Any, plan: RunPlan, fields: Optional[dict[str, str]] = None) -> str:
+def report_precision(cfg: RunConfig, plan: RunPlan, fields: Optional[dict[str, str]] = None) -> str:
     """Log the run's compute dtypes and why in one line (and warn about an explicit bf16 on a CPU
     that emulates it); returns the resolved compute dtype of the first of ``fields`` (default:
     :func:`compute_dtype_fields`, the actor's first). Resolving runs the CPU probe once here, on the

@@ -24,8 +24,9 @@ import dataclasses
 import logging
 import os
 import sys
-from typing import Any, Optional
+from typing import Optional
 
+from hybrid_rl.trainer.core.run_config import RunConfig
 from hybrid_rl.utils.cpu_env import cpu_worker_env
 from hybrid_rl.utils.log_setup import LOG_LEVEL_ENV, library_env
 
@@ -41,18 +42,15 @@ DEFAULT_PROCESS_ENV = {"TOKENIZERS_PARALLELISM": "false"}
 """Set when absent (as Ray's workers get it): the tokenizer's threads would compete with torch's."""
 
 
-def single_process_blockers(cfg: Any, device: Optional[str] = None) -> list[str]:
+def single_process_blockers(cfg: RunConfig, device: Optional[str] = None) -> list[str]:
     """Why this run (any mode's config) needs its workers in Ray processes (empty: one process can
     host it); ``device``: the resolved ``trainer.device`` (not checked when None)."""
     t = cfg.trainer
     blockers = []
     if t.nnodes * t.n_gpus_per_node != 1:
         blockers.append(f"{t.nnodes * t.n_gpus_per_node} workers (trainer.nnodes * trainer.n_gpus_per_node)")
-    if getattr(getattr(cfg, "async_training", None), "enable", False):  # PPO's decoupled mode
-        blockers.append("a separate rollout pool (async_training.enable)")
-    distillation = getattr(cfg, "distillation", None)
-    if distillation is not None and distillation.pool_size:
-        blockers.append(f"the teachers' own pool (distillation.nnodes={distillation.nnodes})")
+    own_pools = getattr(cfg, "own_pools", None)  # a mode whose config reserves pools says which (RunConfig)
+    blockers += own_pools() if own_pools is not None else []
     if cfg.ray_init.address:
         blockers.append(f"a Ray cluster (ray_init.address={cfg.ray_init.address})")
     if t.max_restarts > 0:
@@ -62,7 +60,7 @@ def single_process_blockers(cfg: Any, device: Optional[str] = None) -> list[str]
     return blockers
 
 
-def resolve_single_process(cfg: Any, device: Optional[str] = None) -> Any:
+def resolve_single_process(cfg: RunConfig, device: Optional[str] = None) -> RunConfig:
     """``cfg`` with ``trainer.single_process`` chosen for a command-line run where it is null (see the
     module docstring); ``device`` is the resolved ``trainer.device`` (resolved here when None)."""
     if cfg.trainer.single_process is not None:
@@ -78,7 +76,7 @@ def resolve_single_process(cfg: Any, device: Optional[str] = None) -> Any:
     return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, single_process=chosen))
 
 
-def process_env(cfg: Any, environ: Optional[dict] = None) -> dict[str, str]:
+def process_env(cfg: RunConfig, environ: Optional[dict] = None) -> dict[str, str]:
     """The environment variables the single process needs, as its worker gets them under Ray: for a
     CPU worker the allocator and OpenMP settings (:func:`~hybrid_rl.utils.cpu_env.cpu_worker_env`,
     the user's own ``MALLOC_*``/``LD_PRELOAD`` win); the libraries' logging, :data:`DEFAULT_PROCESS_ENV`."""
@@ -96,7 +94,7 @@ def _missing(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if os.environ.get(k) != v}
 
 
-def reexec_for_single_process(cfg: Any) -> None:
+def reexec_for_single_process(cfg: RunConfig) -> None:
     """Restart this command (``sys.orig_argv``) with :func:`process_env` added, if any of it is
     missing and it was not restarted already; returns only when nothing needs a restart."""
     missing = _missing(process_env(cfg))
@@ -108,7 +106,7 @@ def reexec_for_single_process(cfg: Any) -> None:
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **missing, REEXEC_MARK: "1"})
 
 
-def apply_process_env(cfg: Any) -> None:
+def apply_process_env(cfg: RunConfig) -> None:
     """Set what of :func:`process_env` still takes effect in a running process (the libraries'
     logging, read when they are imported); say once that the allocator settings could not."""
     missing = _missing(process_env(cfg))

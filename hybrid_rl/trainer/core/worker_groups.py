@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config.run_checks import RunPlan
+from hybrid_rl.trainer.core.run_config import RunConfig
 from hybrid_rl.utils.cpu_env import cpu_worker_env
 from hybrid_rl.utils.log_setup import LOG_DIR_ENV, effective_level, library_env, quiet_in_process_workers
 from hybrid_rl.utils.precision import profile_env
@@ -91,7 +92,7 @@ CPU cores greedy validation of 200 rows took as long with 64 in flight (7.4-7.6 
 (7.4-7.9 s), and the cache for 200 rows held 0.8 GiB (docs/memory.md)."""
 
 
-def rollout_rows_per_call(cfg: Any, plan: RunPlan, val_dataset: Any, rollout: Optional[RolloutConfig] = None) -> int:
+def rollout_rows_per_call(cfg: RunConfig, plan: RunPlan, val_dataset: Any, rollout: Optional[RolloutConfig] = None) -> int:
     """Rows the rollout engine (``rollout``, default ``cfg.actor_rollout_ref.rollout``) should hold at
     once per worker (it sizes vLLM-CPU's KV cache): a training batch (x n), or a validation batch
     (x val_kwargs.n) up to VAL_ROWS_IN_FLIGHT; larger validation batches queue in the engine. Split
@@ -105,7 +106,7 @@ def rollout_rows_per_call(cfg: Any, plan: RunPlan, val_dataset: Any, rollout: Op
     return -(-rows // (plan.rollout_world_size or plan.world_size))
 
 
-def _start_ray(cfg: Any, plan: RunPlan, log_dir: Optional[str]) -> None:
+def _start_ray(cfg: RunConfig, plan: RunPlan, log_dir: Optional[str]) -> None:
     """Join or start Ray with the workers' environment (CPU threads, allocator, log folder)."""
     from hybrid_rl.single_controller import init_ray
 
@@ -117,10 +118,9 @@ def _start_ray(cfg: Any, plan: RunPlan, log_dir: Optional[str]) -> None:
              quiet=effective_level(cfg.trainer.log_level) != "debug")
 
 
-def _distillation(cfg: Any) -> dict[str, Any]:
-    """The training worker's ``distillation`` argument: only when enabled (other modes have no such key)."""
-    distillation = getattr(cfg, "distillation", None)
-    return {"distillation": distillation} if distillation is not None and distillation.enabled else {}
+def _distillation(distillation: Any) -> dict[str, Any]:
+    """The training worker's ``distillation`` argument: only when enabled."""
+    return {"distillation": distillation} if distillation.enabled else {}
 
 
 def _agent_plugins(actor_rollout_ref: ActorRolloutRefConfig) -> dict[str, Any]:
@@ -233,7 +233,9 @@ def build_worker_groups(cfg: Any, plan: RunPlan, total_training_steps: int, acto
     role = "actor_rollout_ref" if plan.use_reference_policy else "actor_rollout"
     if plan.rollout_world_size:
         role = role.replace("_rollout", "")
-    actor_config = actor_config or cfg.actor_rollout_ref
+    extra: dict[str, Any] = {}
+    if actor_config is None:  # PPO's tree: its actor and, when enabled, the distillation teachers
+        actor_config, extra = cfg.actor_rollout_ref, _distillation(cfg.distillation)
     classes = {
         "actor_rollout": RayClassWithInitArgs(
             actor_cls or ActorRolloutRefWorker,
@@ -242,7 +244,7 @@ def build_worker_groups(cfg: Any, plan: RunPlan, total_training_steps: int, acto
             total_training_steps=total_training_steps,
             rollout_rows_per_call=rollout_rows_per_call,
             **_agent_plugins(actor_config),
-            **_distillation(cfg),
+            **extra,
         )
     }
     if plan.use_critic:
@@ -291,7 +293,7 @@ def _add_own_pools(groups: WorkerGroups, cfg: Any, plan: RunPlan, actor_cls: Opt
         groups.add({"teacher": teacher}, pool)
 
 
-def _colocated_group(cfg: Any, plan: RunPlan, worker: Any, call_timeout_s: Optional[float],
+def _colocated_group(cfg: RunConfig, plan: RunPlan, worker: Any, call_timeout_s: Optional[float],
                      log_dir: Optional[str]) -> tuple[Any, Any]:
     """``(group, pool)`` of the colocated worker: in the driver's process when ``plan.single_process``
     (no pool), else one Ray actor per device."""
@@ -332,7 +334,7 @@ def _reward_model_worker(cfg: PPOConfig, world_size: int):
                                 max_length=cfg.reward_model.max_length, normalize=cfg.reward_model.normalize)
 
 
-def build_reward_model_group(cfg: Any, plan: RunPlan, total_training_steps: int, worker_config: CriticConfig, *,
+def build_reward_model_group(cfg: RunConfig, plan: RunPlan, total_training_steps: int, worker_config: CriticConfig, *,
                              worker_cls: Optional[type] = None, call_timeout_s: Optional[float] = None,
                              log_dir: Optional[str] = None) -> WorkerGroups:
     """Reward-model training (``main_rm``): ``world_size`` processes hosting only a
