@@ -1,4 +1,4 @@
-"""The RL trainer: Hydra config, the driver loop (:class:`RayPPOTrainer`) and its entry points.
+"""The trainer: Hydra config, the modes (:data:`MODES`: ppo, sft, rm) and their one entry path (:func:`run_mode`).
 
 Notebook API::
 
@@ -22,6 +22,10 @@ _EXPORTS = {
     "RayPPOTrainer": "hybrid_rl.trainer.ppo.trainer",
     "DecoupledPPOTrainer": "hybrid_rl.trainer.ppo.decoupled",
     "run_ppo": "hybrid_rl.trainer.main_ppo",
+    "run_sft": "hybrid_rl.trainer.main_sft",
+    "run_rm": "hybrid_rl.trainer.main_rm",
+    "MODES": "hybrid_rl.trainer.modes",
+    "run_mode": "hybrid_rl.trainer.modes",
 }
 
 __all__ = sorted(_EXPORTS)
