@@ -105,7 +105,8 @@ def check_before(plan: BatchPlan, name: str, batch: DataProto) -> None:
     contract = plan.contract(name)
     if contract is None:
         raise ValueError(f"step {name} has no batch contract, and trainer.check_batch is on. Fix: declare it "
-                         f"(a StepContract in {plan.owner}) or set trainer.check_batch=false")
+                         f"(a StepContract in {plan.owner}, or the mode's declare_batch_plan) or set "
+                         f"trainer.check_batch=false with {CHECK_BATCH_ENV} unset")
     check_batch(batch, contract.reads, step=name)
 
 
