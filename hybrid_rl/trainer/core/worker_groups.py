@@ -92,7 +92,8 @@ CPU cores greedy validation of 200 rows took as long with 64 in flight (7.4-7.6 
 (7.4-7.9 s), and the cache for 200 rows held 0.8 GiB (docs/memory.md)."""
 
 
-def rollout_rows_per_call(cfg: RunConfig, plan: RunPlan, val_dataset: Any, rollout: Optional[RolloutConfig] = None) -> int:
+def rollout_rows_per_call(cfg: RunConfig, plan: RunPlan, val_dataset: Any,
+                          rollout: Optional[RolloutConfig] = None) -> int:
     """Rows the rollout engine (``rollout``, default ``cfg.actor_rollout_ref.rollout``) should hold at
     once per worker (it sizes vLLM-CPU's KV cache): a training batch (x n), or a validation batch
     (x val_kwargs.n) up to VAL_ROWS_IN_FLIGHT; larger validation batches queue in the engine. Split
@@ -236,17 +237,9 @@ def build_worker_groups(cfg: Any, plan: RunPlan, total_training_steps: int, acto
     extra: dict[str, Any] = {}
     if actor_config is None:  # PPO's tree: its actor and, when enabled, the distillation teachers
         actor_config, extra = cfg.actor_rollout_ref, _distillation(cfg.distillation)
-    classes = {
-        "actor_rollout": RayClassWithInitArgs(
-            actor_cls or ActorRolloutRefWorker,
-            config=actor_config,
-            role=role,
-            total_training_steps=total_training_steps,
-            rollout_rows_per_call=rollout_rows_per_call,
-            **_agent_plugins(actor_config),
-            **extra,
-        )
-    }
+    classes = {"actor_rollout": RayClassWithInitArgs(
+        actor_cls or ActorRolloutRefWorker, config=actor_config, role=role, total_training_steps=total_training_steps,
+        rollout_rows_per_call=rollout_rows_per_call, **_agent_plugins(actor_config), **extra)}
     if plan.use_critic:
         classes["critic"] = RayClassWithInitArgs(
             critic_cls or CriticWorker, config=cfg.critic, total_training_steps=total_training_steps
