@@ -164,10 +164,9 @@ def sft_batch(rows: Sequence[tuple[list[int], list[int]]], pad_token_id: int) ->
     """The actor's update tensors for tokenised conversations (``(input_ids, loss_mask)`` pairs):
     each row split before its first target token into a left-padded prompt ``[B, P]`` and a
     right-padded response ``[B, R]`` whose ``response_mask`` is the rest of the loss mask (0 on later
-    user turns); ``old_log_probs`` and ``advantages`` are zeros (the ``sft`` policy loss ignores
-    them). Train with ``actor.policy_loss.loss_mode=sft``."""
-    import torch
-
+    user turns). Keys: ``prompts, responses, response_mask, input_ids, attention_mask, position_ids``
+    (:data:`hybrid_rl.trainer.sft.contracts.SFT_BATCH`), what the ``nll`` objective's update reads; no
+    PPO inputs. Train with ``actor.objective={name: nll}``."""
     from hybrid_rl.data.layout import prompt_response_tensors
 
     if not rows:
@@ -176,8 +175,8 @@ def sft_batch(rows: Sequence[tuple[list[int], list[int]]], pad_token_id: int) ->
     out = prompt_response_tensors([ids[:cut] for (ids, _), cut in zip(rows, splits)],
                                   [ids[cut:] for (ids, _), cut in zip(rows, splits)],
                                   [mask[cut:] for (_, mask), cut in zip(rows, splits)], pad_token_id)
-    zeros = torch.zeros(out["responses"].shape, dtype=torch.float32)  # [B, R]
-    return {**out, "old_log_probs": zeros, "advantages": zeros.clone()}
+    return out
+
 
 class SFTDataset:
     """Tokenised SFT conversations for the resumable loader: item ``i`` is ``(input_ids, loss_mask)``

@@ -1,10 +1,11 @@
-"""PPO actor on one data-parallel rank: the :class:`~hybrid_rl.workers.learner.Learner` with PPO's
-objective (no Ray inside).
+"""The actor on one data-parallel rank: the :class:`~hybrid_rl.workers.learner.Learner` with the
+objective its config selects (no Ray inside).
 
-``update_policy`` is ``Learner.update`` with :func:`hybrid_rl.objectives.ppo.ppo_objective` built
-from the actor section (policy loss - entropy_coeff x entropy [+ kl_loss_coef x KL] [+ the
-distillation term]) and the actor's epochs, shuffling and loss aggregation; the micro-batching, the
-global denominators and the optimizer step are the learner's.
+``update_policy`` is ``Learner.update`` with :func:`~hybrid_rl.workers.objective_choice.actor_objective`
+built from the actor section: the objective ``actor.objective`` names (``nll`` for SFT, ``dpo``, ...),
+else PPO's (policy loss - entropy_coeff x entropy [+ kl_loss_coef x KL] [+ the distillation term]);
+with the actor's epochs, shuffling and loss aggregation. The micro-batching, the global denominators
+and the optimizer step are the learner's. ``DataParallelPPOActor`` is veRL's name for it.
 """
 
 from __future__ import annotations
@@ -15,19 +16,19 @@ from typing import Optional
 import torch
 from torch import nn
 
-from hybrid_rl.objectives.ppo import ppo_objective
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.workers.config import ActorConfig
 from hybrid_rl.workers.distillation_config import DistillationLossConfig
 from hybrid_rl.workers.learner import Learner
+from hybrid_rl.workers.objective_choice import actor_objective
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DataParallelPPOActor"]
+__all__ = ["Actor", "DataParallelPPOActor", "actor_objective"]
 
 
-class DataParallelPPOActor(Learner):
-    """Computes log-probs and PPO updates of ``actor_module`` on this rank's share of a batch.
+class Actor(Learner):
+    """Computes log-probs and updates of ``actor_module`` by its objective on this rank's share of a batch.
 
     Args:
         config: the actor section of the config.
@@ -45,7 +46,8 @@ class DataParallelPPOActor(Learner):
         fused_head: log-probs straight from the LM head's input, no ``[N, V]`` logits held
             (``*.model.use_fused_kernels``, :mod:`hybrid_rl.workers.fused_head`).
         distillation: ``distillation.distillation_loss`` when distillation is enabled: the update
-            reads ``teacher_log_prob`` and adds the distillation term (:mod:`hybrid_rl.objectives.distillation`).
+            reads ``teacher_log_prob`` and adds the distillation term (:mod:`hybrid_rl.objectives.distillation`);
+            PPO's terms only (an objective selected by ``config.objective`` refuses it).
     """
 
     def __init__(self, config: ActorConfig, actor_module: nn.Module,
@@ -65,7 +67,7 @@ class DataParallelPPOActor(Learner):
                          role="actor")
         self.config = config
         self.distillation = distillation
-        self.objective = ppo_objective(config, distillation)  # an unknown policy loss fails here
+        self.objective = actor_objective(config, distillation)  # an unknown policy loss fails here
 
     @property
     def actor_module(self) -> nn.Module:
@@ -78,12 +80,14 @@ class DataParallelPPOActor(Learner):
         return self.optimizer
 
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
-        """PPO update over ``data`` (this rank's rows); returns metric lists with veRL names.
+        """An update by the objective over ``data`` (this rank's rows); returns metric lists, each
+        named by its objective (PPO's: veRL names) and the learner's ``actor/*``.
 
-        Needs batch keys ``responses, response_mask, input_ids, attention_mask, position_ids,
-        old_log_probs, advantages`` (+ ``ref_log_prob`` with ``use_kl_loss``, ``teacher_log_prob``
-        with distillation) and ``meta_info["temperature"]``. When the update is exactly on-policy
-        (one mini-batch, one epoch: the weights that sampled are the weights being updated)
+        Needs the model inputs ``responses, input_ids, attention_mask, position_ids``, what the
+        objective reads (``nll``: ``response_mask``; PPO's terms: ``response_mask, old_log_probs,
+        advantages`` + ``ref_log_prob`` with ``use_kl_loss``, ``teacher_log_prob`` with
+        distillation) and ``meta_info["temperature"]``. When a PPO update is exactly on-policy (one
+        mini-batch, one epoch: the weights that sampled are the weights being updated)
         ``old_log_probs`` may be absent; ``log_probs.detach()`` is then used (ratio exactly 1, as
         veRL's ``on_policy``), so the trainer can skip the separate old-log-prob pass. Bypass mode's
         correction comes in ``meta_info["rollout_correction"]``.
@@ -95,3 +99,7 @@ class DataParallelPPOActor(Learner):
     def is_on_policy(self, num_rows: int) -> bool:
         """True when ``update_policy`` on ``num_rows`` rows takes exactly one optimizer step."""
         return self.config.ppo_epochs == 1 and num_rows == self.mini_batch_rows
+
+
+DataParallelPPOActor = Actor
+"""veRL's name of the actor (its default objective is PPO's)."""

@@ -16,6 +16,7 @@ from hybrid_rl.algorithms import KL_PENALTY_TYPES, LOSS_AGG_MODES
 from hybrid_rl.utils.bounds import bounded, check_bounds
 from hybrid_rl.utils.log_setup import ConfigDeprecationWarning
 from hybrid_rl.utils.precision import COMPUTE_DTYPES, CONCRETE_DTYPES
+from hybrid_rl.workers.objective_choice import selected_objective
 from hybrid_rl.workers.policy_loss_config import PolicyLossConfig
 from hybrid_rl.workers.rollout.config import RolloutConfig
 
@@ -291,6 +292,11 @@ class ActorConfig:
     """sapo loss: temperature of the soft gate for negative and zero advantages."""
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     """Policy-loss variant and its own settings."""
+    objective: dict[str, Any] = field(default_factory=dict)
+    """What the actor trains. Empty: PPO's terms from veRL's keys (policy_loss.*, entropy_coeff,
+    use_kl_loss/kl_loss_*, distillation.*). ``{name: <registered objective>, <its settings>}`` trains
+    that objective instead, e.g. ``{name: nll}`` or ``{name: dpo, beta: 0.1}``; a ``loss_agg_mode``
+    setting not given is loss_agg_mode's (hybrid_rl/workers/objective_choice.py)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and LR schedule."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -302,6 +308,7 @@ class ActorConfig:
         _check_batching("actor", self)
         _check(self.kl_loss_type in KL_PENALTY_TYPES, "actor.kl_loss_type", self.kl_loss_type,
                f"must be one of {KL_PENALTY_TYPES}", "pick one of them")
+        selected_objective(self)  # a wrong name, setting or value fails here, naming the key
 
     def loss_settings(self) -> dict[str, Any]:
         """The keyword settings every registered policy loss receives (each reads the ones it knows)."""

@@ -25,7 +25,8 @@ def test_verl_sft_keys_build_the_actor_workers_config(tmp_path):
     assert arr.model.path == "/m" and arr.model.lora_rank == 8 and arr.actor.optim.lr == 2e-5
     assert arr.actor.ppo_mini_batch_size == 8  # one optimizer step per batch
     assert arr.actor.ppo_micro_batch_size_per_gpu == 2 and not arr.actor.use_dynamic_bsz and arr.actor.grad_clip == 0.5
-    assert arr.actor.policy_loss.loss_mode == "sft" and not arr.actor.use_kl_loss and arr.rollout.n == 1
+    assert arr.actor.objective == {"name": "nll"} and arr.rollout.n == 1  # the NLL, not a PPO loss
+    assert arr.actor.policy_loss.loss_mode == "vanilla"  # no PPO input is faked for a "sft" policy loss
     assert cfg.rollout.response_length == cfg.data.max_response_length == 16  # the held-out answers' length follows
     train, val = supervised_data_files(sft_config([f"data.arithmetic.cache_dir={tmp_path}"]).data, "sft")
     assert os.path.isfile(train[0]) and train[0].endswith("sft_train.parquet") and val[0].endswith("sft_test.parquet")
@@ -79,6 +80,10 @@ def test_sft_lowers_the_held_out_loss_and_resumes_bit_exactly(tmp_path, tiny_mod
     losses = [r["val/sft_loss"] for r in rows if "val/sft_loss" in r]
     assert len(losses) == 3 and losses[2] < losses[1] < losses[0]  # before training, steps 2 and 4
     assert sum("train/loss" in r for r in rows) == 4  # the step-0 row holds the validation only
+    trained = [r for r in rows if "train/loss" in r]
+    assert all(r["train/loss"] == r["sft/loss"] for r in trained)  # veRL's name of the nll objective's loss
+    ppo_names = {"actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "actor/entropy"}
+    assert not ppo_names & {k for r in rows for k in r}, "an SFT run logs PPO metrics"
     log = (tmp_path / "run" / "logs" / "driver.log").read_text()  # one CPU worker: no Ray, as main_ppo
     assert "in the driver's process" in log and "started a local Ray instance" not in log
     env = {"HYBRID_RL_FAULT": "kill:driver.update_actor:3", "HYBRID_RL_FAULT_STATE": str(tmp_path / "faults")}

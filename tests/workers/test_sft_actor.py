@@ -1,4 +1,4 @@
-"""Supervised fine-tuning on the actor's update path: ``sft_batch`` + ``loss_mode=sft``."""
+"""Supervised fine-tuning on the actor's update path: ``sft_batch`` + ``actor.objective={name: nll}``."""
 
 import copy
 
@@ -9,6 +9,7 @@ from hybrid_rl.data.sft import sft_batch, tokenize_example
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.utils.testing import build_byte_tokenizer
 from hybrid_rl.workers.actor import DataParallelPPOActor
+from hybrid_rl.objectives.supervised import NLLObjective
 from hybrid_rl.workers.config import PolicyLossConfig
 from hybrid_rl.workers.model_loader import load_causal_lm
 from tests.workers.helpers import actor_config, hf_response_log_probs
@@ -41,9 +42,12 @@ def _nll(model, data):
     return float(-(logp * mask).sum() / mask.sum())
 
 
+PPO_METRICS = {"actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "actor/entropy"}
+
+
 def _update(model, data, steps=1, **cfg):
     model = copy.deepcopy(model)
-    config = actor_config(ppo_mini_batch_size=4, policy_loss=PolicyLossConfig(loss_mode="sft"), **cfg)
+    config = actor_config(**{"ppo_mini_batch_size": 4, "objective": {"name": "nll"}, **cfg})
     actor = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=0.05),
                                  use_remove_padding=True)
     for _ in range(steps):
@@ -69,7 +73,7 @@ def test_sft_update_lowers_the_nll_and_its_loss_is_the_nll(model):
     trained, metrics = _update(model, data, steps=5)
     assert _nll(trained, data) < before - 0.1
     _, first = _update(model, data, steps=1)
-    assert first["actor/pg_loss"][0] == pytest.approx(before, rel=1e-4)  # the loss is the token-mean NLL
+    assert first["sft/loss"][0] == pytest.approx(before, rel=1e-4)  # the loss is the token-mean NLL
 
 
 def test_sft_update_is_micro_batch_invariant(model):
@@ -78,3 +82,46 @@ def test_sft_update_is_micro_batch_invariant(model):
     split, _ = _update(model, data, ppo_micro_batch_size_per_gpu=1)
     for (name, a), b in zip(whole.state_dict().items(), split.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_sft_batch_holds_no_ppo_inputs():
+    data, _ = _batch()
+    assert set(data.batch.keys()) == {"prompts", "responses", "response_mask", "input_ids", "attention_mask",
+                                      "position_ids"}
+
+
+def test_sft_update_reports_the_nll_and_no_ppo_metric(model):
+    data, _ = _batch()
+    _, metrics = _update(model, data)
+    assert not PPO_METRICS & set(metrics), sorted(metrics)
+    assert set(metrics) == {"sft/loss", "actor/padding_frac", "actor/grad_norm", "actor/num_skipped_steps"}
+
+
+def test_a_ppo_actor_config_with_objective_nll_trains_the_nll(model):
+    """``actor.objective={name: nll}`` in an otherwise PPO actor section: the actor trains the NLL (its
+    loss_agg_mode taken from the actor's), with no old_log_probs or advantages in the batch."""
+    data, _ = _batch()
+    config = actor_config(ppo_mini_batch_size=4, objective={"name": "nll"}, loss_agg_mode="seq-mean-token-mean")
+    trained = copy.deepcopy(model)
+    actor = DataParallelPPOActor(config, trained, torch.optim.SGD(trained.parameters(), lr=0.0))
+    assert isinstance(actor.objective, NLLObjective) and actor.objective.config.loss_agg_mode == "seq-mean-token-mean"
+    mask = data.batch["response_mask"].float()
+    logp = hf_response_log_probs(model, data, temperature=1.0)
+    by_hand = float((-(logp * mask).sum(-1) / mask.sum(-1)).mean())  # each conversation weighs the same
+    metrics = actor.update_policy(data)
+    assert metrics["sft/loss"][0] == pytest.approx(by_hand, rel=1e-4)
+    assert by_hand != pytest.approx(_nll(model, data), rel=1e-3)  # the two aggregations differ on this batch
+
+
+def test_nll_trains_exactly_as_the_sft_policy_loss_did(model):
+    """The old SFT path (policy loss ``sft`` on zero old_log_probs / advantages; still registered for
+    PPO) and the ``nll`` objective give the same loss and the same weights, bit for bit."""
+    data, _ = _batch()
+    zeros = torch.zeros(data.batch["responses"].shape)
+    old = DataProto.from_dict({**dict(data.batch.items()), "old_log_probs": zeros, "advantages": zeros.clone()},
+                              meta_info=data.meta_info)
+    by_policy_loss, old_metrics = _update(model, old, objective={}, policy_loss=PolicyLossConfig(loss_mode="sft"))
+    by_nll, metrics = _update(model, data)
+    assert metrics["sft/loss"] == old_metrics["actor/pg_loss"]
+    for (name, a), b in zip(by_policy_loss.state_dict().items(), by_nll.state_dict().values()):
+        assert torch.equal(a, b), name

@@ -55,8 +55,26 @@ SFT_SCHEMA = ConfigSchema("sft_trainer", SFTConfig, "main_sft")
 RM_SCHEMA = ConfigSchema("rm_trainer", RMConfig, "main_rm")
 CONFIG_NAME, SCHEMA_NAME = PPO_SCHEMA.config_name, PPO_SCHEMA.schema_name
 
+
+def _open_free_form_dicts(node: DictConfig) -> DictConfig:
+    """``node`` with its free-form dict fields that are empty by default (``actor.objective``,
+    ``model.override_config``) out of struct mode, so ``key={a: 1}`` and ``key.a=1`` set them on the
+    command line as ``+key.a=1`` does; every other key stays checked (``teacher_models`` too: its
+    default entry keeps its keys)."""
+    for key in node.keys():
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            if OmegaConf.get_type(child) is dict:
+                if len(child) == 0:
+                    OmegaConf.set_struct(child, False)
+            else:
+                _open_free_form_dicts(child)
+    return node
+
+
 for _schema in (PPO_SCHEMA, SFT_SCHEMA, RM_SCHEMA):
-    ConfigStore.instance().store(name=_schema.schema_name, node=_schema.node)
+    ConfigStore.instance().store(name=_schema.schema_name,
+                                 node=_open_free_form_dicts(OmegaConf.structured(_schema.node)))
 
 
 def _valid_keys(node: Any, prefix: str = "") -> tuple[set[str], set[str]]:

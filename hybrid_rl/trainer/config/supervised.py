@@ -6,7 +6,7 @@ They are their own Hydra schemas (``sft_trainer_schema``, ``rm_trainer_schema``)
 lists, checks and records only its own keys; nothing of PPO's (no estimator, no ``rollout.n``, no KL)
 appears in them. Each mode builds the typed config of the worker it runs from its own sections
 (:func:`sft_actor_config`, :func:`rm_critic_config`): what the worker needs of a supervised run
-(the ``sft`` loss, one optimizer step per batch, no reference policy) is set there, in code.
+(the ``nll`` objective, one optimizer step per batch, no reference policy) is set there, in code.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from hybrid_rl.utils.bounds import bounded
 from hybrid_rl.trainer.config.schema import (ArithmeticDataConfig, BaseTrainerConfig, CustomRewardFunctionConfig,
                                              RayInitConfig, linked_group)
 from hybrid_rl.workers.config import (DEFAULT_MODEL_PATH, ActorConfig, ActorRolloutRefConfig, CriticConfig,
-                                      CriticModelConfig, FSDPConfig, ModelConfig, OptimConfig, PolicyLossConfig)
+                                      CriticModelConfig, FSDPConfig, ModelConfig, OptimConfig)
 from hybrid_rl.workers.rollout.config import RolloutConfig
 
 __all__ = ["MultiturnDataConfig", "RMConfig", "RMDataConfig", "SFTConfig", "SFTDataConfig", "SFTModelConfig", "SFT_LINKED_DEFAULTS",
-           "SupervisedModelConfig", "SupervisedOptimConfig", "rm_critic_config", "sft_actor_config"]
+           "SFT_OBJECTIVE", "SupervisedModelConfig", "SupervisedOptimConfig", "rm_critic_config", "sft_actor_config"]
 
 
 @dataclass
@@ -224,15 +224,18 @@ class RMConfig:
     """ray.init arguments."""
 
 
+SFT_OBJECTIVE = "nll"
+"""The objective an SFT run's actor trains (``hybrid_rl.objectives.supervised``)."""
+
+
 def sft_actor_config(cfg: SFTConfig) -> ActorRolloutRefConfig:
-    """The actor worker's config of an SFT run: the ``sft`` loss, one optimizer step per
-    ``data.train_batch_size`` rows, one epoch over each batch, no KL or entropy term."""
+    """The actor worker's config of an SFT run: the ``nll`` objective (the token-mean NLL of the
+    target tokens), one optimizer step per ``data.train_batch_size`` rows, one pass over each batch."""
     d = cfg.data
     actor = ActorConfig(ppo_mini_batch_size=d.train_batch_size, ppo_micro_batch_size_per_gpu=d.micro_batch_size_per_gpu,
                         use_dynamic_bsz=d.use_dynamic_bsz, ppo_max_token_len_per_gpu=d.max_token_len_per_gpu,
-                        policy_loss=PolicyLossConfig(loss_mode="sft"), use_kl_loss=False, entropy_coeff=0.0,
-                        ppo_epochs=1, grad_clip=cfg.optim.clip_grad, optim=cfg.optim.as_optim(),
-                        fsdp_config=cfg.model.fsdp_config)
+                        objective={"name": SFT_OBJECTIVE}, ppo_epochs=1, grad_clip=cfg.optim.clip_grad,
+                        optim=cfg.optim.as_optim(), fsdp_config=cfg.model.fsdp_config)
     return ActorRolloutRefConfig(model=ModelConfig(**cfg.model.model_fields()), actor=actor,
                                  rollout=replace(cfg.rollout, n=1))
 

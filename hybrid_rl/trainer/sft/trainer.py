@@ -8,8 +8,8 @@ micro-batching, FSDP2 and LoRA. What is its own:
   worker's config is built from it (:func:`~hybrid_rl.trainer.config.supervised.sft_actor_config`);
 * the training set is an :class:`~hybrid_rl.data.sft.SFTDataset` (conversations tokenised with a
   loss mask on the assistant turns) and each step is ``update_actor`` on one batch of it with the
-  ``sft`` policy loss (the masked negative log-likelihood), so packing, micro-batching, FSDP2 and
-  LoRA are the actor's own;
+  ``nll`` objective (the masked negative log-likelihood, metric ``sft/loss``, logged as veRL's
+  ``train/loss``), so packing, micro-batching, FSDP2 and LoRA are the actor's own;
 * ``validate`` reports ``val/sft_loss`` (the held-out token-mean NLL, from the actor's log-prob pass
   over ``data.val_files``) and, through the rollout engine, the trainer's usual generation metrics
   on the prompts of the same rows (``val-core/<data_source>/reward/mean@1``: what a rule scorer
@@ -180,7 +180,7 @@ class SFTTrainer(TrainerCore):
 
     def log(self, batch: DataProto, metrics: dict[str, Any], timing: dict[str, float]) -> dict[str, float]:
         """``train/loss`` (veRL's SFT name), tokens and timings; then the trackers."""
-        metrics["train/loss"] = metrics.get("actor/pg_loss", float("nan"))
+        metrics["train/loss"] = metrics.get("sft/loss", float("nan"))
         metrics["train/target_tokens"] = float(batch.batch["response_mask"].sum())
         metrics.update({f"timing_s/{name}": value for name, value in timing.items()})
         metrics.update(metric_fns.compute_throughput_metrics(batch, timing, self.plan.world_size))
