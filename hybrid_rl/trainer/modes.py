@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from hybrid_rl.trainer.config.loader import PPO_SCHEMA, RM_SCHEMA, SFT_SCHEMA, ConfigSchema
+from hybrid_rl.trainer.dpo.config import DPO_SCHEMA
 
 __all__ = ["CONFIG_ERROR_EXIT_CODE", "FULL_ERROR_ENV", "MODES", "ModeSpec", "compose", "configure_driver_logging",
            "fail", "get_mode", "help_text", "is_reported_user_error", "parse_args", "register_mode", "run_config",
@@ -121,6 +122,13 @@ register_mode(ModeSpec(
     "the arithmetic task's preference pairs (hybrid_rl.data.rlhf_data), generated on first use",
     "Reward-model training on preference pairs (Bradley-Terry).", "(veRL's SFT trainer names)",
     "hybrid_rl.trainer.config.supervised_checks:validate_supervised_config", starts_ray=False))
+register_mode(ModeSpec(
+    "dpo", DPO_SCHEMA,
+    "hybrid_rl.trainer.dpo.trainer:DPOTrainer", "hybrid_rl.trainer.main_dpo",
+    "the arithmetic task's preference pairs (hybrid_rl.data.rlhf_data), generated on first use",
+    "Offline DPO on preference pairs (TRL's loss types: sigmoid, robust, hinge, ipo, simpo).",
+    "(veRL's SFT trainer names; dpo.* are TRL's)", "hybrid_rl.trainer.dpo.checks:validate_dpo_config",
+    starts_ray=False))
 
 
 # ----------------------------------------------------------------------------- user mistakes: one line

@@ -15,18 +15,19 @@ def _fresh_working_dir(tmp_path, monkeypatch):
 
 
 def test_each_row_names_a_schema_a_trainer_and_its_command():
-    assert sorted(MODES) == ["ppo", "rm", "sft"]
+    assert sorted(MODES) == ["dpo", "ppo", "rm", "sft"]
     for name, spec in MODES.items():
         assert spec.entry_module == f"hybrid_rl.trainer.main_{name}" and spec.schema.module == f"main_{name}"
-        assert spec.resolve("trainer").__name__ == {"ppo": "RayPPOTrainer", "sft": "SFTTrainer", "rm": "RMTrainer"}[name]
+        assert spec.resolve("trainer").__name__ == {"ppo": "RayPPOTrainer", "sft": "SFTTrainer", "rm": "RMTrainer",
+                                               "dpo": "DPOTrainer"}[name]
         assert callable(spec.resolve("validate")) and spec.description.endswith(".") and spec.default_task
 
 
 def test_a_name_is_registered_once_and_an_unknown_one_is_one_line():
     with pytest.raises(ValueError, match=r"mode 'sft' is registered already \(hybrid_rl.trainer.main_sft\)"):
         register_mode(MODES["sft"])
-    with pytest.raises(ValueError, match=r"unknown mode 'dpo'; the modes are \['ppo', 'rm', 'sft'\]"):
-        get_mode("dpo")
+    with pytest.raises(ValueError, match=r"unknown mode 'kto'; the modes are \['dpo', 'ppo', 'rm', 'sft'\]"):
+        get_mode("kto")
 
 
 def test_a_new_row_gets_help_cfg_job_and_one_line_errors(monkeypatch, capsys, tmp_path):
