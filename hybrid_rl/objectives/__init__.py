@@ -13,4 +13,4 @@ __all__ = ["ForwardNeeds", "MicroBatch", "Objective", "ObjectiveInfo", "Weighted
            "describe_objectives", "get_objective_cls", "missing_keys", "objective_info", "register_objective",
            "registered_objectives", "unregister_objective"]
 
-from hybrid_rl.objectives import distillation, ppo, preference, supervised  # noqa: E402,F401  (register the built-in objectives)
+from hybrid_rl.objectives import distillation, ppo, preference, supervised, value  # noqa: E402,F401  (register the built-in objectives)

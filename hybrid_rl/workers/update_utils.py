@@ -1,4 +1,4 @@
-"""Pieces of the PPO update loop shared by the actor and the critic: mini-batches and the step."""
+"""Pieces of the learner's update loop: mini-batches and the optimizer step."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from hybrid_rl.protocol import DataProto
+from hybrid_rl.workers.batching import check_whole_pairs
 from hybrid_rl.workers.fsdp_utils import clip_grad_norm
 
 logger = logging.getLogger(__name__)
@@ -23,13 +24,24 @@ def check_mini_batch_rows(num_rows: int, mini_batch_rows: int, role: str) -> Non
             f"of it. Fix: make data.train_batch_size a multiple of {role}.ppo_mini_batch_size.")
 
 
-def mini_batches(data: DataProto, mini_batch_rows: int, shuffle: bool, epoch: int) -> list[DataProto]:
+def mini_batches(data: DataProto, mini_batch_rows: int, shuffle: bool, epoch: int,
+                 paired: bool = False) -> list[DataProto]:
     """Consecutive mini-batches; with ``shuffle`` the rows are permuted first, seeded by
-    ``meta_info["global_steps"]`` and the epoch so a resumed run repeats the same order."""
+    ``meta_info["global_steps"]`` and the epoch so a resumed run repeats the same order.
+
+    ``paired``: rows ``2i`` and ``2i + 1`` are a (chosen, rejected) pair that stays together and in
+    that order: whole pairs are permuted, and ``mini_batch_rows`` must be even."""
+    if paired:
+        check_whole_pairs(mini_batch_rows, "a mini-batch")
+        check_whole_pairs(len(data), "the batch")
     if shuffle:
         seed = int(data.meta_info.get("global_steps", 0)) * 1000 + epoch
         generator = torch.Generator().manual_seed(seed)
-        data = data.select_idxs(torch.randperm(len(data), generator=generator))
+        if paired:  # permute pairs; each keeps its chosen row first
+            pairs = torch.randperm(len(data) // 2, generator=generator)
+            data = data.select_idxs(torch.stack([2 * pairs, 2 * pairs + 1], dim=1).reshape(-1))
+        else:
+            data = data.select_idxs(torch.randperm(len(data), generator=generator))
     return data.split(mini_batch_rows)
 
 
