@@ -72,7 +72,7 @@ def test_recipe_composes(path):
         from hybrid_rl.trainer.config.supervised import sft_actor_config
 
         actor = sft_actor_config(cfg).actor
-        assert actor.policy_loss.loss_mode == "sft" and cfg.trainer.total_epochs == 2
+        assert actor.objective == {"name": "nll"} and cfg.trainer.total_epochs == 2
         assert actor.ppo_mini_batch_size == cfg.data.train_batch_size == 16
         return
     elif "rm_arithmetic" in path:  # reward-model training through main_rm (its own config)
