@@ -26,14 +26,16 @@ from hybrid_rl.utils.memory import current_rss, grad_bytes, module_bytes, optimi
 from hybrid_rl.utils.precision import resolve_dtype
 from hybrid_rl.workers import checkpoint as ckpt
 from hybrid_rl.workers.actor import DataParallelPPOActor
-from hybrid_rl.workers.builders import (build_causal_lm, build_lr_scheduler, build_optimizer, build_value_model,
+from hybrid_rl.workers.builders import (build_causal_lm, build_lr_scheduler, build_optimizer,
                                         offload_frozen_to_disk)
-from hybrid_rl.workers.config import ActorRolloutRefConfig, CriticConfig, derive_batch_sizes
+from hybrid_rl.workers.config import ActorRolloutRefConfig, derive_batch_sizes
 from hybrid_rl.workers.critic import DataParallelPPOCritic
 from hybrid_rl.workers.distillation_config import DistillationConfig
-from hybrid_rl.workers.fsdp_utils import iter_full_state, move_optimizer_state
+from hybrid_rl.workers.fsdp_utils import iter_full_state
 from hybrid_rl.workers.lora import is_lora_model, lora_enabled, merged_lora_weights, reference_context
 from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path, torch_dtype
+from hybrid_rl.workers.optimizer_offload import OptimizerOffload
+from hybrid_rl.workers.scalar_worker import ScalarModelWorker
 from hybrid_rl.workers.teacher import TeacherMixin
 
 logger = logging.getLogger(__name__)
@@ -41,24 +43,7 @@ logger = logging.getLogger(__name__)
 ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref", "teacher")
 
 
-class _OptimizerOffload:
-    """GPU optimizer offload: the state lives on CPU except inside ``with offload:`` (updates,
-    checkpoint loads). A no-op on CPU or when disabled."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, enabled: bool, device: torch.device):
-        self.optimizer, self.device = optimizer, device
-        self.enabled = enabled and device.type == "cuda"
-
-    def offload(self) -> None:
-        if self.enabled:
-            move_optimizer_state(self.optimizer, "cpu")
-
-    def __enter__(self) -> None:
-        if self.enabled:
-            move_optimizer_state(self.optimizer, self.device)
-
-    def __exit__(self, *exc: Any) -> None:
-        self.offload()
+_OptimizerOffload = OptimizerOffload  # its former name here
 
 
 class ActorRolloutRefWorker(TeacherMixin, Worker):
@@ -376,47 +361,42 @@ class ActorRolloutRefWorker(TeacherMixin, Worker):
         self._weights_version += 1
 
 
-class CriticWorker(Worker):
-    """One device's value model (FSDP2 + AdamW).
+class CriticWorker(ScalarModelWorker):
+    """One device's value model (FSDP2 + AdamW): values and clipped value-loss updates
+    (:class:`~hybrid_rl.workers.critic.DataParallelPPOCritic`); a sibling of the reward-model worker.
 
     Args:
         config: the ``critic`` section.
         total_training_steps: steps of the run, for the LR schedule (from the trainer).
     """
 
-    def __init__(self, config: CriticConfig, total_training_steps: Optional[int] = None):
-        super().__init__()
-        if not isinstance(config, CriticConfig):
-            raise TypeError(f"config must be a CriticConfig, got {type(config).__name__}")
-        self.config = config
-        self.total_training_steps = total_training_steps
-
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Join the process group; build the value model, its optimizer and LR schedule."""
-        self.init_process_group()
+        sizes = self.build_scalar_model()
         cfg = self.config
-        path = resolve_model_path(cfg.model.path, key="critic.model.path")
-        self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or path,
-                                        trust_remote_code=cfg.model.trust_remote_code)
-        self.critic_module = build_value_model(cfg.model, path, cfg.model.fsdp_config, self.device)
-        self.critic_optimizer = build_optimizer(self.critic_module, cfg.optim)
-        self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, cfg.optim, key="critic.optim",
-                                                      total_training_steps=self.total_training_steps)
-        self.optimizer_offload = _OptimizerOffload(self.critic_optimizer, cfg.model.fsdp_config.optimizer_offload,
-                                                   self.device)
-        sizes = derive_batch_sizes(key="critic", ppo_mini_batch_size=cfg.ppo_mini_batch_size,
-                                   n=cfg.rollout_n, dp_size=self.world_size,
-                                   ppo_micro_batch_size_per_gpu=cfg.ppo_micro_batch_size_per_gpu,
-                                   ppo_micro_batch_size=cfg.ppo_micro_batch_size,
-                                   log_prob_micro_batch_size_per_gpu=cfg.forward_micro_batch_size_per_gpu)
-        self.critic = DataParallelPPOCritic(cfg, self.critic_module, self.critic_optimizer,
+        self.critic = DataParallelPPOCritic(cfg, self.module, self.optimizer,
                                             ppo_mini_batch_size_per_gpu=sizes.ppo_mini_batch_size_per_gpu,
                                             ppo_micro_batch_size_per_gpu=sizes.ppo_micro_batch_size_per_gpu,
                                             use_remove_padding=cfg.model.use_remove_padding,
                                             device=self.device,
                                             attn_implementation=cfg.model.attn_implementation)
         self.optimizer_offload.offload()
+
+    @property
+    def critic_module(self):
+        """The value model (``module``)."""
+        return self.module
+
+    @property
+    def critic_optimizer(self):
+        """Its optimizer (``optimizer``)."""
+        return self.optimizer
+
+    @property
+    def critic_lr_scheduler(self):
+        """Its LR schedule (``lr_scheduler``)."""
+        return self.lr_scheduler
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
@@ -434,26 +414,7 @@ class CriticWorker(Worker):
         with phase_peak(peak, "perf/peak_rss_gib/update_critic"), self.optimizer_offload:
             metrics = self.critic.update_critic(data)
         metrics.update(peak)
-        metrics["critic/lr"] = self.critic_lr_scheduler.get_last_lr()[0]
-        self.critic_lr_scheduler.step()
+        metrics["critic/lr"] = self.lr_scheduler.get_last_lr()[0]
+        self.lr_scheduler.step()
         metrics["timing_s/update_critic_worker"] = time.perf_counter() - start
         return DataProto(meta_info={"metrics": metrics})
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, local_path: str, hdfs_path: Optional[str] = None, global_step: int = 0,
-                        max_ckpt_to_keep: Optional[int] = None) -> None:
-        """Write the critic to ``local_path`` atomically (see the actor's save_checkpoint)."""
-        c = self.config.checkpoint
-        ckpt.save_checkpoint(local_path, model=self.critic_module, optimizer=self.critic_optimizer,
-                             lr_scheduler=self.critic_lr_scheduler, hf_config=self.critic_module.config,
-                             tokenizer=self.tokenizer, contents=tuple(c.save_contents),
-                             state_dict_type=c.state_dict_type, global_step=global_step)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, local_path: str, hdfs_path: Optional[str] = None,
-                        del_local_after_load: bool = False) -> None:
-        """Restore what ``critic.checkpoint.load_contents`` names."""
-        with self.optimizer_offload:
-            ckpt.load_checkpoint(local_path, model=self.critic_module, optimizer=self.critic_optimizer,
-                                 lr_scheduler=self.critic_lr_scheduler,
-                                 contents=tuple(self.config.checkpoint.load_contents))

@@ -1,4 +1,4 @@
-"""The reward-model worker: the critic worker's value model, trained and read as a scalar reward model.
+"""The reward-model worker: a scalar-head model trained and read as a reward model.
 
 A reward model is the critic's layout (veRL's): the backbone with a one-output token-classification
 head, here built without a bias (``token_classification_bias=False``) so its weights are exactly
@@ -8,8 +8,9 @@ loads with ``AutoModelForSequenceClassification`` (TRL, OpenRLHF) and, unchanged
 ``AutoModelForTokenClassification`` (veRL's reward-model worker). The score normalisation
 statistics (OpenRLHF's ``config.mean`` / ``config.std``) are written into the same config.
 
-Everything else (FSDP2 sharding, AdamW, LR schedule, optimizer offload, atomic checkpoints) is
-:class:`~hybrid_rl.workers.fsdp_workers.CriticWorker`'s.
+Everything else (FSDP2 sharding, AdamW, LR schedule, optimizer offload, atomic checkpoints) is the
+mode-neutral :class:`~hybrid_rl.workers.scalar_worker.ScalarModelWorker`'s, which the critic's worker
+shares: the two are siblings, neither a subclass of the other.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from hybrid_rl.protocol import DataProto
 from hybrid_rl.single_controller import Dispatch, register
 from hybrid_rl.utils.memory import phase_peak
 from hybrid_rl.workers.config import CriticConfig
-from hybrid_rl.workers.fsdp_workers import CriticWorker
 from hybrid_rl.workers.model_loader import load_tokenizer, resolve_tokenizer_path
 from hybrid_rl.workers.reward_model import DataParallelRewardModel
+from hybrid_rl.workers.scalar_worker import ScalarModelWorker
 
 __all__ = ["RewardModelWorker", "sequence_classification_architecture"]
 
@@ -39,7 +40,7 @@ def sequence_classification_architecture(model_type: str) -> Optional[str]:
     return MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.get(model_type)
 
 
-class RewardModelWorker(CriticWorker):
+class RewardModelWorker(ScalarModelWorker):
     """One device's reward model: pairwise Bradley-Terry updates and scores.
 
     Args:
@@ -65,9 +66,9 @@ class RewardModelWorker(CriticWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        """The critic's set-up, then the reward-model view of the same module."""
-        super().init_model()
-        hf_config = self.critic_module.config
+        """The scalar model's set-up, then its reward-model view."""
+        sizes = self.build_scalar_model()
+        hf_config = self.module.config
         architecture = sequence_classification_architecture(hf_config.model_type)
         if architecture:
             hf_config.architectures = [architecture]
@@ -76,10 +77,13 @@ class RewardModelWorker(CriticWorker):
         key = "reward_model.model.input_tokenizer"
         self.input_tokenizer = (load_tokenizer(resolve_tokenizer_path(self.input_tokenizer_path, key))
                                 if self.input_tokenizer_path else self.tokenizer)
+        model = self.config.model
         self.reward_model = DataParallelRewardModel(
-            self.critic_module, self.critic_optimizer,
-            micro_batch_pairs=self.critic.micro_batch_rows, use_remove_padding=self.config.model.use_remove_padding,
-            grad_clip=self.config.grad_clip, pad_token_id=self.tokenizer.pad_token_id, device=self.device)
+            self.module, self.optimizer, micro_batch_pairs=sizes.ppo_micro_batch_size_per_gpu or
+            self.config.ppo_micro_batch_size_per_gpu, use_remove_padding=model.use_remove_padding,
+            grad_clip=self.config.grad_clip, pad_token_id=self.tokenizer.pad_token_id, device=self.device,
+            attn_implementation=model.attn_implementation, attn_key=f"{self.config_key}.model.attn_implementation")
+        self.optimizer_offload.offload()
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_reward_model(self, data: DataProto) -> DataProto:
@@ -89,8 +93,8 @@ class RewardModelWorker(CriticWorker):
         with phase_peak(peak, "perf/peak_rss_gib/update_reward_model"), self.optimizer_offload:
             metrics: dict[str, Any] = self.reward_model.update(data)
         metrics.update(peak)
-        metrics["rm/lr"] = self.critic_lr_scheduler.get_last_lr()[0]
-        self.critic_lr_scheduler.step()
+        metrics["rm/lr"] = self.lr_scheduler.get_last_lr()[0]
+        self.lr_scheduler.step()
         metrics["timing_s/update_reward_model_worker"] = time.perf_counter() - start
         return DataProto(meta_info={"metrics": metrics})
 
@@ -102,7 +106,7 @@ class RewardModelWorker(CriticWorker):
 
     def score_statistics(self) -> Optional[tuple[float, float]]:
         """``(mean, std)`` to normalise scores with: the model config's, unless ``normalize`` is False."""
-        hf_config = self.critic_module.config
+        hf_config = self.module.config
         stats = (getattr(hf_config, "mean", None), getattr(hf_config, "std", None))
         if self.normalize is False or stats[0] is None or stats[1] is None:
             return None
@@ -143,5 +147,5 @@ class RewardModelWorker(CriticWorker):
         """Record the score statistics in the model config (saved with every checkpoint and export)."""
         if not (std > 0 and torch.isfinite(torch.tensor([mean, std])).all()):
             raise ValueError(f"score normalisation needs a finite mean and a std > 0, got mean={mean}, std={std}")
-        self.critic_module.config.mean = float(mean)
-        self.critic_module.config.std = float(std)
+        self.module.config.mean = float(mean)
+        self.module.config.std = float(std)
