@@ -113,11 +113,13 @@ def _prompt_units(data: DataProto, max_token_len: int) -> Optional[tuple[list[li
     return (units, costs) if max(costs) <= max_token_len else None
 
 
-def check_whole_pairs(num_rows: int, what: str) -> None:
-    """ValueError unless ``num_rows`` (the rows of ``what``) holds whole (chosen, rejected) pairs."""
+def check_whole_pairs(num_rows: int, what: str, key: Optional[str] = None) -> None:
+    """ValueError unless ``num_rows`` (the rows of ``what``; set by the config ``key`` when given)
+    holds whole (chosen, rejected) pairs."""
     if num_rows % 2:
+        fix = f"make {key} even" if key else "make it an even number of rows"
         raise ValueError(f"a paired objective keeps rows 2i and 2i+1 (a chosen and a rejected response) together, "
-                         f"but {what} is {num_rows} rows. Fix: make it an even number of rows.")
+                         f"but {what} is {num_rows} rows. Fix: {fix}.")
 
 
 def _pair_units(data: DataProto, seqlens: list[int], max_token_len: int,

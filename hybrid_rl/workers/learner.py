@@ -36,7 +36,7 @@ from hybrid_rl.objectives.registry import objective_info, registered_objectives
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.utils.memory import grad_bytes
 from hybrid_rl.utils.profiling import phase
-from hybrid_rl.workers.batching import all_reduce_sum, restore_order, split_micro_batches
+from hybrid_rl.workers.batching import all_reduce_sum, check_whole_pairs, restore_order, split_micro_batches
 from hybrid_rl.workers.forward import padding_fraction, response_log_probs
 from hybrid_rl.workers.heads import ForwardOptions, Head, HeadOutput, LogProbHead
 from hybrid_rl.workers.fsdp_utils import dp_world, release_gathered, to_device
@@ -245,6 +245,8 @@ class Learner:
         data, step = self._prepare(data, objective, epochs == 1 and len(data) == rows, caller,
                                    loss_agg_mode, metric_prefix or self.role)
         check_mini_batch_rows(len(data), rows, self.role)
+        if step.paired:
+            self._check_pairs(len(data), rows)
         metrics: Metrics = defaultdict(list)
         skipped_before = self.num_skipped_steps
         self.module.train()  # gradient checkpointing only runs in train mode
@@ -270,6 +272,13 @@ class Learner:
         step = _Step(objective, needs, data.meta_info.get("temperature"), loss_agg_mode, on_policy, context,
                      prefix, objective_paired(objective))
         return data.select(batch_keys=keys), step
+
+    def _check_pairs(self, num_rows: int, mini_batch_rows: int) -> None:
+        """A paired objective's batch, mini-batches and fixed micro-batches hold whole pairs."""
+        check_whole_pairs(num_rows, "the batch on this rank", "data.train_batch_size")
+        check_whole_pairs(mini_batch_rows, "a mini-batch on this rank", f"{self.role}.ppo_mini_batch_size")
+        if not self.use_dynamic_bsz and self.micro_batch_rows is not None:
+            check_whole_pairs(self.micro_batch_rows, "a micro-batch", f"{self.role}.ppo_micro_batch_size_per_gpu")
 
     def _update_mini_batch(self, mini: DataProto, step: "_Step", metrics: Metrics) -> None:
         """Accumulate gradients over the micro-batches of ``mini`` and take one optimizer step."""

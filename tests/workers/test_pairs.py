@@ -86,3 +86,19 @@ def test_which_objectives_are_paired():
     assert objective_paired(WeightedSum([(build_objective("dpo"), 1.0)]))
     assert objective_paired(_Explicit())
     assert not objective_paired(Objective())
+
+
+def test_the_learner_names_the_key_of_an_odd_micro_batch(tiny_model_dir):
+    from hybrid_rl.workers.heads import ScoreHead
+    from hybrid_rl.workers.learner import Learner
+    from hybrid_rl.workers.model_loader import load_value_model
+
+    model = load_value_model(tiny_model_dir)
+    learner = Learner(model, torch.optim.SGD(model.parameters(), lr=0.0), mini_batch_rows=8, micro_batch_rows=3,
+                      head=ScoreHead(), attn_key=None, role="actor")
+    rows = _rows()
+    rows.batch["position_ids"] = rows.batch["attention_mask"].cumsum(-1) - 1
+    with pytest.raises(ValueError, match=r"^a paired objective keeps rows 2i and 2i\+1 \(a chosen and a rejected "
+                                         r"response\) together, but a micro-batch is 3 rows. Fix: make "
+                                         r"actor.ppo_micro_batch_size_per_gpu even.$"):
+        learner.update(rows, build_objective("bradley_terry"))
