@@ -6,12 +6,15 @@ import pathlib
 
 import pytest
 
+from hybrid_rl.trainer.modes import MODES as MODE_TABLE
+
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "hybrid_rl"
 
-MODES = ("hybrid_rl.trainer.ppo", "hybrid_rl.trainer.sft", "hybrid_rl.trainer.rm")
-# the modes' table and its one command-line path stand with the entry points, above the modes they run
-ENTRY_POINTS = ("hybrid_rl.trainer.main_ppo", "hybrid_rl.trainer.main_sft", "hybrid_rl.trainer.main_rm",
-                "hybrid_rl.trainer.supervised_cli", "hybrid_rl.trainer.modes")
+# every row of the modes' table: its package (the trainer's) is a mode, its command an entry point; the
+# table and its one command-line path (trainer.modes) stand with the entry points, above the modes they run
+MODES = tuple(sorted({spec.trainer.partition(":")[0].rsplit(".", 1)[0] for spec in MODE_TABLE.values()}))
+ENTRY_POINTS = (*sorted(spec.entry_module for spec in MODE_TABLE.values()), "hybrid_rl.trainer.supervised_cli",
+                "hybrid_rl.trainer.modes")
 LOWER_FLOORS = ("hybrid_rl.algorithms", "hybrid_rl.protocol", "hybrid_rl.protocol_utils", "hybrid_rl.schema",
                 "hybrid_rl.utils", "hybrid_rl.data", "hybrid_rl.reward", "hybrid_rl.buffer", "hybrid_rl.agents",
                 "hybrid_rl.single_controller")
@@ -68,6 +71,8 @@ def test_the_rules_see_the_modules():
         assert any(_within(module, importer) for module in MODULES), importer
     assert "hybrid_rl.trainer.core.loop" in MODULES["hybrid_rl.trainer.ppo.trainer"]
     assert all(entry in MODULES for entry in ENTRY_POINTS), ENTRY_POINTS
+    assert {"hybrid_rl.trainer.ppo", "hybrid_rl.trainer.sft", "hybrid_rl.trainer.rm"} <= set(MODES), MODES
+    assert {"hybrid_rl.trainer.main_ppo", "hybrid_rl.trainer.main_sft", "hybrid_rl.trainer.main_rm"} <= set(ENTRY_POINTS)
 
 
 def _private_imports(path: pathlib.Path) -> set[str]:
