@@ -8,11 +8,12 @@ import shlex
 import pytest
 
 from hybrid_rl.trainer.config.loader import PPO_SCHEMA, RM_SCHEMA, SFT_SCHEMA, get_config, to_typed_config
+from hybrid_rl.trainer.dpo.config import DPO_SCHEMA
 
 RECIPES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "recipes", "*", "run.sh")))
 
 
-SCHEMAS = {f"hybrid_rl.trainer.{schema.module}": schema for schema in (SFT_SCHEMA, RM_SCHEMA, PPO_SCHEMA)}
+SCHEMAS = {f"hybrid_rl.trainer.{schema.module}": schema for schema in (SFT_SCHEMA, RM_SCHEMA, PPO_SCHEMA, DPO_SCHEMA)}
 SCHEMAS["hybrid_rl.eval"] = PPO_SCHEMA  # its key=value arguments are the trainer's
 ENTRIES = tuple(SCHEMAS)
 
@@ -81,6 +82,14 @@ def test_recipe_composes(path):
         worker = rm_critic_config(cfg)
         assert worker.ppo_mini_batch_size == cfg.data.train_batch_size == 16 and cfg.trainer.total_epochs == 2
         assert worker.model.path == cfg.model.partial_pretrain and worker.ppo_micro_batch_size_per_gpu == 8
+        return
+    elif "dpo_arithmetic" in path:  # SFT, then offline DPO from its export (main_dpo's own config)
+        from hybrid_rl.trainer.dpo.config import dpo_actor_config
+
+        assert [e.rsplit(".", 1)[1] for e, _ in commands] == ["main_sft", "main_dpo"]
+        actor = dpo_actor_config(cfg).actor
+        assert actor.objective["name"] == "dpo" and actor.ppo_mini_batch_size == 2 * cfg.data.train_batch_size == 32
+        assert cfg.model.partial_pretrain.endswith("sft_hf") and cfg.trainer.total_training_steps == 12
         return
     elif "sft_rm_ppo" in path:  # SFT -> reward model -> GRPO with the reward model as the only reward
         assert [e.rsplit(".", 1)[1] for e, _ in commands] == ["main_sft", "main_rm", "main_ppo"]
