@@ -158,6 +158,8 @@ BATCH_SCHEMA: tuple[BatchKey, ...] = (
     BatchKey("seed", _M, "int", "-", "driver (generation_meta)", "the rollout engine's sampling seed of this call"),
     BatchKey("rollout_correction", _M, "dict", "-", "driver update_actor (bypass mode)",
              "algorithm.rollout_correction with the preset's keys filled in; the actor's loss corrects itself"),
+    BatchKey("one_optimizer_step", _M, "bool", "-", "driver update_actor (online DPO)",
+             "the actor takes one optimizer step per epoch over all its rows (a varying pair count)"),
     BatchKey("micro_batch_size", _M, "int", "-", "worker (log-prob call settings)", "rows per forward micro-batch"),
     BatchKey("use_dynamic_bsz", _M, "bool", "-", "worker (log-prob call settings)",
              "micro-batches by token budget instead of rows"),

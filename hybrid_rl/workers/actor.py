@@ -90,11 +90,13 @@ class Actor(Learner):
         mini-batch, one epoch: the weights that sampled are the weights being updated)
         ``old_log_probs`` may be absent; ``log_probs.detach()`` is then used (ratio exactly 1, as
         veRL's ``on_policy``), so the trainer can skip the separate old-log-prob pass. Bypass mode's
-        correction comes in ``meta_info["rollout_correction"]``.
+        correction comes in ``meta_info["rollout_correction"]``. ``meta_info["one_optimizer_step"]``
+        (online DPO, whose pair count varies per step) makes all of ``data`` one mini-batch.
         """
         cfg = self.config
+        rows = len(data) if data.meta_info.get("one_optimizer_step") else None
         return self.update(data, self.objective, epochs=cfg.ppo_epochs, shuffle=cfg.shuffle, metric_prefix="actor",
-                           loss_agg_mode=cfg.loss_agg_mode, caller="update_policy")
+                           loss_agg_mode=cfg.loss_agg_mode, caller="update_policy", mini_batch_rows=rows)
 
     def is_on_policy(self, num_rows: int) -> bool:
         """True when ``update_policy`` on ``num_rows`` rows takes exactly one optimizer step."""

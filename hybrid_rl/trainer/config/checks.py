@@ -14,6 +14,7 @@ import math
 import os
 from typing import TYPE_CHECKING, Any, Callable
 
+from hybrid_rl.trainer.config.paired_checks import check_paired_objective, objective_needs_reference, paired_objective
 from hybrid_rl.trainer.config.reward_model import is_remote
 from hybrid_rl.trainer.config.run_checks import (RunPlan, as_file_list, check_data_files, check_devices,
                                                  check_model_path, check_resume, check_trainer, file_problem,
@@ -55,17 +56,19 @@ def make_run_plan(cfg: PPOConfig) -> RunPlan:
                 + (cfg.distillation.n_gpus_per_node if teachers else 0))
     device, world, threads = worker_layout(cfg, per_node)
     needs = estimator_needs(cfg)
+    paired = paired_objective(cfg)  # online DPO: no estimator runs, the objective may read the reference
+    reference = paired is not None and objective_needs_reference(paired)
     return RunPlan(
         device=device,
         world_size=world,
-        use_critic=needs.needs_critic,
-        use_reference_policy=cfg.algorithm.use_kl_in_reward or actor.use_kl_loss,
+        use_critic=needs.needs_critic and paired is None,
+        use_reference_policy=cfg.algorithm.use_kl_in_reward or actor.use_kl_loss or reference,
         threads_per_worker=threads,
         rollout_world_size=cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node if decoupled else 0,
         teacher_world_size=teachers,
         use_reward_model=cfg.reward_model.enable and not is_remote(cfg.reward_model.model.path),
         single_process=cfg.trainer.single_process is True,
-        use_greedy_baseline=needs.needs_greedy_baseline,
+        use_greedy_baseline=needs.needs_greedy_baseline and paired is None,
     )
 
 
@@ -76,7 +79,8 @@ def validate_config(cfg: PPOConfig, *, training: bool = True) -> None:
     what only an update or a checkpoint uses: the mini/micro-batch sizes, token budgets and resume."""
     errors = bound_problems(cfg)  # every field's declared range (hybrid_rl.utils.bounds)
     checks = [_check_devices, _check_lengths, _check_algorithm, _check_dapo, _check_files, _check_trainer,
-              _check_reward, _check_async, _check_distillation] + ([_check_batch_sizes, _check_resume] if training else [])
+              _check_reward, _check_async, _check_distillation, check_paired_objective]
+    checks += [_check_batch_sizes, _check_resume] if training else []
     for check in checks:
         errors.extend(check(cfg))
     raise_problems(errors)

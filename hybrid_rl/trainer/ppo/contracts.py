@@ -7,7 +7,9 @@ reference, the teachers, the critic, the rollout correction) and what each reads
 warm-up, then the cadence. :func:`decoupled_batch_plan` is the decoupled mode's: the experience
 buffer gives the scored rollout, and the new weights are pushed to the rollout pool.
 
-The actor update's keys are what its objective declares (:func:`actor_update_contract`).
+The actor update's keys are what its objective declares (:func:`actor_update_contract`). An actor
+objective whose rows come in pairs (online DPO, :mod:`hybrid_rl.trainer.ppo.paired`) gets
+:func:`paired_update_steps` after the scoring: ``build_pairs -> [compute_ref_log_prob] -> update_actor``.
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ from dataclasses import asdict
 from typing import Any
 
 from hybrid_rl.algorithms.distillation import distillation_loss_info
+from hybrid_rl.objectives import Objective
 from hybrid_rl.objectives.ppo import ppo_objective
 from hybrid_rl.schema import SCHEMA_BY_NAME
 from hybrid_rl.trainer.config.run_checks import RunPlan
 from hybrid_rl.trainer.core.batch_contract import BatchPlan, StepContract
+from hybrid_rl.trainer.ppo.paired import objective_needs_reference, paired_objective
 from hybrid_rl.workers.config import update_is_on_policy
 
 __all__ = ["MODEL_INPUTS", "actor_update_contract", "decoupled_batch_plan", "needs_old_log_prob_pass",
-           "ppo_batch_plan"]
+           "paired_update_steps", "ppo_batch_plan"]
 
 OWNER = "hybrid_rl/trainer/ppo/contracts.py"
 PROMPT_INPUTS = ("input_ids", "attention_mask", "position_ids")
@@ -122,9 +126,25 @@ def _update_steps(cfg: Any, plan: RunPlan, old_log_probs: bool, correction: Any)
     return steps + [actor_update_contract(cfg, old_log_probs, correction)]
 
 
+def paired_update_steps(objective: Objective) -> list[StepContract]:
+    """``build_pairs -> [compute_ref_log_prob] -> update_actor`` for a paired actor objective: the
+    pairs batch holds the rollout's keys, re-ordered (rows 2i chosen, 2i+1 rejected)."""
+    steps = [StepContract("build_pairs", ("token_level_scores", "uid"), (),
+                          ROLLOUT + ("token_level_scores", "uid"))]
+    if objective_needs_reference(objective):
+        steps.append(StepContract("compute_ref_log_prob", MODEL_INPUTS, (), ("ref_log_prob",)))
+    reads = tuple(k for k in objective.required_keys() if k not in MODEL_INPUTS)
+    optional = tuple(k for k in objective.optional_reads if k not in reads)
+    return steps + [StepContract("update_actor", MODEL_INPUTS + reads, optional)]
+
+
 def ppo_batch_plan(cfg: Any, plan: RunPlan, correction: Any) -> BatchPlan:
     """Every step of a PPO training step in running order, with its keys (``correction``: the
     resolved ``algorithm.rollout_correction``)."""
+    paired = paired_objective(cfg)
+    if paired is not None:  # online DPO: no old log-probs, advantages or critic
+        steps = _scoring_steps(cfg, plan) + paired_update_steps(paired)
+        return BatchPlan(StepContract("dataset collate", writes=PROMPT_INPUTS), tuple(steps), OWNER)
     log_prob_steps = _log_prob_steps(cfg, plan, correction)
     old_log_probs = any("old_log_probs" in step.writes for step in log_prob_steps)
     steps = _scoring_steps(cfg, plan) + log_prob_steps + _update_steps(cfg, plan, old_log_probs, correction)

@@ -9,6 +9,12 @@ into ``timing_s/<step>``::
     -> [compute_rollout_correction] -> compute_advantage -> [update_critic] -> update_actor
     -> [validate] -> [save_checkpoint] -> log
 
+An actor objective whose rows come in pairs (online DPO: ``actor.objective={name: dpo}``) trains on
+best-vs-worst pairs of each prompt group instead (:mod:`hybrid_rl.trainer.ppo.paired`)::
+
+    generate -> [compute_rm_score] -> compute_reward -> [filter_groups] -> build_pairs
+    -> [compute_ref_log_prob] -> update_actor -> [validate] -> [save_checkpoint] -> log
+
 :func:`~hybrid_rl.trainer.ppo.contracts.ppo_batch_plan` decides from the config which steps run and
 declares the batch keys each reads and writes (what the chosen estimator and loss need comes from
 their registry info); :meth:`RayPPOTrainer.step_plan` is its names for this step. A variant trainer
@@ -34,6 +40,7 @@ from hybrid_rl.protocol import DataProto
 from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config.checks import RunPlan, make_run_plan, resume_point_problems, validate_config
 from hybrid_rl.trainer.config.loader import to_ppo_config
+from hybrid_rl.trainer.config.paired_checks import paired_notices
 from hybrid_rl.trainer.core import generation, inputs, metrics as metric_fns, model_facts, worker_groups
 from hybrid_rl.trainer.core.checkpoints import estimate_checkpoint_bytes
 from hybrid_rl.trainer.core.health import memory_hint
@@ -41,6 +48,7 @@ from hybrid_rl.trainer.core.batch_contract import BatchPlan
 from hybrid_rl.trainer.core.loop import TrainerCore
 from hybrid_rl.trainer.core.validation import dataset_batches, run_validation
 from hybrid_rl.trainer.ppo import contracts as ppo_contracts, learned_reward as reward_model, ops as ppo_ops
+from hybrid_rl.trainer.ppo import paired as online_dpo
 from hybrid_rl.trainer.ppo.dynamic_sampling import fill_with_informative_groups
 
 logger = logging.getLogger(__name__)
@@ -91,6 +99,8 @@ class RayPPOTrainer(TrainerCore):
         self.kl_ctrl_in_reward = get_kl_controller(**asdict(cfg.algorithm.kl_ctrl)) if cfg.algorithm.use_kl_in_reward else None
         # ((body, head) params, peak FLOP/s per worker in the actor's compute dtype, or None)
         self._flops: Optional[tuple[tuple[int, int], Optional[float]]] = None
+        self._paired: Optional[online_dpo.PairedStep] = None  # this step's rollout when the objective is paired
+        self._skips_logged = False  # a step without pairs is logged once
 
     # ------------------------------------------------------------------ set-up
     def _typed_config(self, config: Any) -> PPOConfig:
@@ -98,6 +108,8 @@ class RayPPOTrainer(TrainerCore):
 
     def check_config(self, training: bool) -> None:
         validate_config(self.config, training=training)
+        for notice in paired_notices(self.config):  # online DPO: settings it leaves unused
+            logger.warning(notice)
         self.rollout_correction = resolve_preset(self.config.algorithm.rollout_correction)  # the preset's keys filled in
 
     def make_plan(self) -> RunPlan:
@@ -278,8 +290,18 @@ class RayPPOTrainer(TrainerCore):
         metrics.update(ppo_ops.apply_rollout_correction(batch, self.rollout_correction))
         return batch
 
+    def build_pairs(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+        """Online DPO: the best-vs-worst pairs of each prompt group, interleaved (rows 2i chosen, 2i+1
+        rejected; :func:`~hybrid_rl.trainer.ppo.paired.build_pair_batch`), with ``online_dpo/*``."""
+        pairs, self._paired, pair_metrics = online_dpo.build_pair_batch(batch, self.plan.world_size)
+        metrics.update(pair_metrics)
+        return pairs
+
     def compute_ref_log_prob(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
-        """``ref_log_prob`` under the frozen reference policy."""
+        """``ref_log_prob`` under the frozen reference policy (``[0, R]`` for a step without pairs)."""
+        if len(batch) == 0:
+            batch.batch["ref_log_prob"] = online_dpo.empty_ref_log_prob(batch)
+            return batch
         return _absorb(batch, self.actor_rollout_wg.compute_ref_log_prob(batch), metrics)
 
     def compute_teacher_log_prob(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
@@ -312,8 +334,22 @@ class RayPPOTrainer(TrainerCore):
         return batch
 
     def update_actor(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+        if self._paired is not None:
+            return self._update_on_pairs(batch, metrics)
         if self.rollout_correction.bypass_mode:  # the actor's loss recomputes weights and rejections
             batch.meta_info["rollout_correction"] = asdict(self.rollout_correction)
+        return self._update(self.actor_rollout_wg.update_actor, batch, metrics)
+
+    def _update_on_pairs(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+        """Online DPO's update: one optimizer step over all of the step's pairs; none without pairs."""
+        metrics["online_dpo/update_skipped"] = float(len(batch) == 0)
+        if len(batch) == 0:
+            if not self._skips_logged:
+                logger.warning("online DPO: step %d has no pair (every prompt group tied), so the actor is not "
+                               "updated; online_dpo/update_skipped counts such steps (logged once)", self.global_steps)
+                self._skips_logged = True
+            return batch
+        batch.meta_info[online_dpo.ONE_OPTIMIZER_STEP] = True
         return self._update(self.actor_rollout_wg.update_actor, batch, metrics)
 
     # ------------------------------------------------------------------ validation
@@ -350,6 +386,8 @@ class RayPPOTrainer(TrainerCore):
     def log(self, batch: DataProto, metrics: dict[str, Any], timing: dict[str, float]) -> dict[str, float]:
         """Add batch/timing/throughput metrics (veRL + AReaL names), send to the trackers."""
         cfg = self.config
+        updated = batch  # what the actor trained on; online DPO logs the whole rollout, as PPO does
+        batch = self._paired.rollout if self._paired is not None else batch
         metrics.update(metric_fns.compute_data_metrics(batch, self.plan.use_critic, cfg.data.max_response_length,
                                                        cfg.data.max_prompt_length))
         metrics.update(metric_fns.compute_timing_metrics(batch, timing))
@@ -357,13 +395,24 @@ class RayPPOTrainer(TrainerCore):
             if name in timing:
                 metrics[f"timing_s/{alias}"] = timing[name]
         metrics.update(metric_fns.compute_throughput_metrics(batch, timing, self.plan.world_size))
-        if "update_actor" in timing and "perf/mfu/actor" not in metrics:
+        if self._paired is not None:
+            self._log_pairs_update(updated, metrics, timing)
+        elif "update_actor" in timing and "perf/mfu/actor" not in metrics:
             needed = min(1.0, metrics.get("perf/computed_token_frac/update_actor", 1.0))
             mfu = self._actor_mfu(batch, timing["update_actor"], needed)
             if mfu is not None:
                 metrics["perf/mfu/actor"] = mfu
         metrics.update(metric_fns.areal_aliases(metrics, batch, self.tokenizer.eos_token_id))
         return self._publish(metrics)
+
+    def _log_pairs_update(self, pairs: DataProto, metrics: dict[str, Any], timing: dict[str, float]) -> None:
+        """Online DPO: the update's MFU over the pairs it trained on (none when it was skipped)."""
+        self._paired = None
+        if len(pairs) and "update_actor" in timing and "perf/mfu/actor" not in metrics:
+            needed = min(1.0, metrics.get("perf/computed_token_frac/update_actor", 1.0))
+            mfu = self._actor_mfu(pairs, timing["update_actor"], needed)
+            if mfu is not None:
+                metrics["perf/mfu/actor"] = mfu
 
     def _actor_mfu(self, batch: DataProto, update_seconds: float, needed_token_frac: float = 1.0) -> Optional[float]:
         """MFU of the update over the tokens it must compute (``needed_token_frac`` of the valid
