@@ -83,6 +83,15 @@ def test_help_lists_the_dpo_keys_and_cfg_job_prints_them(capsys, tmp_path, monke
     assert "dpo:\n  beta: 0.25\n  loss_type: ipo\n" in capsys.readouterr().out
 
 
+def test_a_users_yaml_names_the_dpo_schema(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_dpo.yaml").write_text("defaults:\n  - dpo_trainer_schema\n  - _self_\n"
+                                          "dpo:\n  beta: 0.3\n  loss_type: hinge\n")
+    run_mode("dpo", ["--config-path", str(tmp_path), "--config-name", "my_dpo", "--cfg", "job",
+                     f"data.arithmetic.cache_dir={tmp_path}"])
+    assert "dpo:\n  beta: 0.3\n  loss_type: hinge\n" in capsys.readouterr().out
+
+
 def test_a_misspelt_key_is_one_line_exit_2(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
@@ -152,6 +161,17 @@ def test_a_two_step_run_checks_its_batches_raises_held_out_accuracy_and_resumes_
     want, got = _weights(tmp_path / "run" / "global_step_2"), _weights(tmp_path / "killed" / "global_step_2")
     assert want and got, "no model*.safetensors written at global_step_2"  # {} == {} would pass below
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+@pytest.mark.slow
+def test_a_reference_free_run_builds_and_runs_no_reference(tmp_path, tiny_model_dir):
+    result = _dpo(tmp_path, tiny_model_dir, "simpo", "dpo.loss_type=simpo", "dpo.beta=2.0", "data.use_dynamic_bsz=false",
+                  "trainer.save_freq=-1")
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = [json.loads(line) for line in open(tmp_path / "simpo" / "metrics.jsonl")]
+    keys = {k for r in rows for k in r}
+    assert not {"timing_s/compute_ref_log_prob", "perf/peak_rss_gib/ref"} & keys  # no reference pass, no reference
+    assert rows[2]["dpo/loss"] < rows[1]["dpo/loss"] and "val/dpo/rewards/margins" in rows[2]
 
 
 @pytest.mark.parametrize("extra, message", [
