@@ -184,3 +184,13 @@ def test_main_ppo_refuses_kl_in_reward_in_one_line(tmp_path, monkeypatch, capsys
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"hybrid_rl config error: {KEY} reads no reward-derived advantage, so algorithm.use_kl_in_reward=true has no "
         "effect. Fix: set algorithm.use_kl_in_reward=false (dpo's beta sets its pull to the reference).")
+
+
+def test_the_recipe_is_the_default_run_with_the_objective_and_8_steps():
+    from test_recipes import RECIPES, compose, recipe_overrides
+
+    path = next(p for p in RECIPES if p.endswith("online_dpo_arithmetic/run.sh"))
+    entry, overrides = "hybrid_rl.trainer.main_ppo", recipe_overrides(path)
+    changed = [DPO, "trainer.total_training_steps=8", "trainer.save_freq=-1", "trainer.logger=[console,jsonl]",
+               "trainer.experiment_name=online_dpo_arithmetic"]
+    assert compose(entry, overrides) == compose(entry, changed)

@@ -83,7 +83,7 @@ def test_recipe_composes(path):
         assert worker.ppo_mini_batch_size == cfg.data.train_batch_size == 16 and cfg.trainer.total_epochs == 2
         assert worker.model.path == cfg.model.partial_pretrain and worker.ppo_micro_batch_size_per_gpu == 8
         return
-    elif "dpo_arithmetic" in path:  # SFT, then offline DPO from its export (main_dpo's own config)
+    elif "/dpo_arithmetic/" in path:  # SFT, then offline DPO from its export (main_dpo's own config)
         from hybrid_rl.trainer.dpo.config import dpo_actor_config
 
         assert [e.rsplit(".", 1)[1] for e, _ in commands] == ["main_sft", "main_dpo"]
@@ -133,6 +133,8 @@ def test_recipe_composes(path):
     elif "verl_quickstart" in path:  # veRL's command verbatim, then the CPU-sized additions win
         assert cfg.algorithm.adv_estimator == "gae" and cfg.trainer.logger == "console"
         assert cfg.data.train_batch_size == 16 and cfg.actor_rollout_ref.rollout.name == "vllm"
+    elif "online_dpo_arithmetic" in path:  # the default run with the dpo objective (more: test_online_dpo.py)
+        assert cfg.actor_rollout_ref.actor.objective["name"] == "dpo" and cfg.trainer.device == "auto"
     else:
         assert cfg.trainer.device == "cuda" and cfg.actor_rollout_ref.rollout.name == "vllm"
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:  # its tools YAML loads
