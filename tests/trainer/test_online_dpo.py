@@ -153,6 +153,9 @@ def test_a_step_without_pairs_skips_the_update_and_says_so_once(tmp_path, tiny_m
     (("actor_rollout_ref.actor.use_kl_loss=true",),
      f"{KEY} replaces PPO's loss terms, so actor_rollout_ref.actor.use_kl_loss=true has no term to add to. Fix: "
      "set actor_rollout_ref.actor.use_kl_loss=false (dpo's beta sets its pull to the reference)."),
+    (("async_training.enable=true",),
+     f"{KEY} runs in the colocated loop only; async_training.enable=true is not supported with it. Fix: set "
+     "async_training.enable=false."),
     (("algorithm.rollout_correction.preset=tis", "actor_rollout_ref.rollout.calculate_log_probs=true"),
      f"{KEY} has no old log-probs or importance ratio to correct, so algorithm.rollout_correction does not apply. "
      "Fix: leave algorithm.rollout_correction at its defaults."),

@@ -9,6 +9,7 @@ from each prompt's rollout group and trains the objective on them
 * no critic: an ``algorithm.adv_estimator`` that trains one (``gae``) is refused, as are the settings
   that only shape advantages or PPO's ratio (``algorithm.use_kl_in_reward``,
   ``actor.use_kl_loss``, a measured ``algorithm.rollout_correction``);
+* the colocated loop only (``async_training.enable=false``: the decoupled mode is not wired for pairs);
 * any other ``algorithm.adv_estimator`` is not used (the default ``grpo`` says nothing): as in TRL's
   online DPO, the responses are ranked by their reward alone. A non-default one gets a notice
   (:func:`paired_notices`), not an error, so a GRPO command line switches to online DPO by adding
@@ -74,6 +75,9 @@ def check_paired_objective(cfg: Any) -> list[str]:
         measured = resolve_preset(alg.rollout_correction).measured
     except ValueError:
         measured = False  # reported by the rollout-correction check
+    if cfg.async_training.enable:
+        errors.append(f"{what} runs in the colocated loop only; async_training.enable=true is not supported with it. "
+                      "Fix: set async_training.enable=false.")
     if measured:
         errors.append(f"{what} has no old log-probs or importance ratio to correct, so algorithm.rollout_correction "
                       "does not apply. Fix: leave algorithm.rollout_correction at its defaults.")
