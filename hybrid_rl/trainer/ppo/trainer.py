@@ -345,8 +345,9 @@ class RayPPOTrainer(TrainerCore):
         metrics["online_dpo/update_skipped"] = float(len(batch) == 0)
         if len(batch) == 0:
             if not self._skips_logged:
-                logger.warning("online DPO: step %d has no pair (every prompt group tied), so the actor is not "
-                               "updated; online_dpo/update_skipped counts such steps (logged once)", self.global_steps)
+                logger.warning("online DPO: step %d has no pair (every prompt group tied, or fewer pairs than "
+                               "data-parallel workers), so the actor is not updated; online_dpo/update_skipped "
+                               "counts such steps (logged once)", self.global_steps)
                 self._skips_logged = True
             return batch
         batch.meta_info[online_dpo.ONE_OPTIMIZER_STEP] = True
