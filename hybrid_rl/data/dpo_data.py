@@ -38,6 +38,7 @@ from hybrid_rl.data.bad_rows import BadRows, RowError
 from hybrid_rl.data.dataset import resolve_pad_token_id
 from hybrid_rl.data.preference import PreferencePair, iter_preference_pairs
 from hybrid_rl.data.reward_data import SIDES, TRUNCATIONS
+from hybrid_rl.data.tokenized import tokenize_rows
 
 __all__ = ["DPODataset", "dpo_batch", "dpo_pair_ids", "dpo_problems"]
 
@@ -155,17 +156,12 @@ class DPODataset:
             raise ValueError(problems[0])
         policy = BadRows(bad_rows, max_bad_fraction, what="preference pairs")
         self.pad_token_id = resolve_pad_token_id(tokenizer)
-        self.pairs: list[PreferencePair] = []
-        self.rows: list[PairIds] = []
-        for path, index, pair in iter_preference_pairs(files, prompt_key, chosen_key, rejected_key, bad_rows=policy):
-            row = policy.parse(path, index, dpo_pair_ids, tokenizer, pair, max_prompt_length, max_length, truncation,
-                               again=True)  # an overlong pair is a bad row too
-            if row is not None:
-                self.pairs.append(pair)
-                self.rows.append(row)
-        policy.finish()
-        if not self.rows:
-            raise ValueError(f"no preference pairs in {files}. Fix: pass non-empty files.")
+        self.pairs: list[PreferencePair]
+        self.rows: list[PairIds]
+        self.pairs, self.rows = tokenize_rows(
+            iter_preference_pairs(files, prompt_key, chosen_key, rejected_key, bad_rows=policy), policy,
+            lambda pair: dpo_pair_ids(tokenizer, pair, max_prompt_length, max_length, truncation),
+            f"no preference pairs in {files}. Fix: pass non-empty files.")
 
     def __len__(self) -> int:
         return len(self.rows)

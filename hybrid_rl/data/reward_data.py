@@ -19,6 +19,7 @@ import torch
 
 from hybrid_rl.data.bad_rows import BadRows, RowError
 from hybrid_rl.data.preference import PreferencePair, iter_preference_pairs
+from hybrid_rl.data.tokenized import tokenize_rows
 
 __all__ = ["PreferenceDataset", "TRUNCATIONS", "rm_sequence_ids", "sequence_tensors"]
 
@@ -97,16 +98,12 @@ class PreferenceDataset:
                  truncation: str = "error", bad_rows: str = "error", max_bad_fraction: float = 0.01):
         policy = BadRows(bad_rows, max_bad_fraction, what="preference pairs")
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.pairs: list[PreferencePair] = []
-        self.rows: list[tuple[list[int], list[int]]] = []
-        for path, index, pair in iter_preference_pairs(files, prompt_key, chosen_key, rejected_key, margin_key, policy):
-            row = policy.parse(path, index, _pair_ids, tokenizer, pair, max_length, truncation, again=True)
-            if row is not None:
-                self.pairs.append(pair)
-                self.rows.append(row)
-        policy.finish()
-        if not self.rows:
-            raise ValueError(f"no preference pairs in {files}. Fix: pass non-empty files.")
+        self.pairs: list[PreferencePair]
+        self.rows: list[tuple[list[int], list[int]]]
+        self.pairs, self.rows = tokenize_rows(
+            iter_preference_pairs(files, prompt_key, chosen_key, rejected_key, margin_key, policy), policy,
+            lambda pair: _pair_ids(tokenizer, pair, max_length, truncation),
+            f"no preference pairs in {files}. Fix: pass non-empty files.")
 
     def __len__(self) -> int:
         return len(self.rows)

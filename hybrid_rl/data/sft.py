@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 
 from hybrid_rl.data.bad_rows import BadRows, RowError
 from hybrid_rl.data.files import expand_data_files, numbered_rows
+from hybrid_rl.data.tokenized import tokenize_rows
 
 __all__ = ["TRUNCATIONS", "SFTDataset", "SFTExample", "example_from_row", "load_sft_examples", "sft_batch",
            "tokenize_example"]
@@ -190,16 +191,9 @@ class SFTDataset:
         loaded = load_sft_examples(files, prompt_key, response_key, messages_key, prompt_dict_keys=prompt_dict_keys,
                                    response_dict_keys=response_dict_keys, bad_rows=policy)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.examples, self.rows = [], []
-        for path, index, example in loaded:  # an overlong conversation is a bad row too
-            row = policy.parse(path, index, tokenize_example, tokenizer, example.messages, max_length, truncation,
-                               again=True)
-            if row is not None:
-                self.examples.append(example)
-                self.rows.append(row)
-        policy.finish()
-        if not self.rows:
-            raise ValueError(f"no SFT examples in {files}. Fix: pass non-empty data files.")
+        self.examples, self.rows = tokenize_rows(
+            loaded, policy, lambda example: tokenize_example(tokenizer, example.messages, max_length, truncation),
+            f"no SFT examples in {files}. Fix: pass non-empty data files.")
 
     def __len__(self) -> int:
         return len(self.rows)
