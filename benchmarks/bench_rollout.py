@@ -84,7 +84,8 @@ def default_run_batches(tokenizer) -> dict[str, DataProto]:
     """The default training run's generate inputs: one training step (16 prompts x n) and validation."""
     from hybrid_rl.trainer import get_config
     from hybrid_rl.trainer.core import generation
-    from hybrid_rl.trainer.core.inputs import build_dataset, resolve_data_files
+    from hybrid_rl.trainer.core.inputs import resolve_data_files
+    from hybrid_rl.trainer.ppo.inputs import build_dataset
 
     cfg = get_config([])
     train_files, val_files = resolve_data_files(cfg)

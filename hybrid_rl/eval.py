@@ -83,7 +83,8 @@ def table(metrics: dict[str, float]) -> dict[str, dict[str, float]]:
 def evaluate(model: str, data: Sequence[str] = (), n: int = 1, engine: Optional[str] = None,
              overrides: Sequence[str] = (), output: Optional[str] = None) -> dict[str, Any]:
     """Evaluate ``model`` (see the module docstring); returns (and writes to ``output``) the result."""
-    from hybrid_rl.trainer.core.worker_groups import WorkerGroups, build_rollout_group
+    from hybrid_rl.trainer.core.worker_groups import WorkerGroups
+    from hybrid_rl.trainer.ppo.workers import build_rollout_group
     from hybrid_rl.trainer.config.loader import get_config
     from hybrid_rl.trainer.main_ppo import build_trainer
 

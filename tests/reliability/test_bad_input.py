@@ -409,7 +409,7 @@ def test_full_error_env_keeps_the_traceback(env, run_in_process, monkeypatch):
 # ----------------------------------------------------------------------------- custom reward security
 def _scored(env: Env, reward_file: str, name: str = "compute_score") -> tuple[list[float], dict]:
     """Build the trainer's reward manager from the config and score two responses."""
-    from hybrid_rl.trainer.core import inputs
+    from hybrid_rl.trainer.ppo import inputs
     from hybrid_rl.trainer.config.loader import to_ppo_config
     from hybrid_rl.utils.testing import build_byte_tokenizer
 

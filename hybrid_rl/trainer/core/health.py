@@ -100,15 +100,3 @@ class HealthMonitor:
         state = state or {}
         self.reward_failure_streak = int(state.get("reward_failure_streak", 0))
         self.skipped_update_streak = int(state.get("skipped_update_streak", 0))
-
-
-def memory_hint(cfg: Any) -> str:
-    """What to lower when a worker died without a traceback, as the kernel's OOM killer leaves it."""
-    a = cfg.actor_rollout_ref
-    allocator = ("" if cfg.trainer.cpu_allocator != "glibc"
-                 else "set trainer.cpu_allocator=auto (jemalloc; now glibc), ")
-    return (f"\nIf it ran out of memory (killed without a traceback), see docs/memory.md: lower "
-            f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu (now {a.actor.ppo_max_token_len_per_gpu}) or "
-            f"the batch, {allocator}set "
-            f"actor_rollout_ref.model.enable_gradient_checkpointing=true, or train LoRA "
-            f"adapters (actor_rollout_ref.model.lora_rank=32); each run logs perf/peak_rss_gib/<step>.")

@@ -1,10 +1,10 @@
 """What a run reads, built from its config: tokenizer, datasets and the resumable loader, reward managers.
 
 Each builder returns one component, so a mode (or a notebook) can replace one of them and keep the
-rest. The generic builders take the pieces they use (:func:`load_model_tokenizer`,
-:func:`build_prompt_dataset`, :func:`make_reward_manager`, :func:`build_train_dataloader`); the others
-read PPO's :class:`PPOConfig` (``main_ppo``, ``eval``, ``debug``). The worker groups are :mod:`hybrid_rl.trainer.core.worker_groups`';
-the model's size and compute dtype :mod:`hybrid_rl.trainer.core.model_facts`'.
+rest. The builders take the pieces they use (:func:`load_model_tokenizer`, :func:`build_prompt_dataset`,
+:func:`make_reward_manager`) or the sections every mode has (:class:`RunConfig`); a mode's own
+sections are read in its package (PPO's: :mod:`hybrid_rl.trainer.ppo.inputs`). The worker groups are
+:mod:`hybrid_rl.trainer.core.worker_groups`'; the model's size and compute dtype :mod:`hybrid_rl.trainer.core.model_facts`'.
 """
 
 from __future__ import annotations
@@ -13,19 +13,11 @@ import logging
 
 from typing import Any, Optional
 
-from hybrid_rl.trainer.config import CustomRewardFunctionConfig, PPOConfig
+from hybrid_rl.trainer.config import CustomRewardFunctionConfig
 from hybrid_rl.trainer.config.run_checks import as_file_list
 from hybrid_rl.trainer.core.run_config import RunConfig
 
 logger = logging.getLogger(__name__)
-
-
-def build_tokenizer(cfg: PPOConfig):
-    """The tokenizer of ``data.tokenizer`` or the actor model (the embedded model is resolved)."""
-    model = cfg.actor_rollout_ref.model
-    path = cfg.data.tokenizer or model.tokenizer_path or model.path
-    key = "data.tokenizer" if cfg.data.tokenizer else "actor_rollout_ref.model.path"
-    return load_model_tokenizer(path, key, model.trust_remote_code)
 
 
 def supervised_tokenizer(model: Any):
@@ -51,28 +43,6 @@ def resolve_data_files(cfg: RunConfig) -> tuple[list[str], list[str]]:
     return as_file_list(cfg.data.train_files), as_file_list(cfg.data.val_files)
 
 
-def tool_schemas(cfg: PPOConfig) -> list[dict] | None:
-    """The multi-turn tools' OpenAI schemas, rendered into the prompts by the chat template (as veRL's
-    agent loop does: templates with tool support, e.g. Qwen2.5, list them in the system turn); None
-    without tools."""
-    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
-    if not (multi_turn.enable and multi_turn.tool_config_path):
-        return None
-    from hybrid_rl.agents import load_tools
-    from hybrid_rl.agents.tool import tool_schema_dict
-
-    return [tool_schema_dict(tool) for tool in load_tools(multi_turn.tool_config_path).values()]
-
-
-def build_dataset(files: list[str], tokenizer, cfg: PPOConfig):
-    """The prompt dataset of ``files`` as ``data.*`` describes it."""
-    data = cfg.data
-    return build_prompt_dataset(files, tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
-                                filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
-                                return_raw_chat=data.return_raw_chat, tools=tool_schemas(cfg), bad_rows=data.bad_rows,
-                                max_bad_fraction=data.max_bad_fraction)
-
-
 def build_prompt_dataset(files: list[str], tokenizer, *, prompt_key: str, max_prompt_length: int,
                          filter_overlong_prompts: bool = True, truncation: str = "error", return_raw_chat: bool = True,
                          tools: Optional[list[dict]] = None, bad_rows: str = "error", max_bad_fraction: float = 0.01):
@@ -95,15 +65,6 @@ def build_train_dataloader(dataset, cfg: RunConfig):
             f"{cfg.data.train_batch_size}; lower the batch size or add data"
         )
     return build_dataloader(dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed, drop_last=True)
-
-
-def build_reward_manager(cfg: PPOConfig, tokenizer, num_examine: int):
-    """The reward manager of ``reward_model.reward_manager`` around the custom or built-in scorer."""
-    rm = cfg.reward_model
-    return make_reward_manager(rm.reward_manager, tokenizer, num_examine, cfg.custom_reward_function,
-                               reward_fn_key=cfg.data.reward_fn_key, timeout_s=rm.timeout,
-                               tool_reward_weight=rm.tool_reward_weight, single_process=cfg.trainer.single_process,
-                               num_workers=rm.num_workers)
 
 
 def make_reward_manager(name: str, tokenizer, num_examine: int, custom: CustomRewardFunctionConfig, *,

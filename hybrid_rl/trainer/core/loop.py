@@ -65,7 +65,7 @@ class TrainerCore(abc.ABC):
     ``train_batch_size`` / ``shuffle`` / ``seed``.
 
     Args:
-        config: the mode's typed config (``PPOConfig``, ``SFTConfig``, ``RMConfig``) or a DictConfig
+        config: the mode's typed config (a :class:`RunConfig`: PPO's, SFT's, RM's) or a DictConfig
             composed over its schema (:func:`hybrid_rl.trainer.config.loader.get_config`).
         tokenizer: defaults to the model's tokenizer.
         train_dataset / val_dataset: datasets to use instead of the ones the mode builds from ``data.*``.

@@ -7,7 +7,6 @@ import logging
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
-from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config.run_checks import RunPlan
 from hybrid_rl.trainer.core.run_config import RunConfig
 from hybrid_rl.workers.config import ModelConfig
@@ -55,35 +54,16 @@ def worker_threads(plan: RunPlan) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def compute_dtype_fields(cfg: PPOConfig, plan: RunPlan) -> dict[str, str]:
-    """The compute-dtype keys of the models this run builds, with their configured values."""
-    arr = cfg.actor_rollout_ref
-    fields = {"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype":
-              arr.actor.fsdp_config.mixed_precision.param_dtype,
-              "actor_rollout_ref.rollout.dtype": arr.rollout.dtype}
-    if plan.use_reference_policy:
-        fields["actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype"] = \
-            arr.ref.fsdp_config.mixed_precision.param_dtype
-    if plan.use_critic:
-        fields["critic.model.fsdp_config.mixed_precision.param_dtype"] = \
-            cfg.critic.model.fsdp_config.mixed_precision.param_dtype
-    if plan.use_reward_model:
-        fields["reward_model.model.fsdp_config.mixed_precision.param_dtype"] = \
-            cfg.reward_model.model.fsdp_config.mixed_precision.param_dtype
-    return fields
-
-
-def report_precision(cfg: RunConfig, plan: RunPlan, fields: Optional[dict[str, str]] = None) -> str:
+def report_precision(cfg: RunConfig, plan: RunPlan, fields: dict[str, str]) -> str:
     """Log the run's compute dtypes and why in one line (and warn about an explicit bf16 on a CPU
-    that emulates it); returns the resolved compute dtype of the first of ``fields`` (default:
-    :func:`compute_dtype_fields`, the actor's first). Resolving runs the CPU probe once here, on the
+    that emulates it); returns the resolved compute dtype of the first of ``fields`` (key -> configured
+    dtype of each model the run builds, the trained one first). Resolving runs the CPU probe once here, on the
     driver, so the workers read its cached result."""
     from hybrid_rl.utils.precision import describe_choices, resolve_dtype, slow_bf16_warning
 
     def role_of(key: str) -> str:
         return "rollout" if key.endswith("rollout.dtype") else "train"
 
-    fields = fields if fields is not None else compute_dtype_fields(cfg, plan)
     with worker_threads(plan):  # probe with the threads one worker computes with
         logger.info(describe_choices(fields, plan.device, role_of))
     warning = slow_bf16_warning(fields, plan.device)

@@ -1,10 +1,10 @@
 """The worker groups a run drives, built from its config: Ray start-up, the colocated actor/rollout/ref
-(+ critic) group or the one worker in the driver's process, the decoupled mode's rollout pool, the
-distillation teachers' own pool, the reward-model group, and how many rows the rollout engine holds at once.
+group (+ the mode's other colocated workers) or the one worker in the driver's process, the
+reward-model group, and how many rows the rollout engine holds at once.
 
-The builders read a mode's ``trainer`` and ``ray_init`` sections; what a worker is built from is its
-typed config (``actor_rollout_ref``, ``critic``, ...), which a supervised mode passes in, built from
-its own sections."""
+The builders read the sections every mode has (``trainer``, ``ray_init``, ``data``:
+:class:`RunConfig`); what a worker is built from is its typed config, which the mode passes in
+(PPO's roles: :mod:`hybrid_rl.trainer.ppo.workers`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import logging
 import os
 from typing import Any, Optional
 
-from hybrid_rl.trainer.config import PPOConfig
 from hybrid_rl.trainer.config.run_checks import RunPlan
 from hybrid_rl.trainer.core.run_config import RunConfig
 from hybrid_rl.utils.cpu_env import cpu_worker_env
@@ -92,13 +91,10 @@ CPU cores greedy validation of 200 rows took as long with 64 in flight (7.4-7.6 
 (7.4-7.9 s), and the cache for 200 rows held 0.8 GiB (docs/memory.md)."""
 
 
-def rollout_rows_per_call(cfg: RunConfig, plan: RunPlan, val_dataset: Any,
-                          rollout: Optional[RolloutConfig] = None) -> int:
-    """Rows the rollout engine (``rollout``, default ``cfg.actor_rollout_ref.rollout``) should hold at
-    once per worker (it sizes vLLM-CPU's KV cache): a training batch (x n), or a validation batch
+def rollout_rows_per_call(cfg: RunConfig, plan: RunPlan, val_dataset: Any, rollout: RolloutConfig) -> int:
+    """Rows the rollout engine configured by ``rollout`` should hold at once per worker (it sizes vLLM-CPU's KV cache): a training batch (x n), or a validation batch
     (x val_kwargs.n) up to VAL_ROWS_IN_FLIGHT; larger validation batches queue in the engine. Split
     over the workers."""
-    rollout = rollout or cfg.actor_rollout_ref.rollout
     rows = cfg.data.train_batch_size * rollout.n
     t = cfg.trainer
     if val_dataset is not None and (t.test_freq > 0 or t.val_before_train or t.val_at_end):
@@ -107,7 +103,7 @@ def rollout_rows_per_call(cfg: RunConfig, plan: RunPlan, val_dataset: Any,
     return -(-rows // (plan.rollout_world_size or plan.world_size))
 
 
-def _start_ray(cfg: RunConfig, plan: RunPlan, log_dir: Optional[str]) -> None:
+def start_ray(cfg: RunConfig, plan: RunPlan, log_dir: Optional[str]) -> None:
     """Join or start Ray with the workers' environment (CPU threads, allocator, log folder)."""
     from hybrid_rl.single_controller import init_ray
 
@@ -119,12 +115,7 @@ def _start_ray(cfg: RunConfig, plan: RunPlan, log_dir: Optional[str]) -> None:
              quiet=effective_level(cfg.trainer.log_level) != "debug")
 
 
-def _distillation(distillation: Any) -> dict[str, Any]:
-    """The training worker's ``distillation`` argument: only when enabled."""
-    return {"distillation": distillation} if distillation.enabled else {}
-
-
-def _agent_plugins(actor_rollout_ref: ActorRolloutRefConfig) -> dict[str, Any]:
+def agent_plugins(actor_rollout_ref: ActorRolloutRefConfig) -> dict[str, Any]:
     """Tools and interactions registered in the driver (a notebook), for the rollout workers."""
     from hybrid_rl.agents.config import agent_rollout_enabled
 
@@ -135,73 +126,7 @@ def _agent_plugins(actor_rollout_ref: ActorRolloutRefConfig) -> dict[str, Any]:
     return {"agent_plugins": plugin_snapshot()}
 
 
-def build_rollout_group(cfg: PPOConfig, plan: RunPlan, process_on_nodes: list[int], *,
-                        worker_cls: Optional[type] = None, rows_per_call: Optional[int] = None,
-                        call_timeout_s: Optional[float] = None, log_dir: Optional[str] = None,
-                        total_training_steps: Optional[int] = None) -> tuple[Any, Any]:
-    """``(group, pool)``: rollout-only workers (role ``rollout``, no actor or optimizer) in their own
-    pool, for the decoupled mode and for evaluation. Logs go to ``log_dir/rollout/``.
-    ``total_training_steps`` (training only) lets a CPU engine decide whether compiling pays off."""
-    group, pool, _ = _rollout_group(cfg, plan, process_on_nodes, worker_cls=worker_cls, rows_per_call=rows_per_call,
-                                    call_timeout_s=call_timeout_s, log_dir=log_dir,
-                                    total_training_steps=total_training_steps)
-    return group, pool
-
-
-def _rollout_group(cfg: PPOConfig, plan: RunPlan, process_on_nodes: list[int], *, worker_cls: Optional[type],
-                   rows_per_call: Optional[int], call_timeout_s: Optional[float], log_dir: Optional[str],
-                   total_training_steps: Optional[int], with_reward_model: bool = False) -> tuple[Any, Any, Any]:
-    """``(rollout group, pool, reward-model view or None)``. ``with_reward_model`` (the decoupled mode
-    with a local reward model) hosts a reward-model worker in each rollout process: the producer's
-    scoring then queues behind generation on the rollout devices, never behind the trainer's update."""
-    from hybrid_rl.single_controller import RayClassWithInitArgs, RayResourcePool, create_colocated_worker_cls
-    from hybrid_rl.workers import ActorRolloutRefWorker
-
-    _start_ray(cfg, plan, log_dir)
-    pool = RayResourcePool(process_on_nodes, use_gpu=plan.device == "cuda", name_prefix="rollout_",
-                           num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker)
-    worker = RayClassWithInitArgs(worker_cls or ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="rollout",
-                                  rollout_rows_per_call=rows_per_call, total_training_steps=total_training_steps,
-                                  **_agent_plugins(cfg.actor_rollout_ref))
-    if with_reward_model:  # the reward model first: the engine sizes its cache from what memory is left
-        worker = create_colocated_worker_cls({"rm": _reward_model_worker(cfg, sum(process_on_nodes)),
-                                              "rollout": worker})
-    if log_dir:  # apart from the training ranks' worker_<rank>.log files
-        worker.update_options({"runtime_env": {"env_vars": {LOG_DIR_ENV: os.path.join(log_dir, "rollout")}}})
-    if not with_reward_model:
-        return _init_group(pool, worker, call_timeout_s, cfg.trainer.seed), pool, None
-    from hybrid_rl.single_controller import RayWorkerGroup
-
-    try:
-        group = RayWorkerGroup(pool, worker, call_timeout_s=call_timeout_s, seed=cfg.trainer.seed)
-        views = group.spawn(["rm", "rollout"])
-        views["rm"].init_model()
-        views["rollout"].init_model()
-    except BaseException:
-        pool.remove()
-        raise
-    return views["rollout"], pool, views["rm"]
-
-
-def build_teacher_group(cfg: PPOConfig, plan: RunPlan, *, worker_cls: Optional[type] = None,
-                        call_timeout_s: Optional[float] = None, log_dir: Optional[str] = None) -> tuple[Any, Any]:
-    """``(group, pool)``: the distillation teachers in their own pool (role ``teacher``: no actor,
-    rollout or reference), ``distillation.nnodes x n_gpus_per_node`` workers, each hosting every
-    teacher and scoring its share of the rows. Logs go to ``log_dir/teacher/``."""
-    from hybrid_rl.single_controller import RayClassWithInitArgs, RayResourcePool
-    from hybrid_rl.workers import ActorRolloutRefWorker
-
-    d = cfg.distillation
-    pool = RayResourcePool([d.n_gpus_per_node] * d.nnodes, use_gpu=plan.device == "cuda", name_prefix="teacher_",
-                           num_cpus_per_process=None if plan.device == "cuda" else plan.threads_per_worker)
-    worker = RayClassWithInitArgs(worker_cls or ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="teacher",
-                                  distillation=d)
-    if log_dir:
-        worker.update_options({"runtime_env": {"env_vars": {LOG_DIR_ENV: os.path.join(log_dir, "teacher")}}})
-    return _init_group(pool, worker, call_timeout_s, cfg.trainer.seed), pool
-
-
-def _init_group(pool: Any, worker: Any, call_timeout_s: Optional[float], seed: int) -> Any:
+def init_group(pool: Any, worker: Any, call_timeout_s: Optional[float], seed: int) -> Any:
     """A ``RayWorkerGroup`` of ``worker`` on ``pool`` with its models built; the pool is released
     when that fails."""
     from hybrid_rl.single_controller import RayWorkerGroup
@@ -215,75 +140,50 @@ def _init_group(pool: Any, worker: Any, call_timeout_s: Optional[float], seed: i
     return group
 
 
-def build_worker_groups(cfg: Any, plan: RunPlan, total_training_steps: int, actor_cls: Optional[type] = None,
-                        critic_cls: Optional[type] = None, call_timeout_s: Optional[float] = None,
-                        log_dir: Optional[str] = None, rollout_rows_per_call: Optional[int] = None,
-                        actor_config: Optional[ActorRolloutRefConfig] = None) -> WorkerGroups:
-    """Start ``world_size`` colocated processes, each hosting actor + rollout (+ ref) (+ critic);
-    in the decoupled mode (``plan.rollout_world_size > 0``) the training processes host actor (+ ref)
-    (+ critic) and a second pool of ``rollout.nnodes x n_gpus_per_node`` processes hosts the rollout.
+def build_worker_groups(cfg: RunConfig, plan: RunPlan, total_training_steps: int,
+                        actor_config: ActorRolloutRefConfig, *, actor_cls: Optional[type] = None,
+                        extra_classes: Optional[dict[str, Any]] = None, actor_kwargs: Optional[dict[str, Any]] = None,
+                        call_timeout_s: Optional[float] = None, log_dir: Optional[str] = None,
+                        rollout_rows_per_call: Optional[int] = None) -> WorkerGroups:
+    """Start ``world_size`` colocated processes, each hosting actor + rollout (+ ref) built from
+    ``actor_config`` and the mode's ``extra_classes`` (role -> ``RayClassWithInitArgs``: ``critic``,
+    ``rm`` = role ``reward_model``, ...); in the decoupled mode (``plan.rollout_world_size > 0``) the
+    actor worker hosts no rollout (the mode adds its rollout pool).
 
     ``total_training_steps`` sizes the LR schedules and ``rollout_rows_per_call`` (the most rows one
     generate call brings a rollout worker) the CPU engine's KV cache; both are passed to the workers,
-    never written into their configs. Each worker writes its full log to ``log_dir/worker_<rank>.log``.
-    ``actor_config``: the actor worker's config when ``cfg`` is not a PPO config (SFT builds its own).
+    never written into their configs; ``actor_kwargs`` are the actor worker's further arguments. Each
+    worker writes its full log to ``log_dir/worker_<rank>.log``.
     """
     from hybrid_rl.single_controller import RayClassWithInitArgs, create_colocated_worker_cls
-    from hybrid_rl.workers import ActorRolloutRefWorker, CriticWorker
+    from hybrid_rl.workers import ActorRolloutRefWorker
 
     role = "actor_rollout_ref" if plan.use_reference_policy else "actor_rollout"
     if plan.rollout_world_size:
         role = role.replace("_rollout", "")
-    extra: dict[str, Any] = {}
-    if actor_config is None:  # PPO's tree: its actor and, when enabled, the distillation teachers
-        actor_config, extra = cfg.actor_rollout_ref, _distillation(cfg.distillation)
     classes = {"actor_rollout": RayClassWithInitArgs(
         actor_cls or ActorRolloutRefWorker, config=actor_config, role=role, total_training_steps=total_training_steps,
-        rollout_rows_per_call=rollout_rows_per_call, **_agent_plugins(actor_config), **extra)}
-    if plan.use_critic:
-        classes["critic"] = RayClassWithInitArgs(
-            critic_cls or CriticWorker, config=cfg.critic, total_training_steps=total_training_steps
-        )
-    if plan.use_reward_model and not plan.rollout_world_size:  # decoupled: in the rollout processes
-        classes["rm"] = _reward_model_worker(cfg, plan.world_size)
+        rollout_rows_per_call=rollout_rows_per_call, **agent_plugins(actor_config), **(actor_kwargs or {})),
+        **(extra_classes or {})}
     group, pool = _colocated_group(cfg, plan, create_colocated_worker_cls(classes), call_timeout_s, log_dir)
     views = group.spawn(list(classes))
     try:
-        # The critic and reward model first: the rollout engine sizes its cache from what memory is left.
-        for role in ("critic", "rm"):
-            if role in views:
-                views[role].init_model()
+        # The others first (critic, reward model): the rollout engine sizes its cache from what memory is left.
+        for name in classes:
+            if name != "actor_rollout":
+                views[name].init_model()
         views["actor_rollout"].init_model()
     except BaseException:
         group.shutdown()  # the trainer never got the group: its shutdown cannot stop it
         if pool is not None:
             pool.remove()
         raise
-    groups = WorkerGroups(actor_rollout=views["actor_rollout"], critic=views.get("critic"), resource_pool=pool,
-                          reward_model=views.get("rm"))
-    try:
-        _add_own_pools(groups, cfg, plan, actor_cls, call_timeout_s, log_dir, rollout_rows_per_call,
-                       total_training_steps)
-    except BaseException:
-        groups.shutdown()  # the trainer never got the groups: release what was started
-        raise
-    return groups
+    roles = {_ROLE_OF.get(name, name): view for name, view in views.items() if name != "actor_rollout"}
+    return WorkerGroups(actor_rollout=views["actor_rollout"], resource_pool=pool, **roles)
 
 
-def _add_own_pools(groups: WorkerGroups, cfg: Any, plan: RunPlan, actor_cls: Optional[type],
-                   call_timeout_s: Optional[float], log_dir: Optional[str], rollout_rows_per_call: Optional[int],
-                   total_training_steps: int) -> None:
-    """The decoupled mode's rollout pool (with the reward model, when local) and the teachers' pool."""
-    if plan.rollout_world_size:
-        rollout, pool, rm_view = _rollout_group(
-            cfg, plan, [cfg.rollout.n_gpus_per_node] * cfg.rollout.nnodes, worker_cls=actor_cls,
-            rows_per_call=rollout_rows_per_call, call_timeout_s=call_timeout_s, log_dir=log_dir,
-            total_training_steps=total_training_steps, with_reward_model=plan.use_reward_model)
-        groups.add({"rollout": rollout, "reward_model": None if groups.reward_model else rm_view}, pool)
-    if plan.teacher_world_size:
-        teacher, pool = build_teacher_group(cfg, plan, worker_cls=actor_cls, call_timeout_s=call_timeout_s,
-                                            log_dir=log_dir)
-        groups.add({"teacher": teacher}, pool)
+_ROLE_OF = {"rm": "reward_model"}
+"""Colocated class names whose :class:`WorkerGroups` role is named otherwise."""
 
 
 def _colocated_group(cfg: RunConfig, plan: RunPlan, worker: Any, call_timeout_s: Optional[float],
@@ -299,7 +199,7 @@ def _colocated_group(cfg: RunConfig, plan: RunPlan, worker: Any, call_timeout_s:
         return LocalWorkerGroup(worker, num_threads=plan.threads_per_worker), None
     from hybrid_rl.single_controller import RayResourcePool, RayWorkerGroup
 
-    _start_ray(cfg, plan, log_dir)
+    start_ray(cfg, plan, log_dir)
     pool = RayResourcePool(
         [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes,
         use_gpu=plan.device == "cuda",
@@ -310,21 +210,6 @@ def _colocated_group(cfg: RunConfig, plan: RunPlan, worker: Any, call_timeout_s:
     except BaseException:  # an actor that failed to start: the reserved devices go back too
         pool.remove()
         raise
-
-
-def _reward_model_worker(cfg: PPOConfig, world_size: int):
-    """The colocated reward-model worker of RL (role ``rm``) in a group of ``world_size`` processes:
-    scoring only, responses decoded with the policy's tokenizer (``reward_model.model.input_tokenizer``,
-    default the actor's)."""
-    from hybrid_rl.single_controller import RayClassWithInitArgs
-    from hybrid_rl.workers.model_loader import resolve_tokenizer_path
-    from hybrid_rl.workers.rm_worker import RewardModelWorker
-
-    model = cfg.actor_rollout_ref.model
-    policy_tokenizer = cfg.reward_model.model.input_tokenizer or cfg.data.tokenizer or model.tokenizer_path or model.path
-    return RayClassWithInitArgs(RewardModelWorker, config=rm_worker_config(cfg, world_size),
-                                input_tokenizer=resolve_tokenizer_path(policy_tokenizer, key="reward_model.model.input_tokenizer"),
-                                max_length=cfg.reward_model.max_length, normalize=cfg.reward_model.normalize)
 
 
 def build_reward_model_group(cfg: RunConfig, plan: RunPlan, total_training_steps: int, worker_config: CriticConfig, *,
@@ -347,11 +232,3 @@ def build_reward_model_group(cfg: RunConfig, plan: RunPlan, total_training_steps
             pool.remove()
         raise
     return WorkerGroups(actor_rollout=None, critic=None, resource_pool=pool, reward_model=group)
-
-
-def rm_worker_config(cfg: PPOConfig, world_size: int) -> CriticConfig:
-    """The value-model config a :class:`~hybrid_rl.workers.rm_worker.RewardModelWorker` is built from
-    (scoring only: its optimizer never steps, so it holds no state)."""
-    rm = cfg.reward_model
-    return CriticConfig(model=rm.model.as_critic_model(), rollout_n=1, ppo_mini_batch_size=world_size,
-                        use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=rm.micro_batch_size_per_gpu)

@@ -1,6 +1,6 @@
 """A learned reward model in RL (``reward_model.enable=true``): the remote service's client, and how its
 scores combine with the rule scorer's (the section's checks: :mod:`hybrid_rl.trainer.config.reward_model`;
-the worker's config: :func:`hybrid_rl.trainer.core.worker_groups.rm_worker_config`).
+the worker's config: :func:`hybrid_rl.trainer.ppo.workers.rm_worker_config`).
 
 The reward model runs either in the colocated worker group (a
 :class:`~hybrid_rl.workers.rm_worker.RewardModelWorker` per device, role ``rm``: batched,

@@ -43,12 +43,11 @@ from hybrid_rl.trainer.config.loader import to_ppo_config
 from hybrid_rl.trainer.config.paired_checks import paired_notices
 from hybrid_rl.trainer.core import generation, inputs, metrics as metric_fns, model_facts, worker_groups
 from hybrid_rl.trainer.core.checkpoints import estimate_checkpoint_bytes
-from hybrid_rl.trainer.core.health import memory_hint
 from hybrid_rl.trainer.core.batch_contract import BatchPlan
 from hybrid_rl.trainer.core.loop import TrainerCore
 from hybrid_rl.trainer.core.validation import dataset_batches, run_validation
 from hybrid_rl.trainer.ppo import contracts as ppo_contracts, learned_reward as reward_model, ops as ppo_ops
-from hybrid_rl.trainer.ppo import paired as online_dpo
+from hybrid_rl.trainer.ppo import inputs as ppo_inputs, paired as online_dpo, workers as ppo_workers
 from hybrid_rl.trainer.ppo.dynamic_sampling import fill_with_informative_groups
 
 logger = logging.getLogger(__name__)
@@ -93,8 +92,8 @@ class RayPPOTrainer(TrainerCore):
         super().__init__(config, tokenizer, train_dataset=train_dataset, val_dataset=val_dataset,
                          worker_classes=(actor_worker_cls, critic_worker_cls), for_training=for_training)
         cfg = self.config
-        self.reward_fn = reward_fn or inputs.build_reward_manager(cfg, self.tokenizer, cfg.reward_model.num_examine)
-        self.val_reward_fn = val_reward_fn or inputs.build_reward_manager(cfg, self.tokenizer, num_examine=0)
+        self.reward_fn = reward_fn or ppo_inputs.build_reward_manager(cfg, self.tokenizer, cfg.reward_model.num_examine)
+        self.val_reward_fn = val_reward_fn or ppo_inputs.build_reward_manager(cfg, self.tokenizer, num_examine=0)
         self.remote_rm = reward_model.build_remote_reward_model(cfg)  # None unless reward_model.model.path is a URL
         self.kl_ctrl_in_reward = get_kl_controller(**asdict(cfg.algorithm.kl_ctrl)) if cfg.algorithm.use_kl_in_reward else None
         # ((body, head) params, peak FLOP/s per worker in the actor's compute dtype, or None)
@@ -116,13 +115,14 @@ class RayPPOTrainer(TrainerCore):
         return make_run_plan(self.config)
 
     def _build_tokenizer(self) -> Any:
-        return inputs.build_tokenizer(self.config)
+        return ppo_inputs.build_tokenizer(self.config)
 
     def _report_precision(self) -> str:
-        return model_facts.report_precision(self.config, self.plan)
+        return model_facts.report_precision(self.config, self.plan,
+                                           ppo_inputs.compute_dtype_fields(self.config, self.plan))
 
     def _memory_hint(self) -> str:
-        return memory_hint(self.config)
+        return ppo_workers.memory_hint(self.config)
 
     def _resume_problems(self, point: Any) -> list[str]:
         return resume_point_problems(self.config, point)
@@ -133,9 +133,9 @@ class RayPPOTrainer(TrainerCore):
             return train_dataset, val_dataset
         train_files, val_files = inputs.resolve_data_files(self.config)
         if train_dataset is None:
-            train_dataset = inputs.build_dataset(train_files, self.tokenizer, self.config)
+            train_dataset = ppo_inputs.build_dataset(train_files, self.tokenizer, self.config)
         if val_dataset is None and val_files:
-            val_dataset = inputs.build_dataset(val_files, self.tokenizer, self.config)
+            val_dataset = ppo_inputs.build_dataset(val_files, self.tokenizer, self.config)
         return train_dataset, val_dataset
 
     def _checkpoint_bytes(self) -> int:
@@ -161,7 +161,7 @@ class RayPPOTrainer(TrainerCore):
     def init_workers(self) -> None:
         """Start the colocated worker group and load the models."""
         actor_cls, critic_cls = self._worker_classes
-        self.workers = worker_groups.build_worker_groups(
+        self.workers = ppo_workers.build_worker_groups(
             self.config, self.plan, self.total_training_steps, actor_cls=actor_cls, critic_cls=critic_cls,
             call_timeout_s=self.config.trainer.worker_call_timeout_s, log_dir=os.path.join(self.run_dir, "logs"),
             rollout_rows_per_call=self._rollout_rows_per_call(),
@@ -169,7 +169,8 @@ class RayPPOTrainer(TrainerCore):
 
     def _rollout_rows_per_call(self) -> int:
         """Rows the rollout engine should hold at once per worker (:func:`worker_groups.rollout_rows_per_call`)."""
-        return worker_groups.rollout_rows_per_call(self.config, self.plan, self.val_dataset)
+        return worker_groups.rollout_rows_per_call(self.config, self.plan, self.val_dataset,
+                                                  self.config.actor_rollout_ref.rollout)
 
     def declare_batch_plan(self) -> BatchPlan:
         """Every step the config runs, with its batch keys (:func:`~hybrid_rl.trainer.ppo.contracts.ppo_batch_plan`)."""
