@@ -14,9 +14,10 @@ from typing import Optional
 
 import torch
 
-from hybrid_rl.algorithms.loss_agg import LOSS_AGG_MODES, agg_loss
+from hybrid_rl.algorithms.loss_agg import agg_loss
 from hybrid_rl.objectives.base import MicroBatch, Objective
 from hybrid_rl.objectives.registry import register_objective
+from hybrid_rl.objectives.settings import check_loss_agg_mode
 
 __all__ = ["NLLConfig", "NLLObjective"]
 
@@ -30,9 +31,7 @@ class NLLConfig:
     target token the same; the ``seq-mean-*`` modes weigh every sequence the same."""
 
     def __post_init__(self) -> None:
-        if self.loss_agg_mode not in LOSS_AGG_MODES:
-            raise ValueError(f"actor_rollout_ref.actor.objective.loss_agg_mode={self.loss_agg_mode!r} is not a "
-                             f"loss aggregation mode; valid: {list(LOSS_AGG_MODES)}. Fix: pick one of them.")
+        check_loss_agg_mode(self.loss_agg_mode, "actor_rollout_ref.actor.objective.loss_agg_mode")
 
 
 @register_objective("nll")

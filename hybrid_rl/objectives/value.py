@@ -16,9 +16,9 @@ from typing import Optional
 import torch
 
 from hybrid_rl.algorithms import compute_value_loss, masked_mean
-from hybrid_rl.algorithms.loss_agg import LOSS_AGG_MODES
 from hybrid_rl.objectives.base import MicroBatch, Objective
 from hybrid_rl.objectives.registry import register_objective
+from hybrid_rl.objectives.settings import check_loss_agg_mode
 
 __all__ = ["ValueConfig", "ValueObjective"]
 
@@ -39,9 +39,7 @@ class ValueConfig:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise ValueError(f"{_KEY}.cliprange_value must be a finite number > 0, got {value!r}. "
                              "Fix: set e.g. 0.5.")
-        if self.loss_agg_mode not in LOSS_AGG_MODES:
-            raise ValueError(f"{_KEY}.loss_agg_mode={self.loss_agg_mode!r} is not a loss aggregation mode; valid: "
-                             f"{list(LOSS_AGG_MODES)}. Fix: pick one of them.")
+        check_loss_agg_mode(self.loss_agg_mode, f"{_KEY}.loss_agg_mode")
 
 
 @register_objective("value")
