@@ -10,7 +10,8 @@ import pytest
 from hybrid_rl.trainer.config.loader import PPO_SCHEMA, RM_SCHEMA, SFT_SCHEMA, get_config, to_typed_config
 from hybrid_rl.trainer.dpo.config import DPO_SCHEMA
 
-RECIPES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "recipes", "*", "run.sh")))
+REPO = os.path.join(os.path.dirname(__file__), "..", "..")
+RECIPES = sorted(glob.glob(os.path.join(REPO, "recipes", "*", "run.sh")))
 
 
 SCHEMAS = {f"hybrid_rl.trainer.{schema.module}": schema for schema in (SFT_SCHEMA, RM_SCHEMA, PPO_SCHEMA, DPO_SCHEMA)}
@@ -26,19 +27,25 @@ def compose(entry: str, overrides: list[str]):
 
 def recipe_commands(path: str) -> list[tuple[str, list[str]]]:
     """``(trainer module, its overrides)`` of each training command of a recipe
-    (a pipeline recipe runs several), in script order; ``$VAR`` becomes a placeholder path."""
+    (a pipeline recipe runs several), in script order; ``$VAR`` becomes a placeholder path. A line
+    ``bash recipes/<name>/run.sh key=value ...`` runs that recipe's commands, its last one with the
+    line's overrides appended (the recipes' ``"$@"``)."""
     text = open(path).read().replace("\\\n", " ")
     values = {"NGPUS": "2"}
     for name, default in re.findall(r'^(\w+)="\$\{\1:-([^}$]*)\}"', text, re.M):  # BATCH="${BATCH:-4}"
         values.setdefault(name, default)
     commands = []
     for line in text.splitlines():
-        entry = next((e for e in ENTRIES if re.search(rf"python3? -m {re.escape(e)}(\s|$)", line)), None)
-        if entry is None:
-            continue
         line = re.sub(r'"\$(\w+)(/[^"]*)?"', lambda m: values.get(m.group(1), f"/placeholder/{m.group(1)}") + (m.group(2) or ""),
                       line)
-        commands.append((entry, [a for a in shlex.split(line.split(entry, 1)[1]) if "=" in a]))
+        called = re.match(r"\s*(?:exec\s+)?bash\s+(recipes/[\w.-]+/run\.sh)(\s|$)", line)
+        if called:
+            *earlier, (entry, overrides) = recipe_commands(os.path.join(REPO, called.group(1)))
+            commands += [*earlier, (entry, overrides + [a for a in shlex.split(line[called.end():]) if "=" in a])]
+            continue
+        entry = next((e for e in ENTRIES if re.search(rf"python3? -m {re.escape(e)}(\s|$)", line)), None)
+        if entry is not None:
+            commands.append((entry, [a for a in shlex.split(line.split(entry, 1)[1]) if "=" in a]))
     return commands
 
 
