@@ -24,11 +24,10 @@ RULES = [
     ("hybrid_rl.workers", ("hybrid_rl.trainer", "hybrid_rl.studio")),
     # objectives: tensors and their own configs, below the workers that drive them
     ("hybrid_rl.objectives", ("hybrid_rl.workers", "hybrid_rl.trainer", "hybrid_rl.studio", "hybrid_rl.single_controller")),
-    ("hybrid_rl.trainer.config", (*MODES, *ENTRY_POINTS)),
-    # the schemas, their loading and their documentation stand below everything that runs; the checks
-    # (config/*checks.py) know the core's vocabulary (resume modes, trackers, single-process blockers)
-    *[(f"hybrid_rl.trainer.config.{m}", ("hybrid_rl.trainer.core",))
-      for m in ("schema", "supervised", "loader", "docs")],
+    # the schemas, their loading, their documentation and the config checks stand below everything that
+    # runs: the checks read configs only (their vocabulary -- resume modes, trackers, what one process
+    # cannot host -- lives beside them); runtime facts are the core's (core/runtime_checks.py)
+    ("hybrid_rl.trainer.config", (*MODES, *ENTRY_POINTS, "hybrid_rl.trainer.core")),
     ("hybrid_rl.trainer.core", (*MODES, *ENTRY_POINTS)),
     *[(mode, (*[m for m in MODES if m != mode], *ENTRY_POINTS)) for mode in MODES],  # modes are siblings
 ]
@@ -70,6 +69,7 @@ def test_the_rules_see_the_modules():
     for importer, _ in RULES:
         assert any(_within(module, importer) for module in MODULES), importer
     assert "hybrid_rl.trainer.core.loop" in MODULES["hybrid_rl.trainer.ppo.trainer"]
+    assert {"hybrid_rl.trainer.config.run_checks", "hybrid_rl.trainer.config.checks"} <= set(MODULES)
     assert all(entry in MODULES for entry in ENTRY_POINTS), ENTRY_POINTS
     assert {"hybrid_rl.trainer.ppo", "hybrid_rl.trainer.sft", "hybrid_rl.trainer.rm"} <= set(MODES), MODES
     assert {"hybrid_rl.trainer.main_ppo", "hybrid_rl.trainer.main_sft", "hybrid_rl.trainer.main_rm"} <= set(ENTRY_POINTS)

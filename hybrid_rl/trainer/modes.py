@@ -60,6 +60,9 @@ class ModeSpec:
     """Whose key names the command takes (said in ``--help``), e.g. veRL's."""
     validate: str
     """``module:function`` checking a typed config without loading a model (``--cfg job``)."""
+    resume_problems: Optional[str] = None
+    """``module:function(config, point) -> list[str]``: why the mode cannot load the checkpoint ``point``
+    (``--cfg job``'s runtime checks; the trainer's ``_resume_problems``); None: the worker count only."""
     build: Optional[str] = None
     """``module:function(config)`` building the trainer with the mode's start-up checks; None: the trainer class."""
     notices: Optional[str] = None
@@ -108,6 +111,7 @@ register_mode(ModeSpec(
     "the arithmetic task's prompts (hybrid_rl.trainer.core.default_task), generated on first use",
     "RL training of the PPO family (PPO, GRPO, RLOO, REINFORCE++, ReMax and any registered estimator), "
     "colocated or decoupled.", "on the command line (veRL's names)", "hybrid_rl.trainer.config.checks:validate_config",
+    resume_problems="hybrid_rl.trainer.config.checks:resume_point_problems",
     build="hybrid_rl.trainer.main_ppo:build_trainer", notices="hybrid_rl.trainer.main_ppo:config_notices",
     help_notes="hybrid_rl.trainer.registry_help:registry_notes",
     help_block="hybrid_rl.trainer.registry_help:registry_help", hydra_app=True))
@@ -305,10 +309,14 @@ def _print_config(spec: ModeSpec, cfg: Any, deprecated: list[str], command_line:
     """``--cfg job``: the deprecation notices on stderr, the run's own checks (none that loads a model
     or starts Ray), then the config as YAML without passwords; True when printed here (False: Hydra's
     runner prints it, under the redacted console)."""
+    from hybrid_rl.trainer.config.run_checks import world_size_problems
+    from hybrid_rl.trainer.core.runtime_checks import check_run_state
     from hybrid_rl.trainer.core.single_process import resolve_single_process
 
     sys.stderr.write("".join(notice + "\n" for notice in deprecated))
-    spec.resolve("validate")(resolve_single_process(cfg) if command_line else cfg)
+    checked = resolve_single_process(cfg) if command_line else cfg
+    spec.resolve("validate")(checked)
+    check_run_state(checked, spec.resolve("resume_problems") or world_size_problems)  # as the trainer does
     if spec.hydra_app:
         return False
     from omegaconf import OmegaConf
@@ -428,7 +436,8 @@ def configure_driver_logging(cfg: Any, always: bool) -> None:
     """The quiet console of ``trainer.log_level`` and ``<run>/logs/driver.log``
     (hybrid_rl/utils/log_setup.py). From a notebook (``always=False``) only when the caller
     configured no logging at all: a user's own logging set-up is left as it is."""
-    from hybrid_rl.trainer.config.run_checks import raise_problems, run_dir, run_dir_problems
+    from hybrid_rl.trainer.config.run_checks import raise_problems, run_dir
+    from hybrid_rl.trainer.core.runtime_checks import run_dir_problems
     from hybrid_rl.utils.log_setup import configure_logging, only_own_handlers
 
     if always or (only_own_handlers() and not logging.getLogger("hybrid_rl").handlers):

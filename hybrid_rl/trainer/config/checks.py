@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from hybrid_rl.trainer.config.paired_checks import check_paired_objective, objective_needs_reference, paired_objective
 from hybrid_rl.trainer.config.reward_model import is_remote
 from hybrid_rl.trainer.config.run_checks import (RunPlan, as_file_list, check_data_files, check_devices,
-                                                 check_model_path, check_resume, check_trainer, file_problem,
+                                                 check_model_path, check_trainer, file_problem,
                                                  raise_problems, run_dir, worker_layout, world_size_problems)
 from hybrid_rl.trainer.config.schema import PPOConfig
 from hybrid_rl.utils.bounds import bound_problems
@@ -76,11 +76,12 @@ def validate_config(cfg: PPOConfig, *, training: bool = True) -> None:
     """Raise one ValueError listing every inconsistency of ``cfg`` (each line: keys, values, fix).
 
     ``training=False`` (``python -m hybrid_rl.eval`` / ``debug``: generate and score, no update) skips
-    what only an update or a checkpoint uses: the mini/micro-batch sizes, token budgets and resume."""
+    what only an update uses: the mini/micro-batch sizes and token budgets. The run folder and the resume
+    point are the runtime's (:mod:`hybrid_rl.trainer.core.runtime_checks`, with :func:`resume_point_problems`)."""
     errors = bound_problems(cfg)  # every field's declared range (hybrid_rl.utils.bounds)
     checks = [_check_devices, _check_lengths, _check_algorithm, _check_dapo, _check_files, _check_trainer,
               _check_reward, _check_async, _check_distillation, check_paired_objective]
-    checks += [_check_batch_sizes, _check_resume] if training else []
+    checks += [_check_batch_sizes] if training else []
     for check in checks:
         errors.extend(check(cfg))
     raise_problems(errors)
@@ -397,11 +398,6 @@ def _check_reward(cfg: PPOConfig) -> list[str]:
     from hybrid_rl.trainer.config.reward_model import check_reward_model
 
     return check_reward_model(cfg)
-
-
-def _check_resume(cfg: PPOConfig) -> list[str]:
-    """The checkpoint a resume would load exists, is complete and fits this run (checked before Ray starts)."""
-    return check_resume(cfg, resume_point_problems)
 
 
 def resume_point_problems(cfg: PPOConfig, point: Any) -> list[str]:

@@ -1,14 +1,20 @@
 """The checks and derived values every mode shares: devices and workers, the ``trainer.*`` keys,
-data files, model folders, and whether a checkpoint fits this run (``RunPlan``).
+data files, model folders, and the vocabulary they check against (resume modes, trackers, what one
+process cannot host); the values derived once (``RunPlan``).
 
 A mode's config is any dataclass with ``trainer`` (:class:`~hybrid_rl.trainer.config.schema.TrainerConfig`),
 ``ray_init`` and ``data`` (``train_files`` / ``val_files``) sections: PPO's checks
 (:mod:`hybrid_rl.trainer.config.checks`) and the supervised modes' (:mod:`hybrid_rl.trainer.config.supervised_checks`)
 start from these. Every problem is one line naming the keys, their values and the fix.
+
+These checks read configs (and the files they name); they import nothing of the trainer core. What
+only the runtime knows -- whether the run folder can be written, the checkpoint a resume would load
+-- the core checks before any worker starts (:mod:`hybrid_rl.trainer.core.runtime_checks`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 from dataclasses import dataclass
@@ -17,9 +23,17 @@ from typing import Any, Optional
 from hybrid_rl.utils.cpu_env import CPU_ALLOCATORS
 from hybrid_rl.utils.devices import DEVICES, resolve_device
 
-__all__ = ["RunPlan", "as_file_list", "check_data_files", "check_devices", "check_model_path", "check_resume",
-           "check_trainer", "file_problem", "raise_problems", "run_dir", "run_dir_problems", "worker_layout",
-           "world_size_problems"]
+__all__ = ["RESUME_MODES", "RunPlan", "SUPPORTED_BACKENDS", "as_backend_list", "as_file_list", "check_backends",
+           "check_data_files", "check_devices", "check_model_path", "check_trainer", "file_problem", "raise_problems",
+           "run_dir", "single_process_blockers", "unwritable", "worker_layout", "world_size_problems"]
+
+RESUME_MODES = ("auto", "disable", "resume_path")
+"""``trainer.resume_mode``'s values (veRL's): the latest complete checkpoint, none, or ``resume_from_path``."""
+
+SUPPORTED_BACKENDS = ("console", "jsonl", "tensorboard", "wandb", "mlflow", "swanlab")
+"""The trackers ``trainer.logger`` may name (:class:`~hybrid_rl.trainer.core.tracking.Tracking`'s)."""
+_REQUIRED_MODULE = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "swanlab": "swanlab"}
+"""The module that must be importable for each optional tracker."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +87,7 @@ def file_problem(key: str, path: str, fix: str) -> Optional[str]:
     return f"{key}={path!r} {what}; {fix}."
 
 
-def _unwritable(folder: str) -> Optional[str]:
+def unwritable(folder: str) -> Optional[str]:
     """Why the run could not create or write ``folder`` (probed with a folder it creates and removes
     in the nearest existing one, since ``os.access`` says yes to root on a read-only mount), or None."""
     probe = folder
@@ -88,12 +102,44 @@ def _unwritable(folder: str) -> Optional[str]:
     return None
 
 
-def run_dir_problems(cfg: Any) -> list[str]:
-    """``trainer.default_local_dir`` can be created and written (checkpoints, metrics, logs)."""
-    key, value = "trainer.default_local_dir", cfg.trainer.default_local_dir
-    why = _unwritable(run_dir(cfg))
-    return [] if why is None else [f"{key}={value!r} cannot hold the run's files: {why}. Fix: point {key} at a "
-                                   "folder you can write (it is created if missing)."]
+def as_backend_list(logger: Any) -> list[str]:
+    """``trainer.logger`` as a list of tracker names (veRL accepts one name as a string)."""
+    return [logger] if isinstance(logger, str) else list(logger or [])
+
+
+def check_backends(backends: list[str]) -> list[str]:
+    """Error messages for unknown or not-installed trackers in ``trainer.logger`` (empty = fine)."""
+    errors = []
+    for name in backends:
+        if name not in SUPPORTED_BACKENDS:
+            errors.append(
+                f"trainer.logger contains unknown tracker {name!r}; valid trackers are "
+                f"{list(SUPPORTED_BACKENDS)}."
+            )
+        elif name in _REQUIRED_MODULE and importlib.util.find_spec(_REQUIRED_MODULE[name]) is None:
+            errors.append(
+                f"trainer.logger contains {name!r} but the {_REQUIRED_MODULE[name]} package is not "
+                f"installed; `pip install {_REQUIRED_MODULE[name]}` or remove it from trainer.logger."
+            )
+    return errors
+
+
+def single_process_blockers(cfg: Any, device: Optional[str] = None) -> list[str]:
+    """Why this run (any mode's config) needs its workers in Ray processes (empty: one process can
+    host it); ``device``: the resolved ``trainer.device`` (not checked when None)."""
+    t = cfg.trainer
+    blockers = []
+    if t.nnodes * t.n_gpus_per_node != 1:
+        blockers.append(f"{t.nnodes * t.n_gpus_per_node} workers (trainer.nnodes * trainer.n_gpus_per_node)")
+    own_pools = getattr(cfg, "own_pools", None)  # a mode whose config reserves pools says which (RunConfig)
+    blockers += own_pools() if own_pools is not None else []
+    if cfg.ray_init.address:
+        blockers.append(f"a Ray cluster (ray_init.address={cfg.ray_init.address})")
+    if t.max_restarts > 0:
+        blockers.append(f"automatic restarts (trainer.max_restarts={t.max_restarts})")
+    if t.worker_call_timeout_s is not None:
+        blockers.append(f"a call deadline (trainer.worker_call_timeout_s={t.worker_call_timeout_s})")
+    return blockers
 
 
 def check_devices(cfg: Any) -> list[str]:
@@ -138,16 +184,15 @@ def check_model_path(key: str, path: str, trust_remote_code: Optional[bool] = No
 
 
 def check_trainer(cfg: Any) -> list[str]:
-    """The ``trainer.*`` keys every mode reads (trackers, logging, cadence, resume, checkpoints)."""
-    from hybrid_rl.trainer.core.checkpoints import RESUME_MODES
-    from hybrid_rl.trainer.core.tracking import as_backend_list, check_backends
+    """The ``trainer.*`` keys every mode reads (trackers, logging, cadence, resume, checkpoints); the
+    run folder and the resume point are the runtime's (:mod:`hybrid_rl.trainer.core.runtime_checks`)."""
     from hybrid_rl.utils.log_setup import LOG_LEVELS
 
     t = cfg.trainer
     if not isinstance(t.logger, str) and not all(isinstance(b, str) for b in t.logger or []):
         return [f"trainer.logger={t.logger!r} must be a tracker name or a list of them, e.g. "
                 "trainer.logger=console or trainer.logger=[console,jsonl]."]
-    errors = check_backends(as_backend_list(t.logger)) + run_dir_problems(cfg)
+    errors = check_backends(as_backend_list(t.logger))
     if t.use_legacy_worker_impl not in ("auto", "enable"):
         errors.append(f"trainer.use_legacy_worker_impl={t.use_legacy_worker_impl!r} asks for veRL's new engine "
                       "workers, which hybrid_rl does not have; set it to auto (or enable).")
@@ -157,8 +202,6 @@ def check_trainer(cfg: Any) -> list[str]:
     if t.single_process not in (None, True, False):
         errors.append(f"trainer.single_process={t.single_process!r} must be true, false or null (auto).")
     elif t.single_process:
-        from hybrid_rl.trainer.core.single_process import single_process_blockers
-
         blockers = single_process_blockers(cfg, resolve_device(t.device) if t.device in DEVICES else None)
         if blockers:
             errors.append(f"trainer.single_process=true cannot host {'; '.join(blockers)}: these need the workers "
@@ -192,7 +235,7 @@ def check_data_files(data: Any) -> list[str]:
                 continue
             if not os.path.isfile(named[0]):
                 errors.append(f"{key}: file {path!r} does not exist; fix the path or leave {key} unset.")
-    why = _unwritable(os.path.abspath(os.path.expanduser(data.arithmetic.cache_dir))) if data.train_files is None else None
+    why = unwritable(os.path.abspath(os.path.expanduser(data.arithmetic.cache_dir))) if data.train_files is None else None
     if why:  # the built-in task's files are generated there
         errors.append(f"data.arithmetic.cache_dir={data.arithmetic.cache_dir!r} cannot hold the built-in task's files: "
                       f"{why}. Fix: point it at a folder you can write, or set data.train_files.")
@@ -228,21 +271,6 @@ def world_size_problems(cfg: Any, point: Any) -> list[str]:
         f"workers: set trainer.n_gpus_per_node so that nnodes * n_gpus_per_node = {saved}, or start fresh "
         "with trainer.resume_mode=disable (or another trainer.default_local_dir)."
     ]
-
-
-def check_resume(cfg: Any, point_problems=world_size_problems) -> list[str]:
-    """The checkpoint a resume would load exists, is complete and fits this run (``point_problems``:
-    the mode's reasons it may not; checked before any worker starts)."""
-    from hybrid_rl.trainer.core.checkpoints import RESUME_MODES, CheckpointManager
-
-    t = cfg.trainer
-    if t.resume_mode not in RESUME_MODES or (t.resume_mode == "resume_path" and not t.resume_from_path):
-        return []  # reported by check_trainer
-    try:
-        point = CheckpointManager(t.default_local_dir).resolve_resume(t.resume_mode, t.resume_from_path)
-    except (ValueError, OSError) as error:
-        return [f"{error} (trainer.resume_mode={t.resume_mode})"]
-    return [] if point is None else point_problems(cfg, point)
 
 
 def raise_problems(errors: list[str]) -> None:

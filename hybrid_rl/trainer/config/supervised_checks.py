@@ -1,9 +1,10 @@
 """The checks of the supervised modes' configs (:class:`SFTConfig`, :class:`RMConfig`) and their run plan.
 
 They start from what every mode shares (:mod:`hybrid_rl.trainer.config.run_checks`: devices, the
-``trainer.*`` keys, data files, resume) and add their own: the model folder, the batch against the
+``trainer.*`` keys, data files) and add their own: the model folder, the batch against the
 workers, the lengths; SFT also the engine of its held-out generations. Every problem is one line
-naming the keys, their values and the fix, all reported together.
+naming the keys, their values and the fix, all reported together. The run folder and the resume point
+are the runtime's (:mod:`hybrid_rl.trainer.core.runtime_checks`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Union
 
 from hybrid_rl.trainer.config.run_checks import (RunPlan, check_data_files, check_devices, check_model_path,
-                                                 check_resume, check_trainer, file_problem, raise_problems,
+                                                 check_trainer, file_problem, raise_problems,
                                                  worker_layout)
 from hybrid_rl.trainer.config.supervised import RMConfig, SFTConfig, rm_critic_config, sft_actor_config
 from hybrid_rl.utils.bounds import bound_problems
@@ -48,7 +49,7 @@ def _common(cfg: Any, training: bool) -> list[str]:
     m = cfg.model
     errors = bound_problems(cfg) + check_devices(cfg) + check_trainer(cfg) + _check_data(cfg, training)
     errors += check_model_path("model.partial_pretrain", m.partial_pretrain, m.trust_remote_code)
-    return errors + (check_resume(cfg) if training else [])
+    return errors
 
 
 def _worker_config_problem(build, cfg: Any) -> list[str]:

@@ -32,12 +32,13 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from hybrid_rl.trainer.config.run_checks import RESUME_MODES  # re-exported: the checkpoints' vocabulary
+
 logger = logging.getLogger(__name__)
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
-RESUME_MODES = ("auto", "disable", "resume_path")
 # Bytes per parameter of each checkpoint part: fp32 weights; AdamW exp_avg + exp_avg_sq in fp32.
 _BYTES_PER_PARAM = {"model": 4, "optimizer": 8, "hf_model": 4, "extra": 0}
 _FIXED_BYTES = 64 * 2**20  # tokenizer, HF config, RNG/LR state, JSON metadata

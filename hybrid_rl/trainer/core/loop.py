@@ -36,6 +36,7 @@ from hybrid_rl.trainer.core.batch_contract import BatchPlan, check_after, check_
 from hybrid_rl.trainer.core.checkpoints import CheckpointManager, capture_rng_state, restore_rng_state
 from hybrid_rl.trainer.core.health import HealthMonitor
 from hybrid_rl.trainer.core.plotting import PLOT_FILE, plot_run
+from hybrid_rl.trainer.core.runtime_checks import check_run_state
 from hybrid_rl.trainer.core.tracking import ProgressBar, Tracking, as_backend_list
 from hybrid_rl.utils import faults
 from hybrid_rl.utils.seeding import seed_everything
@@ -78,6 +79,8 @@ class TrainerCore(abc.ABC):
                  worker_classes: tuple[Optional[type], ...] = (), for_training: bool = True):
         self.config = self._typed_config(config)
         self.check_config(training=for_training)
+        # the run folder and the checkpoint a resume would load: read from disk, before any worker starts
+        check_run_state(self.config, lambda _, point: self._resume_problems(point), training=for_training)
         cfg = self.config
         self.plan: RunPlan = self.make_plan()
         # what each step reads and writes; a plan whose step needs a key nothing makes stops here, in one line

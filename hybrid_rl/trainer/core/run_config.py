@@ -3,7 +3,7 @@
 A mode's config (PPO's, SFT's, the reward model's, ...) is any dataclass with these sections; the core reads nothing else of it by name. A
 mode that reserves worker pools beside the training group says so with an ``own_pools()`` method
 (one phrase naming the key of each, e.g. PPO's decoupled rollout pool): a single-process run
-cannot host them (:func:`hybrid_rl.trainer.core.single_process.single_process_blockers`).
+cannot host them (:func:`hybrid_rl.trainer.config.run_checks.single_process_blockers`).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ import os
 import sys
 from typing import Optional
 
+from hybrid_rl.trainer.config.run_checks import single_process_blockers  # re-exported: the checks use it
 from hybrid_rl.trainer.core.run_config import RunConfig
 from hybrid_rl.utils.cpu_env import cpu_worker_env
 from hybrid_rl.utils.log_setup import LOG_LEVEL_ENV, library_env
@@ -40,24 +41,6 @@ REEXEC_MARK = "HYBRID_RL_SINGLE_PROCESS_REEXEC"
 
 DEFAULT_PROCESS_ENV = {"TOKENIZERS_PARALLELISM": "false"}
 """Set when absent (as Ray's workers get it): the tokenizer's threads would compete with torch's."""
-
-
-def single_process_blockers(cfg: RunConfig, device: Optional[str] = None) -> list[str]:
-    """Why this run (any mode's config) needs its workers in Ray processes (empty: one process can
-    host it); ``device``: the resolved ``trainer.device`` (not checked when None)."""
-    t = cfg.trainer
-    blockers = []
-    if t.nnodes * t.n_gpus_per_node != 1:
-        blockers.append(f"{t.nnodes * t.n_gpus_per_node} workers (trainer.nnodes * trainer.n_gpus_per_node)")
-    own_pools = getattr(cfg, "own_pools", None)  # a mode whose config reserves pools says which (RunConfig)
-    blockers += own_pools() if own_pools is not None else []
-    if cfg.ray_init.address:
-        blockers.append(f"a Ray cluster (ray_init.address={cfg.ray_init.address})")
-    if t.max_restarts > 0:
-        blockers.append(f"automatic restarts (trainer.max_restarts={t.max_restarts})")
-    if t.worker_call_timeout_s is not None:
-        blockers.append(f"a call deadline (trainer.worker_call_timeout_s={t.worker_call_timeout_s})")
-    return blockers
 
 
 def resolve_single_process(cfg: RunConfig, device: Optional[str] = None) -> RunConfig:

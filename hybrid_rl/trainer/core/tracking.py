@@ -11,43 +11,19 @@ key leaves the machine.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import logging
 import math
 import os
 from typing import Any, Mapping
 
+from hybrid_rl.trainer.config.run_checks import (  # re-exported: the trackers' vocabulary
+    SUPPORTED_BACKENDS, as_backend_list, check_backends)
 from hybrid_rl.utils.redact import redact_config
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_BACKENDS = ("console", "jsonl", "tensorboard", "wandb", "mlflow", "swanlab")
-# Module that must be importable for each optional backend.
-_REQUIRED_MODULE = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "swanlab": "swanlab"}
 METRICS_FILE = "metrics.jsonl"
-
-
-def as_backend_list(logger: Any) -> list[str]:
-    """``trainer.logger`` as a list of tracker names (veRL accepts one name as a string)."""
-    return [logger] if isinstance(logger, str) else list(logger or [])
-
-
-def check_backends(backends: list[str]) -> list[str]:
-    """Error messages for unknown or not-installed trackers in ``trainer.logger`` (empty = fine)."""
-    errors = []
-    for name in backends:
-        if name not in SUPPORTED_BACKENDS:
-            errors.append(
-                f"trainer.logger contains unknown tracker {name!r}; valid trackers are "
-                f"{list(SUPPORTED_BACKENDS)}."
-            )
-        elif name in _REQUIRED_MODULE and importlib.util.find_spec(_REQUIRED_MODULE[name]) is None:
-            errors.append(
-                f"trainer.logger contains {name!r} but the {_REQUIRED_MODULE[name]} package is not "
-                f"installed; `pip install {_REQUIRED_MODULE[name]}` or remove it from trainer.logger."
-            )
-    return errors
 
 
 def _fmt(value: float) -> str:

@@ -1,10 +1,11 @@
 """The checks of ``main_dpo``'s config (:class:`~hybrid_rl.trainer.dpo.config.DPOConfig`) and its run plan.
 
 They start from what every mode shares (:mod:`hybrid_rl.trainer.config.run_checks`: devices, the
-``trainer.*`` keys, data files, resume, the model folder) and add DPO's own: the ``dpo.*`` settings
+``trainer.*`` keys, data files, the model folder) and add DPO's own: the ``dpo.*`` settings
 (the objective's own checks), the pair lengths (:func:`hybrid_rl.data.dpo_data.dpo_problems`), the
 batch against the workers, the token budget against a pair, and the held-out generations' engine.
-Every problem is one line naming the keys, their values and the fix, all reported together.
+Every problem is one line naming the keys, their values and the fix, all reported together. The run
+folder and the resume point are the runtime's (:mod:`hybrid_rl.trainer.core.runtime_checks`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from hybrid_rl.data.dpo_data import dpo_problems
 from hybrid_rl.trainer.config.run_checks import (RunPlan, check_data_files, check_devices, check_model_path,
-                                                 check_resume, check_trainer, file_problem, raise_problems,
+                                                 check_trainer, file_problem, raise_problems,
                                                  worker_layout)
 from hybrid_rl.trainer.dpo.config import DPOConfig, dpo_actor_config, dpo_objective
 from hybrid_rl.utils.bounds import bound_problems
@@ -80,10 +81,9 @@ def _worker_config_problem(cfg: DPOConfig) -> list[str]:
 
 def validate_dpo_config(cfg: Any, *, training: bool = True) -> None:
     """Raise one ValueError listing every problem of a DPO config (``training=False``: the batch
-    sizes and the resume point are not checked)."""
+    sizes are not checked)."""
     m = cfg.model
     errors = bound_problems(cfg) + check_devices(cfg) + check_trainer(cfg) + _objective_problem(cfg)
     errors += _data_problems(cfg, training) + _rollout_problems(cfg)
     errors += check_model_path("model.partial_pretrain", m.partial_pretrain, m.trust_remote_code)
-    errors += check_resume(cfg) if training else []
     raise_problems(errors or _worker_config_problem(cfg))  # else a problem is told twice
