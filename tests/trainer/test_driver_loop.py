@@ -98,7 +98,7 @@ def test_gae_with_kl_in_reward_and_critic_warmup(tmp_path, tiny_model_dir):
 
 
 def test_resume_path_errors(tmp_path, tiny_model_dir):
-    # Checked when the trainer is built (validate_config), before any worker starts.
+    # Checked when the trainer is built (core/runtime_checks.py), before any worker starts.
     with pytest.raises(ValueError, match="not a global_step_N folder"):
         _trainer(tmp_path, tiny_model_dir, "trainer.resume_mode=resume_path",
                  f"trainer.resume_from_path={tmp_path}/run/global_step_9")
