@@ -185,6 +185,11 @@ def _sft_rollout() -> RolloutConfig:
     return RolloutConfig(n=1)
 
 
+supervised_rollout = linked_group("rollout", _sft_rollout, SFT_LINKED_DEFAULTS)
+"""The default of a supervised mode's ``rollout`` section (SFT, DPO): ``n=1``, its lengths and seed
+following :data:`SFT_LINKED_DEFAULTS`."""
+
+
 @dataclass
 class SFTConfig:
     """A supervised fine-tuning run (``python -m hybrid_rl.trainer.main_sft``)."""
@@ -195,7 +200,7 @@ class SFTConfig:
     """The model trained."""
     optim: SupervisedOptimConfig = field(default_factory=SupervisedOptimConfig)
     """Its optimizer."""
-    rollout: RolloutConfig = field(default_factory=linked_group("rollout", _sft_rollout, SFT_LINKED_DEFAULTS))
+    rollout: RolloutConfig = field(default_factory=supervised_rollout)
     """The engine of the held-out generations (``val_kwargs``: greedy by default); ``n`` stays 1:
     SFT samples nothing to train on."""
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)

@@ -24,10 +24,9 @@ from omegaconf import OmegaConf
 
 from hybrid_rl.objectives import build_objective
 from hybrid_rl.trainer.config.loader import ConfigSchema
-from hybrid_rl.trainer.config.schema import (BaseTrainerConfig, CustomRewardFunctionConfig, RayInitConfig,
-                                             linked_group)
-from hybrid_rl.trainer.config.supervised import (SFT_LINKED_DEFAULTS, SFTModelConfig, SupervisedDataConfig,
-                                                 SupervisedOptimConfig)
+from hybrid_rl.trainer.config.schema import BaseTrainerConfig, CustomRewardFunctionConfig, RayInitConfig
+from hybrid_rl.trainer.config.supervised import (SFTModelConfig, SupervisedDataConfig, SupervisedOptimConfig,
+                                                 supervised_rollout)
 from hybrid_rl.utils.bounds import bounded
 from hybrid_rl.workers.config import ActorConfig, ActorRolloutRefConfig, ModelConfig, RefConfig
 from hybrid_rl.workers.rollout.config import RolloutConfig
@@ -94,10 +93,6 @@ class DPOObjectiveConfig:
     """Ignore the reference policy (an implicit uniform reference): no reference model is built or run."""
 
 
-def _dpo_rollout() -> RolloutConfig:
-    return RolloutConfig(n=1)
-
-
 @dataclass
 class DPOConfig:
     """An offline DPO run on preference pairs (``python -m hybrid_rl.trainer.main_dpo``)."""
@@ -111,7 +106,7 @@ class DPOConfig:
     """Its optimizer."""
     dpo: DPOObjectiveConfig = field(default_factory=DPOObjectiveConfig)
     """The DPO loss (TRL's names)."""
-    rollout: RolloutConfig = field(default_factory=linked_group("rollout", _dpo_rollout, SFT_LINKED_DEFAULTS))
+    rollout: RolloutConfig = field(default_factory=supervised_rollout)
     """The engine of the held-out generations (``val_kwargs``: greedy by default); ``n`` stays 1."""
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     """A scoring function for the held-out generations (null = the built-in scorers by data source)."""
