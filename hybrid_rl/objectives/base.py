@@ -113,7 +113,8 @@ class Objective:
     """Batch keys it produces (none for a loss)."""
 
     def __init__(self, config: Any = None):
-        self.config = config
+        # None: the Config's defaults (an objective without settings keeps None)
+        self.config = self.Config() if config is None and self.Config is not None else config
 
     # ---------------------------------------------------------------- declarations
     @property

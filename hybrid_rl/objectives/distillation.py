@@ -67,9 +67,6 @@ class DistillationTerm(Objective):
     Config = DistillationTermConfig
     reads = ("response_mask", "teacher_log_prob")
 
-    def __init__(self, config: Optional[DistillationTermConfig] = None):
-        super().__init__(config or DistillationTermConfig())
-
     @property
     def forward(self) -> ForwardNeeds:
         return ForwardNeeds(topk_ids_key=TOPK_IDS_KEY if self.config.use_topk else None)

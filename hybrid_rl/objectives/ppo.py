@@ -59,7 +59,7 @@ class PolicyLoss(Objective):
     optional_reads = ("old_log_probs", "rollout_log_probs", "rollout_is_weights")
 
     def __init__(self, config: Optional[PolicyLossTermConfig] = None):
-        super().__init__(config or PolicyLossTermConfig())
+        super().__init__(config)
         self.loss_fn = get_policy_loss_fn(self.config.loss_mode)
         self._bypass: Optional[RolloutCorrectionConfig] = None  # bypass mode's correction, per update
 
@@ -146,9 +146,6 @@ class KLLoss(Objective):
 
     Config = KLLossConfig
     reads = ("response_mask", "ref_log_prob")
-
-    def __init__(self, config: Optional[KLLossConfig] = None):
-        super().__init__(config or KLLossConfig())
 
     @property
     def summed(self) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -104,9 +104,6 @@ class DPOObjective(Objective):
 
     Config = DPOConfig
     reads = ("response_mask", "ref_log_prob")
-
-    def __init__(self, config: Optional[DPOConfig] = None):
-        super().__init__(config if config is not None else DPOConfig())
 
     @property
     def needs_reference(self) -> bool:

@@ -10,7 +10,6 @@ global denominators, so micro-batch and rank splits sum to the mini-batch's loss
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -40,9 +39,6 @@ class NLLObjective(Objective):
 
     Config = NLLConfig
     reads = ("response_mask",)
-
-    def __init__(self, config: Optional[NLLConfig] = None):
-        super().__init__(config if config is not None else NLLConfig())
 
     @property
     def summed(self) -> tuple[str, ...]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -48,9 +47,6 @@ class ValueObjective(Objective):
 
     Config = ValueConfig
     reads = ("response_mask", "values", "returns")
-
-    def __init__(self, config: Optional[ValueConfig] = None):
-        super().__init__(config if config is not None else ValueConfig())
 
     @property
     def summed(self) -> tuple[str, ...]:

@@ -25,3 +25,18 @@ def test_names_the_key_and_the_modes():
 def test_each_objective_names_its_own_key(config, key):
     with pytest.raises(ValueError, match=rf"^{key}='sum' is not a loss aggregation mode"):
         config(loss_agg_mode="sum")
+
+
+def test_an_objective_built_without_config_gets_its_configs_defaults():
+    from hybrid_rl.objectives.base import Objective
+
+    class _WithSettings(Objective):
+        Config = NLLConfig
+
+    class _WithoutSettings(Objective):
+        pass
+
+    assert _WithSettings().config == NLLConfig() and _WithSettings(None).config is not _WithSettings(None).config
+    given = NLLConfig(loss_agg_mode="seq-mean-token-sum")
+    assert _WithSettings(given).config is given
+    assert _WithoutSettings().config is None
