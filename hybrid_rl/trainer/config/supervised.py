@@ -12,7 +12,7 @@ appears in them. Each mode builds the typed config of the worker it runs from it
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from hybrid_rl.utils.bounds import bounded
 
@@ -190,6 +190,12 @@ supervised_rollout = linked_group("rollout", _sft_rollout, SFT_LINKED_DEFAULTS)
 following :data:`SFT_LINKED_DEFAULTS`."""
 
 
+def supervised_trainer(experiment_name: str) -> Callable[[], BaseTrainerConfig]:
+    """The default of a supervised mode's ``trainer`` section (SFT, RM, DPO): one epoch (no step
+    count), named ``experiment_name``."""
+    return lambda: BaseTrainerConfig(experiment_name=experiment_name, total_training_steps=None, total_epochs=1)
+
+
 @dataclass
 class SFTConfig:
     """A supervised fine-tuning run (``python -m hybrid_rl.trainer.main_sft``)."""
@@ -205,8 +211,7 @@ class SFTConfig:
     SFT samples nothing to train on."""
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     """A scoring function for the held-out generations (null = the built-in scorers by data source)."""
-    trainer: BaseTrainerConfig = field(default_factory=lambda: BaseTrainerConfig(
-        experiment_name="sft", total_training_steps=None, total_epochs=1))
+    trainer: BaseTrainerConfig = field(default_factory=supervised_trainer("sft"))
     """Run length, devices, logging, validation and checkpoints."""
     ray_init: RayInitConfig = field(default_factory=RayInitConfig)
     """ray.init arguments."""
@@ -222,8 +227,7 @@ class RMConfig:
     """The backbone (usually the SFT model); a scalar head is added on top."""
     optim: SupervisedOptimConfig = field(default_factory=SupervisedOptimConfig)
     """Its optimizer."""
-    trainer: BaseTrainerConfig = field(default_factory=lambda: BaseTrainerConfig(
-        experiment_name="reward_model", total_training_steps=None, total_epochs=1))
+    trainer: BaseTrainerConfig = field(default_factory=supervised_trainer("reward_model"))
     """Run length, devices, logging, validation and checkpoints."""
     ray_init: RayInitConfig = field(default_factory=RayInitConfig)
     """ray.init arguments."""

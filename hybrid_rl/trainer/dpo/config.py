@@ -26,7 +26,7 @@ from hybrid_rl.objectives import build_objective
 from hybrid_rl.trainer.config.loader import ConfigSchema
 from hybrid_rl.trainer.config.schema import BaseTrainerConfig, CustomRewardFunctionConfig, RayInitConfig
 from hybrid_rl.trainer.config.supervised import (SFTModelConfig, SupervisedDataConfig, SupervisedOptimConfig,
-                                                 supervised_rollout)
+                                                 supervised_rollout, supervised_trainer)
 from hybrid_rl.utils.bounds import bounded
 from hybrid_rl.workers.config import ActorConfig, ActorRolloutRefConfig, ModelConfig, RefConfig
 from hybrid_rl.workers.rollout.config import RolloutConfig
@@ -110,8 +110,7 @@ class DPOConfig:
     """The engine of the held-out generations (``val_kwargs``: greedy by default); ``n`` stays 1."""
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     """A scoring function for the held-out generations (null = the built-in scorers by data source)."""
-    trainer: BaseTrainerConfig = field(default_factory=lambda: BaseTrainerConfig(
-        experiment_name="dpo", total_training_steps=None, total_epochs=1))
+    trainer: BaseTrainerConfig = field(default_factory=supervised_trainer("dpo"))
     """Run length, devices, logging, validation and checkpoints."""
     ray_init: RayInitConfig = field(default_factory=RayInitConfig)
     """ray.init arguments."""
