@@ -18,7 +18,8 @@ from hybrid_rl.trainer.dpo.contracts import dpo_batch_plan
 from hybrid_rl.trainer.dpo.validation import held_out_pair_metrics
 from hybrid_rl.trainer.main_dpo import dpo_config
 from hybrid_rl.trainer.modes import CONFIG_ERROR_EXIT_CODE, run_mode
-from tests.trainer.test_e2e import REPO, _weights
+from tests.trainer.mode_runs import assert_resumes_bit_exactly, run_entry
+from tests.trainer.test_e2e import REPO
 
 
 def test_dpo_keys_build_the_actor_workers_config():
@@ -125,16 +126,11 @@ def test_held_out_pair_metrics_by_hand():
 
 
 def _dpo(tmp_path, model_dir, run, *extra, env=None):
-    args = [f"model.partial_pretrain={model_dir}", f"data.arithmetic.cache_dir={tmp_path}/data",
-            "data.arithmetic.num_test=8", "data.max_prompt_length=160", "data.max_response_length=8",
-            "data.max_length=200", "data.max_token_len_per_gpu=1024", "data.train_batch_size=4",
-            "data.micro_batch_size_per_gpu=2", "rollout.name=hf", "rollout.dtype=float32",
-            "model.fsdp_config.mixed_precision.param_dtype=float32", "optim.lr=1e-3", "trainer.total_training_steps=2",
-            "trainer.test_freq=2", "trainer.save_freq=1", "trainer.val_before_train=true", "trainer.check_batch=true",
-            "trainer.progress_bar=false", f"trainer.default_local_dir={tmp_path}/{run}", "ray_init.num_cpus=2", *extra]
-    return subprocess.run([sys.executable, "-m", "hybrid_rl.trainer.main_dpo", *args], cwd=tmp_path,
-                          env=dict(os.environ, PYTHONPATH=REPO, **(env or {})), capture_output=True, text=True,
-                          timeout=900)
+    return run_entry("main_dpo", tmp_path, model_dir, run, "data.max_prompt_length=160", "data.max_response_length=8",
+                     "data.max_length=200", "data.max_token_len_per_gpu=1024", "data.train_batch_size=4",
+                     "data.micro_batch_size_per_gpu=2", "rollout.name=hf", "rollout.dtype=float32",
+                     "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=1",
+                     "trainer.val_before_train=true", "trainer.check_batch=true", *extra, env=env)
 
 
 @pytest.mark.slow
@@ -154,13 +150,7 @@ def test_a_two_step_run_checks_its_batches_raises_held_out_accuracy_and_resumes_
     assert not ppo_names & {k for r in rows for k in r}, "a DPO run logs PPO metrics"
     log = (tmp_path / "run" / "logs" / "driver.log").read_text()
     assert "checked at every step boundary against hybrid_rl/trainer/dpo/contracts.py" in log
-    env = {"HYBRID_RL_FAULT": "kill:driver.update_actor:2", "HYBRID_RL_FAULT_STATE": str(tmp_path / "faults")}
-    assert _dpo(tmp_path, tiny_model_dir, "killed", env=env).returncode != 0
-    resumed = _dpo(tmp_path, tiny_model_dir, "killed", env=env)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    want, got = _weights(tmp_path / "run" / "global_step_2"), _weights(tmp_path / "killed" / "global_step_2")
-    assert want and got, "no model*.safetensors written at global_step_2"  # {} == {} would pass below
-    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    assert_resumes_bit_exactly(_dpo, tmp_path, tiny_model_dir, "kill:driver.update_actor:2", 2)
 
 
 @pytest.mark.slow

@@ -7,13 +7,13 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from hybrid_rl.trainer.config.supervised import SFTConfig, sft_actor_config
 from hybrid_rl.trainer.config.supervised_checks import validate_sft_config
 from hybrid_rl.trainer.core.default_task import supervised_data_files
 from hybrid_rl.trainer.main_sft import sft_config
-from tests.trainer.test_e2e import REPO, _weights
+from tests.trainer.mode_runs import assert_resumes_bit_exactly, run_entry
+from tests.trainer.test_e2e import REPO
 
 
 def test_verl_sft_keys_build_the_actor_workers_config(tmp_path):
@@ -60,16 +60,10 @@ def test_sft_checks_name_its_own_keys(overrides, message):
 
 
 def _sft(tmp_path, model_dir, run, *extra, env=None):
-    args = [f"model.partial_pretrain={model_dir}", f"data.arithmetic.cache_dir={tmp_path}/data",
-            "data.arithmetic.num_test=8", "data.max_prompt_length=160", "data.max_response_length=8",
-            "data.train_batch_size=8", "data.micro_batch_size_per_gpu=4", "rollout.name=hf", "rollout.dtype=float32",
-            "model.fsdp_config.mixed_precision.param_dtype=float32", "optim.lr=1e-3",
-            "trainer.total_training_steps=4", "trainer.test_freq=2", "trainer.save_freq=2",
-            "trainer.val_before_train=true", "trainer.progress_bar=false", f"trainer.default_local_dir={tmp_path}/{run}",
-            "ray_init.num_cpus=2", *extra]
-    return subprocess.run([sys.executable, "-m", "hybrid_rl.trainer.main_sft", *args], cwd=tmp_path,
-                          env=dict(os.environ, PYTHONPATH=REPO, **(env or {})), capture_output=True, text=True,
-                          timeout=900)
+    return run_entry("main_sft", tmp_path, model_dir, run, "data.max_prompt_length=160", "data.max_response_length=8",
+                     "data.train_batch_size=8", "data.micro_batch_size_per_gpu=4", "rollout.name=hf",
+                     "rollout.dtype=float32", "trainer.total_training_steps=4", "trainer.test_freq=2",
+                     "trainer.save_freq=2", "trainer.val_before_train=true", *extra, env=env)
 
 
 @pytest.mark.slow
@@ -86,13 +80,7 @@ def test_sft_lowers_the_held_out_loss_and_resumes_bit_exactly(tmp_path, tiny_mod
     assert not ppo_names & {k for r in rows for k in r}, "an SFT run logs PPO metrics"
     log = (tmp_path / "run" / "logs" / "driver.log").read_text()  # one CPU worker: no Ray, as main_ppo
     assert "in the driver's process" in log and "started a local Ray instance" not in log
-    env = {"HYBRID_RL_FAULT": "kill:driver.update_actor:3", "HYBRID_RL_FAULT_STATE": str(tmp_path / "faults")}
-    assert _sft(tmp_path, tiny_model_dir, "killed", env=env).returncode != 0
-    resumed = _sft(tmp_path, tiny_model_dir, "killed", env=env)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    want, got = _weights(tmp_path / "run" / "global_step_4"), _weights(tmp_path / "killed" / "global_step_4")
-    assert want and got, "no model*.safetensors written at global_step_4"  # {} == {} would pass below
-    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    assert_resumes_bit_exactly(_sft, tmp_path, tiny_model_dir, "kill:driver.update_actor:3", 4)
 
 
 def test_bad_sft_input_is_one_line(tmp_path, tiny_model_dir):
