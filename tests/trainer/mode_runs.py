@@ -23,6 +23,16 @@ def run_entry(entry: str, tmp_path, model_dir, run: str, *args: str, env=None) -
                           timeout=900)
 
 
+def launcher(entry: str, *mode_args: str):
+    """``launch(tmp_path, model_dir, run, *extra, env=None)``: :func:`run_entry` of ``entry`` with
+    ``mode_args``, then ``extra`` (they win)."""
+
+    def launch(tmp_path, model_dir, run: str, *extra: str, env=None) -> subprocess.CompletedProcess:
+        return run_entry(entry, tmp_path, model_dir, run, *mode_args, *extra, env=env)
+
+    return launch
+
+
 def assert_resumes_bit_exactly(launch, tmp_path, model_dir, fault: str, step: int, part: str = "actor") -> None:
     """``launch(tmp_path, model_dir, run, env=...)`` killed at ``fault`` (``kill:driver.<point>:<step>``)
     and rerun as run ``killed`` ends with the weights of run ``run`` at ``global_step_<step>``."""

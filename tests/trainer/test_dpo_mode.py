@@ -18,7 +18,7 @@ from hybrid_rl.trainer.dpo.contracts import dpo_batch_plan
 from hybrid_rl.trainer.dpo.validation import held_out_pair_metrics
 from hybrid_rl.trainer.main_dpo import dpo_config
 from hybrid_rl.trainer.modes import CONFIG_ERROR_EXIT_CODE, run_mode
-from tests.trainer.mode_runs import assert_resumes_bit_exactly, run_entry
+from tests.trainer.mode_runs import assert_resumes_bit_exactly, launcher
 from tests.trainer.test_e2e import REPO
 
 
@@ -125,12 +125,10 @@ def test_held_out_pair_metrics_by_hand():
     assert got["val/dpo/loss"] == pytest.approx(sum(math.log1p(math.exp(-m)) for m in margins) / 3)
 
 
-def _dpo(tmp_path, model_dir, run, *extra, env=None):
-    return run_entry("main_dpo", tmp_path, model_dir, run, "data.max_prompt_length=160", "data.max_response_length=8",
-                     "data.max_length=200", "data.max_token_len_per_gpu=1024", "data.train_batch_size=4",
-                     "data.micro_batch_size_per_gpu=2", "rollout.name=hf", "rollout.dtype=float32",
-                     "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=1",
-                     "trainer.val_before_train=true", "trainer.check_batch=true", *extra, env=env)
+_dpo = launcher("main_dpo", "data.max_prompt_length=160", "data.max_response_length=8", "data.max_length=200",
+                "data.max_token_len_per_gpu=1024", "data.train_batch_size=4", "data.micro_batch_size_per_gpu=2",
+                "rollout.name=hf", "rollout.dtype=float32", "trainer.total_training_steps=2", "trainer.test_freq=2",
+                "trainer.save_freq=1", "trainer.val_before_train=true", "trainer.check_batch=true")
 
 
 @pytest.mark.slow

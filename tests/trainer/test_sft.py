@@ -12,7 +12,7 @@ from hybrid_rl.trainer.config.supervised import SFTConfig, sft_actor_config
 from hybrid_rl.trainer.config.supervised_checks import validate_sft_config
 from hybrid_rl.trainer.core.default_task import supervised_data_files
 from hybrid_rl.trainer.main_sft import sft_config
-from tests.trainer.mode_runs import assert_resumes_bit_exactly, run_entry
+from tests.trainer.mode_runs import assert_resumes_bit_exactly, launcher
 from tests.trainer.test_e2e import REPO
 
 
@@ -59,11 +59,10 @@ def test_sft_checks_name_its_own_keys(overrides, message):
         validate_sft_config(sft_config(overrides))
 
 
-def _sft(tmp_path, model_dir, run, *extra, env=None):
-    return run_entry("main_sft", tmp_path, model_dir, run, "data.max_prompt_length=160", "data.max_response_length=8",
-                     "data.train_batch_size=8", "data.micro_batch_size_per_gpu=4", "rollout.name=hf",
-                     "rollout.dtype=float32", "trainer.total_training_steps=4", "trainer.test_freq=2",
-                     "trainer.save_freq=2", "trainer.val_before_train=true", *extra, env=env)
+_sft = launcher("main_sft", "data.max_prompt_length=160", "data.max_response_length=8", "data.train_batch_size=8",
+                "data.micro_batch_size_per_gpu=4", "rollout.name=hf", "rollout.dtype=float32",
+                "trainer.total_training_steps=4", "trainer.test_freq=2", "trainer.save_freq=2",
+                "trainer.val_before_train=true")
 
 
 @pytest.mark.slow
