@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from hybrid_rl.trainer.config.loader import PPO_SCHEMA, RM_SCHEMA, SFT_SCHEMA, ConfigSchema
 from hybrid_rl.trainer.dpo.config import DPO_SCHEMA
+from hybrid_rl.utils.registry import EntryInfo, Registry
 
 __all__ = ["CONFIG_ERROR_EXIT_CODE", "FULL_ERROR_ENV", "MODES", "ModeSpec", "compose", "configure_driver_logging",
            "fail", "get_mode", "help_text", "is_reported_user_error", "parse_args", "register_mode", "run_config",
@@ -86,24 +87,23 @@ class ModeSpec:
         return getattr(importlib.import_module(module), attribute)
 
 
-MODES: dict[str, ModeSpec] = {}
-"""Every mode by name (its row is added by :func:`register_mode`)."""
+_MODES: Registry[EntryInfo] = Registry(
+    "mode", "the main_* command", listed=False,  # picked by the command, not by a config key: not in --help
+    duplicate_error=lambda name, old, new: (f"mode {name!r} is registered already ({old.entry_module}); "
+                                            "give the new mode another name."),
+    unknown_error=lambda name, names: f"unknown mode {name!r}; the modes are {names}.")
+MODES = _MODES.entry_view()
+"""Every mode by name, read-only (its row is added by :func:`register_mode`)."""
 
 
 def register_mode(spec: ModeSpec) -> ModeSpec:
     """Add ``spec``'s row to :data:`MODES` (a name is registered once)."""
-    if spec.name in MODES:
-        raise ValueError(f"mode {spec.name!r} is registered already ({MODES[spec.name].entry_module}); "
-                         "give the new mode another name.")
-    MODES[spec.name] = spec
-    return spec
+    return _MODES.add(spec.name, spec, EntryInfo(description=spec.description))
 
 
 def get_mode(name: str) -> ModeSpec:
     """The row of mode ``name``."""
-    if name not in MODES:
-        raise ValueError(f"unknown mode {name!r}; the modes are {sorted(MODES)}.")
-    return MODES[name]
+    return _MODES.get(name)
 
 
 register_mode(ModeSpec(

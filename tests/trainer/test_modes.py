@@ -30,12 +30,13 @@ def test_a_name_is_registered_once_and_an_unknown_one_is_one_line():
         get_mode("kto")
 
 
-def test_a_new_row_gets_help_cfg_job_and_one_line_errors(monkeypatch, capsys, tmp_path):
+def test_a_new_row_gets_help_cfg_job_and_one_line_errors(request, capsys, tmp_path):
     """A mode added by its row alone speaks as the others (here SFT's schema under another name)."""
     spec = ModeSpec("toy", SFT_SCHEMA, "hybrid_rl.trainer.sft.trainer:SFTTrainer", "hybrid_rl.trainer.main_toy",
                     "nothing", "Toy training.", "(veRL's SFT trainer names)",
                     "hybrid_rl.trainer.config.supervised_checks:validate_supervised_config", starts_ray=False)
-    monkeypatch.setitem(MODES, "toy", spec)
+    register_mode(spec)
+    request.addfinalizer(lambda: modes._MODES.unregister("toy"))
     run_mode("toy", ["--help", f"data.arithmetic.cache_dir={tmp_path}"])
     out = capsys.readouterr().out
     assert out.startswith("usage: python -m hybrid_rl.trainer.main_toy [key=value ...] [--cfg job]")
