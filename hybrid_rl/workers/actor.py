@@ -19,7 +19,7 @@ from torch import nn
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.workers.config import ActorConfig
 from hybrid_rl.workers.distillation_config import DistillationLossConfig
-from hybrid_rl.workers.learner import Learner
+from hybrid_rl.workers.learner import Learner, ppo_role_batching
 from hybrid_rl.workers.objective_choice import actor_objective
 
 logger = logging.getLogger(__name__)
@@ -59,12 +59,9 @@ class Actor(Learner):
                  distillation: Optional[DistillationLossConfig] = None):
         super().__init__(actor_module, actor_optimizer,
                          mini_batch_rows=ppo_mini_batch_size_per_gpu or config.ppo_mini_batch_size,
-                         micro_batch_rows=ppo_micro_batch_size_per_gpu or config.ppo_micro_batch_size_per_gpu,
-                         use_dynamic_bsz=config.use_dynamic_bsz, max_token_len=config.ppo_max_token_len_per_gpu,
-                         max_token_len_key="actor.ppo_max_token_len_per_gpu", grad_clip=config.grad_clip,
-                         use_prefix_grouper=config.use_prefix_grouper, use_remove_padding=use_remove_padding,
-                         device=device, attn_implementation=attn_implementation, fused_head=fused_head,
-                         role="actor")
+                         **ppo_role_batching(config, "actor", ppo_micro_batch_size_per_gpu),
+                         use_remove_padding=use_remove_padding, device=device,
+                         attn_implementation=attn_implementation, fused_head=fused_head)
         self.config = config
         self.distillation = distillation
         self.objective = actor_objective(config, distillation)  # an unknown policy loss fails here

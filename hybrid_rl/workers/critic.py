@@ -19,7 +19,7 @@ from hybrid_rl.objectives.value import ValueConfig, ValueObjective
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.workers.config import CriticConfig
 from hybrid_rl.workers.heads import ValueHead
-from hybrid_rl.workers.learner import Learner
+from hybrid_rl.workers.learner import Learner, ppo_role_batching
 
 __all__ = ["DataParallelPPOCritic", "value_objective"]
 
@@ -53,11 +53,9 @@ class DataParallelPPOCritic(Learner):
                  attn_implementation: Optional[str] = None):
         super().__init__(critic_module, critic_optimizer,
                          mini_batch_rows=ppo_mini_batch_size_per_gpu or config.ppo_mini_batch_size * config.rollout_n,
-                         micro_batch_rows=ppo_micro_batch_size_per_gpu or config.ppo_micro_batch_size_per_gpu,
-                         use_dynamic_bsz=config.use_dynamic_bsz, max_token_len=config.ppo_max_token_len_per_gpu,
-                         max_token_len_key="critic.ppo_max_token_len_per_gpu", grad_clip=config.grad_clip,
-                         use_prefix_grouper=config.use_prefix_grouper, use_remove_padding=use_remove_padding,
-                         device=device, attn_implementation=attn_implementation, role="critic", head=ValueHead(),
+                         **ppo_role_batching(config, "critic", ppo_micro_batch_size_per_gpu),
+                         use_remove_padding=use_remove_padding, device=device,
+                         attn_implementation=attn_implementation, head=ValueHead(),
                          attn_key="critic.model.attn_implementation",
                          learner_metrics=("grad_norm", "num_skipped_steps"))
         self.config = config

@@ -80,6 +80,16 @@ def objective_paired(objective: Objective) -> bool:
     return objective.name in registered_objectives() and objective_info(objective.name).paired
 
 
+def ppo_role_batching(config: Any, role: str, micro_batch_rows: Optional[int] = None) -> dict[str, Any]:
+    """The :class:`Learner` keywords a PPO role's section sets under veRL's names (``actor`` /
+    ``critic``: ``ppo_micro_batch_size_per_gpu``, ``use_dynamic_bsz``, ``ppo_max_token_len_per_gpu``,
+    ``grad_clip``, ``use_prefix_grouper``); ``micro_batch_rows``: this rank's rows, None = the section's."""
+    return {"micro_batch_rows": micro_batch_rows or config.ppo_micro_batch_size_per_gpu,
+            "use_dynamic_bsz": config.use_dynamic_bsz, "max_token_len": config.ppo_max_token_len_per_gpu,
+            "max_token_len_key": f"{role}.ppo_max_token_len_per_gpu", "grad_clip": config.grad_clip,
+            "use_prefix_grouper": config.use_prefix_grouper, "role": role}
+
+
 class Learner:
     """Outputs of ``module`` and updates of it by an objective, on this rank's share of a batch.
 
