@@ -11,7 +11,8 @@ with ``trainer.check_batch``, at every step boundary), its validation and its lo
 subclasses another mode::
 
     TrainerCore ─┬─ RayPPOTrainer ── DecoupledPPOTrainer
-                 ├─ SFTTrainer
+                 ├─ PolicyModeTrainer ─┬─ SFTTrainer     (core/policy_mode.py: the actor-only modes' share)
+                 │                     └─ DPOTrainer
                  └─ RMTrainer
 """
 
@@ -292,6 +293,14 @@ class TrainerCore(abc.ABC):
         its reduced metrics go into ``metrics``."""
         batch.meta_info["global_steps"] = self.global_steps
         output = call(batch)
+        metrics.update(metric_fns.reduce_metrics(output.meta_info.get("metrics", {})))
+        return batch
+
+    @staticmethod
+    def _absorb(batch: DataProto, output: DataProto, metrics: dict[str, Any]) -> DataProto:
+        """Copy a worker output's tensors into ``batch`` and its reduced worker metrics into ``metrics``."""
+        for key in output.batch.keys() if output.batch is not None else []:
+            batch.batch[key] = output.batch[key]
         metrics.update(metric_fns.reduce_metrics(output.meta_info.get("metrics", {})))
         return batch
 

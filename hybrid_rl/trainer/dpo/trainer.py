@@ -27,7 +27,6 @@ from typing import Any
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.trainer.config.loader import to_typed_config
 from hybrid_rl.trainer.config.run_checks import RunPlan
-from hybrid_rl.trainer.core import metrics as metric_fns
 from hybrid_rl.trainer.core.batch_contract import BatchPlan
 from hybrid_rl.trainer.core.policy_mode import PolicyModeTrainer
 from hybrid_rl.trainer.core.validation import dataset_batches
@@ -37,14 +36,6 @@ from hybrid_rl.trainer.dpo.contracts import dpo_batch_plan
 from hybrid_rl.trainer.dpo.validation import held_out_pair_metrics
 
 __all__ = ["DPOTrainer"]
-
-
-def _absorb(batch: DataProto, output: DataProto, metrics: dict[str, Any]) -> DataProto:
-    """Copy a worker output's tensors into ``batch`` and its reduced worker metrics into ``metrics``."""
-    for key in output.batch.keys() if output.batch is not None else []:
-        batch.batch[key] = output.batch[key]
-    metrics.update(metric_fns.reduce_metrics(output.meta_info.get("metrics", {})))
-    return batch
 
 
 class DPOTrainer(PolicyModeTrainer):
@@ -100,7 +91,7 @@ class DPOTrainer(PolicyModeTrainer):
 
     def compute_ref_log_prob(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """``ref_log_prob`` [2B, R]: both responses of every pair under the frozen reference."""
-        return _absorb(batch, self.actor_rollout_wg.compute_ref_log_prob(batch), metrics)
+        return self._absorb(batch, self.actor_rollout_wg.compute_ref_log_prob(batch), metrics)
 
     def held_out_metrics(self) -> dict[str, float]:
         """``val/dpo/*``: the DPO loss and TRL's reward statistics on the held-out pairs."""

@@ -65,14 +65,6 @@ VERL_TIMING_ALIASES = {
 }
 
 
-def _absorb(batch: DataProto, output: DataProto, metrics: dict[str, Any]) -> DataProto:
-    """Copy a worker output's tensors into ``batch`` and its reduced worker metrics into ``metrics``."""
-    for key in output.batch.keys() if output.batch is not None else []:
-        batch.batch[key] = output.batch[key]
-    metrics.update(metric_fns.reduce_metrics(output.meta_info.get("metrics", {})))
-    return batch
-
-
 class RayPPOTrainer(TrainerCore):
     """Drives colocated actor/rollout/ref (+ critic) workers through PPO-style training.
 
@@ -231,8 +223,8 @@ class RayPPOTrainer(TrainerCore):
         """Learned reward model: ``rm_scores`` [B, R] (normalised as trained) and ``rm_raw_scores`` [B]
         from the colocated reward-model workers, or from the remote service (docs/rlhf_pipeline.md)."""
         if self.remote_rm is not None:
-            return _absorb(batch, reward_model.remote_scores(self.remote_rm, batch, self.tokenizer), metrics)
-        return _absorb(batch, self.workers.reward_model.compute_rm_score(batch), metrics)
+            return self._absorb(batch, reward_model.remote_scores(self.remote_rm, batch, self.tokenizer), metrics)
+        return self._absorb(batch, self.workers.reward_model.compute_rm_score(batch), metrics)
 
     def compute_reward(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """``token_level_scores`` from the reward manager (on the driver; failure counts to metrics),
@@ -260,7 +252,7 @@ class RayPPOTrainer(TrainerCore):
         if "entropys" in output.batch.keys():
             entropys = output.batch.pop("entropys")
             metrics["actor/entropy"] = float(masked_mean(entropys, batch.batch["response_mask"].float()))
-        return _absorb(batch, output, metrics)
+        return self._absorb(batch, output, metrics)
 
     def filter_groups(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """DAPO's dynamic sampling: drop the groups whose metric does not vary, generate and score more
@@ -303,17 +295,17 @@ class RayPPOTrainer(TrainerCore):
         if len(batch) == 0:
             batch.batch["ref_log_prob"] = online_dpo.empty_ref_log_prob(batch)
             return batch
-        return _absorb(batch, self.actor_rollout_wg.compute_ref_log_prob(batch), metrics)
+        return self._absorb(batch, self.actor_rollout_wg.compute_ref_log_prob(batch), metrics)
 
     def compute_teacher_log_prob(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """``teacher_log_prob`` [B, R]: the sampled tokens under each row's teacher (on-policy
         distillation; the actor's loss reads it)."""
         teachers = self.workers.teacher if self.workers.teacher is not None else self.actor_rollout_wg
-        return _absorb(batch, teachers.compute_teacher_log_prob(batch), metrics)
+        return self._absorb(batch, teachers.compute_teacher_log_prob(batch), metrics)
 
     def compute_values(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """Critic ``values`` per response token."""
-        return _absorb(batch, self.critic_wg.compute_values(batch), metrics)
+        return self._absorb(batch, self.critic_wg.compute_values(batch), metrics)
 
     def compute_advantage(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """Rewards (minus the in-reward KL if enabled), then the registered advantage estimator."""
