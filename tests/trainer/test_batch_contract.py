@@ -194,3 +194,17 @@ def test_the_supervised_modes_declare_their_datasets():
     assert rm.contract("update_reward_model").reads == rm.inputs.writes == (
         "chosen_input_ids", "chosen_attention_mask", "chosen_position_ids", "rejected_input_ids",
         "rejected_attention_mask", "rejected_position_ids", "margin")
+
+
+def test_update_actor_reads_what_the_selected_objective_declares():
+    """A PPO run whose actor trains another objective (``actor.objective``) declares that objective's
+    reads, as the worker builds it: ``nll`` reads no advantages or old log-probs."""
+    from hybrid_rl.algorithms.rollout_correction import RolloutCorrectionConfig
+    from hybrid_rl.trainer.config import PPOConfig
+    from hybrid_rl.trainer.ppo.contracts import actor_update_contract
+
+    cfg = PPOConfig()
+    cfg.actor_rollout_ref.actor.objective = {"name": "nll"}
+    contract = actor_update_contract(cfg, True, RolloutCorrectionConfig())
+    assert contract.reads == ("responses", "input_ids", "attention_mask", "position_ids", "response_mask")
+    assert contract.optional_reads == ()

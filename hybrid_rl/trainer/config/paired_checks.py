@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from hybrid_rl.objectives import Objective, build_objective
+from hybrid_rl.objectives import Objective
 from hybrid_rl.objectives.registry import objective_info
-from hybrid_rl.workers.objective_choice import OBJECTIVE_KEY, objective_settings
+from hybrid_rl.workers.objective_choice import OBJECTIVE_KEY, objective_settings, selected_objective
 
 __all__ = ["DEFAULT_ESTIMATOR", "check_paired_objective", "objective_needs_reference", "paired_notices",
            "paired_objective"]
@@ -37,7 +37,7 @@ def paired_objective(cfg: Any) -> Optional[Objective]:
     chosen = objective_settings(cfg.actor_rollout_ref.actor)
     if chosen is None or not objective_info(chosen[0]).paired:
         return None
-    return build_objective(*chosen, key=OBJECTIVE_KEY)
+    return selected_objective(cfg.actor_rollout_ref.actor)
 
 
 def objective_needs_reference(objective: Objective) -> bool:

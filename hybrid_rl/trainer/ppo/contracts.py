@@ -19,7 +19,7 @@ from typing import Any
 
 from hybrid_rl.algorithms.distillation import distillation_loss_info
 from hybrid_rl.objectives import Objective
-from hybrid_rl.objectives.ppo import ppo_objective
+from hybrid_rl.workers.objective_choice import actor_objective
 from hybrid_rl.schema import SCHEMA_BY_NAME
 from hybrid_rl.trainer.config.run_checks import RunPlan
 from hybrid_rl.trainer.core.batch_contract import BatchPlan, StepContract
@@ -51,12 +51,12 @@ def needs_old_log_prob_pass(cfg: Any, correction: Any) -> bool:
 
 def actor_update_contract(cfg: Any, old_log_probs: bool, correction: Any) -> StepContract:
     """``update_actor``: the model inputs and what the actor's objective declares it reads
-    (:func:`hybrid_rl.objectives.ppo.ppo_objective`, built as the actor worker builds it: the policy
-    loss, entropy, KL loss and distillation terms). ``old_log_probs``: an earlier step writes them (else
+    (:func:`hybrid_rl.workers.objective_choice.actor_objective`, built as the actor worker builds it:
+    the objective ``actor.objective`` selects, else the policy loss, entropy, KL loss and distillation terms). ``old_log_probs``: an earlier step writes them (else
     the update is on-policy and uses its own detached log-probs); ``correction``: the resolved
     ``algorithm.rollout_correction`` (bypass mode's loss reads the rollout's log-probs)."""
     distillation = cfg.distillation.distillation_loss if cfg.distillation.enabled else None
-    objective = ppo_objective(cfg.actor_rollout_ref.actor, distillation)
+    objective = actor_objective(cfg.actor_rollout_ref.actor, distillation)
     if correction.bypass_mode:
         objective.bind({"rollout_correction": asdict(correction)})
     on_policy = not old_log_probs
