@@ -70,6 +70,9 @@ BATCH_SCHEMA: tuple[BatchKey, ...] = (
              "interaction observations (attention_mask stays 1 there)"),
     BatchKey("rollout_log_probs", _T, "float32", "[B, R]", "rollout (optional)",
              "log-probs of the sampled tokens under the rollout engine"),
+    BatchKey("rollout_versions", _T, "int64", "[B, R]",
+             "rollout (partial rollout); experience buffer (batch_from_experiences)",
+             "policy version that sampled each response token, -1 on observations/padding; partial rollout"),
     BatchKey("old_log_probs", _T, "float32", "[B, R]", "actor compute_log_prob",
              "log-probs of the responses under the actor before the update"),
     BatchKey("entropys", _T, "float32", "[B, R]", "actor compute_log_prob", "per-token policy entropy"),
@@ -138,6 +141,11 @@ BATCH_SCHEMA: tuple[BatchKey, ...] = (
              "list[float]: scores the row's interaction gave its turns"),
     BatchKey("policy_version", _N, "object", "[B]", "experience buffer (batch_from_experiences)",
              "int: version of the policy weights that sampled the row"),
+    BatchKey("min_global_steps", _N, "object", "[B]", "experience buffer (batch_from_experiences)",
+             "int: oldest policy version over the row's model tokens (= policy_version; veRL fully-async's name)"),
+    BatchKey("max_global_steps", _N, "object", "[B]", "experience buffer (batch_from_experiences)",
+             "int: newest policy version over the row's model tokens (> min_global_steps after a partial "
+             "rollout; veRL fully-async's name)"),
     BatchKey("agent_metrics", _N, "object", "[B]", "rollout (multi-turn)",
              "dict[str, float]: per-row turns, tool calls/errors/timeouts, token counts, tool/<name>/<metric>, "
              "ended_by/<reason>"),

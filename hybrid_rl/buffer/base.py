@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from hybrid_rl.buffer.experience import STATUSES, Experience
+from hybrid_rl.buffer.experience import STATUSES, Experience, check_experience
 
 __all__ = ["BUFFER_STORAGE_TYPES", "BufferConfig", "ExperienceBuffer", "MemoryBuffer"]
 
@@ -56,7 +56,8 @@ class ExperienceBuffer(ABC):
 
     @abstractmethod
     def put(self, experiences: Sequence[Experience]) -> list[int]:
-        """Store ``experiences`` as ready; returns their ids (increasing)."""
+        """Store ``experiences`` as ready; returns their ids (increasing). A row whose per-token
+        lists do not match its response (:func:`check_experience`) is a ``ValueError``; none is stored."""
 
     @abstractmethod
     def take(self, n: int, step: int, min_version: Optional[int] = None) -> list[Experience]:
@@ -107,6 +108,8 @@ class MemoryBuffer(ExperienceBuffer):
         self._lock = threading.Lock()
 
     def put(self, experiences: Sequence[Experience]) -> list[int]:
+        for e in experiences:
+            check_experience(e)
         with self._lock:
             ids = []
             for e in experiences:

@@ -43,7 +43,7 @@ from sqlalchemy.types import TypeDecorator
 
 from hybrid_rl.buffer.base import TABLE_NAME, ExperienceBuffer, _check_status
 from hybrid_rl.buffer.codec import CODEC_VERSION, decode_float, decode_json, decode_text, encode_json, encode_text
-from hybrid_rl.buffer.experience import Experience
+from hybrid_rl.buffer.experience import Experience, check_experience
 
 __all__ = ["DEFAULT_TABLE", "NotABufferTable", "SQLBuffer", "as_sqlalchemy_url", "table_name"]
 
@@ -98,6 +98,8 @@ def _table(name: str, metadata: MetaData) -> Table:
         Column("response_ids", JSONText),
         Column("response_mask", JSONText),
         Column("rollout_log_probs", JSONText, nullable=True),
+        Column("token_rewards", JSONText, nullable=True),  # NULL: the reward on the last model token
+        Column("token_versions", JSONText, nullable=True),  # NULL: every model token of policy_version
         Column("reward", Float),
         Column("policy_version", Integer, index=True),
         Column("ground_truth", JSONText, nullable=True),
@@ -112,7 +114,10 @@ def _table(name: str, metadata: MetaData) -> Table:
 
 _FIELDS = [f.name for f in fields(Experience)]
 _TEXT_FIELDS = ("uid", "data_source", "prompt_text", "response_text")
-_JSON_FIELDS = ("prompt_ids", "response_ids", "response_mask", "rollout_log_probs", "ground_truth", "extra")
+_JSON_FIELDS = ("prompt_ids", "response_ids", "response_mask", "rollout_log_probs", "token_rewards", "token_versions",
+                "ground_truth", "extra")
+_ADDED_COLUMNS = ("codec", "token_rewards", "token_versions")
+"""Nullable columns a table of an earlier hybrid_rl lacks: added when it is opened (its rows read None)."""
 _FLOAT_FIELDS = ("reward", "created_at")
 _DRIVERLESS_POSTGRES = ("postgres", "postgresql")
 """``postgres://`` (Heroku's and libpq's spelling) and ``postgresql://`` name no driver: psycopg 3 is
@@ -193,18 +198,21 @@ def _columns(conn: Connection, name: str) -> Optional[set[str]]:
 
 
 def _create_or_migrate(conn: Connection, table: Table) -> None:
-    """Create ``table`` (with its indexes) if missing; add ``codec`` to a table from before it."""
+    """Create ``table`` (with its indexes) if missing; add the :data:`_ADDED_COLUMNS` a table from
+    before them lacks."""
     if conn.dialect.name == "postgresql":  # one creator at a time (pg_type's unique index otherwise)
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _lock_key(table.name)})
     table.metadata.create_all(conn)
     have = _columns(conn, table.name) or set()
-    missing = {c.name for c in table.columns} - have - {"codec"}
+    missing = {c.name for c in table.columns} - have - set(_ADDED_COLUMNS)
     if missing:
         raise NotABufferTable(f"table {table.name!r} exists but is not an experience buffer: it lacks the columns "
                               f"{sorted(missing)}")
-    quoted = conn.dialect.identifier_preparer.quote(table.name)
-    if "codec" not in have:
-        conn.execute(text(f"ALTER TABLE {quoted} ADD COLUMN codec INTEGER"))
+    preparer = conn.dialect.identifier_preparer
+    quoted = preparer.quote(table.name)
+    for name in (n for n in _ADDED_COLUMNS if n not in have):
+        kind = table.c[name].type.compile(dialect=conn.dialect)  # INTEGER; TEXT (SQLite) or JSON
+        conn.execute(text(f"ALTER TABLE {quoted} ADD COLUMN {preparer.quote(name)} {kind}"))
     if conn.dialect.name == "postgresql":  # a table from before: varchar(256) keys (SQLite ignores lengths)
         narrow = [c["name"] for c in inspect(conn).get_columns(table.name)
                   if c["name"] in ("uid", "data_source") and getattr(c["type"], "length", None) is not None]
@@ -245,6 +253,8 @@ class SQLBuffer(ExperienceBuffer):
         self._skip_locked = self.engine.dialect.name in SKIP_LOCKED_DIALECTS
 
     def put(self, experiences: Sequence[Experience]) -> list[int]:
+        for e in experiences:
+            check_experience(e)
         rows = [_encode_row(e) for e in experiences]
         t = self.table
         with self.engine.begin() as conn:
