@@ -136,7 +136,8 @@ def open_checked(path: str, name: str = DEFAULT_TABLE, key: str = "async_trainin
     except Exception as error:  # noqa: BLE001
         raise ValueError(f"{where}: cannot create or open table {name} ({_reason(error, password)}). Fix: grant "
                          "this user CREATE on the database's schema, or let the table's owner open it once (that "
-                         "creates it, or updates a table of an older hybrid_rl: codec and token columns, text keys).") from None
+                         "creates it, or updates a table of an older hybrid_rl: codec and token columns, text "
+                         "keys).") from None
     try:
         _check_writable(buffer, where, password)
     except ValueError:
