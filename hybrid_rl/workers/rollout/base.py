@@ -12,6 +12,11 @@ the :class:`~hybrid_rl.workers.rollout.multi_turn.MultiTurnGenerator` built by
 An engine implements that generate primitive (and may override :meth:`~BaseRollout.generate_batch`
 with a faster single-turn path) plus the weight and memory methods.
 
+Streaming (``stream_*``): requests generate a step at a time and a weight update interrupts and
+resumes them from the tokens already sampled (partial rollout); the loop lives in
+:mod:`~hybrid_rl.workers.rollout.streaming` (engine-neutral, over :meth:`~BaseRollout.generate_turn`),
+and an engine may bring its own through :meth:`~BaseRollout.make_streamer` (vLLM: continuous batching).
+
 Randomness: each rollout owns a private random stream (:class:`PrivateRng`) that is swapped in
 around engine calls, so generation never perturbs the trainer's torch/numpy/python RNG and the
 engine's samples are reproducible from ``rollout.seed`` alone.
@@ -22,7 +27,7 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -34,6 +39,9 @@ from hybrid_rl.workers.rollout.config import RolloutConfig
 from hybrid_rl.workers.rollout.multi_turn import MultiTurnGenerator
 from hybrid_rl.workers.rollout.params import GenerationParams, resolve_generation_params
 from hybrid_rl.workers.rollout.sequences import build_rollout_output, check_prompt_batch, prompt_token_lists
+
+if TYPE_CHECKING:
+    from hybrid_rl.workers.rollout.streaming import StreamRequest, Streamer, StreamSample
 
 __all__ = ["BaseRollout", "EngineRefusedModel", "GenerationParams", "PrivateRng", "ROW_SEED_STRIDE",
            "StrictWeightStream", "TurnResults", "data_parallel_rank", "expected_weight_shapes",
@@ -130,6 +138,56 @@ class BaseRollout(ABC):
         counted from its live tensors (:mod:`hybrid_rl.utils.memory`); storages already in
         ``seen`` are not counted again."""
         return {}
+
+    # Streaming generation with partial rollout (hybrid_rl/workers/rollout/streaming.py, docs/rollout.md).
+    _streamer: Optional["Streamer"] = None
+
+    def make_streamer(self) -> "Streamer":
+        """The streaming loop of this engine; default: segments through :meth:`generate_turn`."""
+        from hybrid_rl.workers.rollout.streaming import Streamer
+
+        return Streamer(self)
+
+    def _stream(self) -> "Streamer":
+        if self._streamer is None:
+            self._streamer = self.make_streamer()
+        return self._streamer
+
+    def stream_submit(self, requests: list["StreamRequest"], params: GenerationParams) -> None:
+        """Queue single-turn requests; they generate during :meth:`stream_step`."""
+        self._stream().submit(requests, params)
+
+    def stream_step(self, max_wall_s: float) -> list["StreamSample"]:
+        """Advance the requests in flight; return those that finished, as soon as at least one has
+        (or ``max_wall_s`` passed: then possibly none)."""
+        return self._stream().step(max_wall_s)
+
+    def stream_update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Interrupt the requests in flight (their tokens kept), load the weights (:meth:`update_weights`),
+        tag later tokens with ``version``; the requests resume from their partial responses."""
+        self._stream().update_weights(named_tensors, version)
+
+    def stream_set_version(self, version: int) -> None:
+        """The policy version of the weights the engine holds (the first sync's, or after a restore)."""
+        self._stream().set_version(version)
+
+    def stream_pending(self) -> int:
+        """How many requests are in flight."""
+        return 0 if self._streamer is None else self._streamer.pending()
+
+    def stream_state(self) -> dict:
+        """The requests in flight (partial responses, log-probs, versions) as plain data."""
+        return self._stream().state()
+
+    def stream_restore(self, state: dict) -> None:
+        """Put a :meth:`stream_state` back in flight on an idle engine."""
+        self._stream().restore(state)
+
+    def stream_interrupt(self) -> None:
+        """Stop generating the requests in flight, tokens kept (they resume at the next step); an
+        engine calls it before a batch call that would otherwise run them too."""
+        if self._streamer is not None:
+            self._streamer.interrupt()
 
 
 def data_parallel_rank(tensor_parallel_size: int = 1) -> int:

@@ -151,6 +151,10 @@ class RolloutConfig:
     """HF rollout: the KV cache of ``generate``. auto = static on CUDA (preallocated, so transformers
     compiles the decode step with CUDA graphs unless enforce_eager is true), dynamic elsewhere;
     static | dynamic to choose."""
+    stream_segment_tokens: int = bounded(32, ge=1, fix="use e.g. 32")
+    """Streaming (``stream_step``) on engines without continuous batching (hf): tokens each request
+    generates per segment, the granularity at which a weight update interrupts it. Smaller: a
+    sooner switch to new weights, more prompt recomputation. vLLM streams one token per engine step."""
     max_num_batched_tokens: int = bounded(8192, ge=1, fix="set rollout.max_num_batched_tokens to a positive integer")
     """vLLM: most tokens processed in one engine step (raised to the context length if lower)."""
     cpu_kvcache_space_gib: Optional[float] = bounded(None, gt=0, fix="use null (sized from the batch) or e.g. 0.5")
@@ -182,7 +186,7 @@ class RolloutConfig:
         _check(self.load_format in LOAD_FORMATS, "rollout.load_format", self.load_format,
                f"must be one of {LOAD_FORMATS}", "use dummy (the actor's weights are synced before generating)")
         for key in ("response_length", "prompt_length", "max_num_seqs", "max_num_batched_tokens",
-                    "tensor_model_parallel_size", "block_size"):
+                    "tensor_model_parallel_size", "block_size", "stream_segment_tokens"):
             value = getattr(self, key)
             _check(value is None or isinstance(value, int), f"rollout.{key}", value,
                    "must be an integer", f"set rollout.{key} to a positive integer")

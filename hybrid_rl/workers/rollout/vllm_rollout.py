@@ -308,6 +308,7 @@ class VLLMRollout(BaseRollout):
             # on CPU the call runs on a fresh stream seeded by base_seed instead (same reproducibility).
             seed=None if (base_seed is None or self.on_cpu) else base_seed + i) for i in range(len(token_lists))]
         inputs = [TokensPrompt(prompt_token_ids=tokens) for tokens in token_lists]
+        self.stream_interrupt()  # LLM.generate would run (and swallow) streamed requests too
         with self._rng.active(seed=base_seed if self.on_cpu else None), _threads(self._num_threads):
             outputs = self.llm.generate(inputs, sampling, use_tqdm=False)
         responses, log_probs = [], []
@@ -319,6 +320,12 @@ class VLLMRollout(BaseRollout):
             else:
                 log_probs.append([step[tok].logprob for step, tok in zip(completion.logprobs, completion.token_ids)])
         return responses, log_probs
+
+    def make_streamer(self) -> Any:
+        """Streaming by continuous batching in the engine (``vllm_stream.py``)."""
+        from hybrid_rl.workers.rollout.vllm_stream import VLLMStreamer
+
+        return VLLMStreamer(self)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Stream the actor's full state dict into the running engine, then reset the prefix cache."""
@@ -373,6 +380,7 @@ class VLLMRollout(BaseRollout):
         ``release_weights_in_sleep`` says a sync follows every wake."""
         if not self.config.free_cache_engine or self._asleep:
             return
+        self.stream_interrupt()  # streamed requests keep their tokens and re-prefill after the wake
         if self.on_cpu:
             self.llm.collective_rpc(release_kv_cache)
             if self.release_weights_in_sleep:
