@@ -37,6 +37,8 @@ from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path, t
 from hybrid_rl.workers.optimizer_offload import OptimizerOffload
 from hybrid_rl.workers.scalar_worker import ScalarModelWorker
 from hybrid_rl.workers.teacher import TeacherMixin
+from hybrid_rl.workers.weight_transfer import (DEFAULT_BUCKET_BYTES, WeightExporter, WeightHandle, open_weights,
+                                               rollout_aliases)
 
 logger = logging.getLogger(__name__)
 
@@ -214,32 +216,48 @@ class ActorRolloutRefWorker(TeacherMixin, Worker):
         return merged_lora_weights(iter_full_state(self.actor_module, device=self.device), self.actor_module, dtype)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def export_rollout_weights(self) -> Optional[dict[str, Any]]:
+    def export_rollout_weights(self, transport: str = "shm",
+                               bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Optional[dict[str, Any]]:
         """The actor's full weights as the rollout engine loads them (rollout dtype, LoRA adapters
-        merged), put into Ray's object store by rank 0: ``{"weights": ObjectRef}`` there, None on the
-        other ranks (they only take part in the FSDP gathers). Pass the ref to the rollout group's
-        ``load_rollout_weights``; the driver never fetches the tensors."""
+        merged), written once (tied weights once) by rank 0 into byte buckets: shared memory
+        (``transport="shm"``, same node) or Ray numpy objects (``"object_store"``). Returns
+        ``{"weights": WeightHandle}`` (plain metadata, no tensor) on rank 0, None on the other ranks
+        (they only take part in the FSDP gathers). Pass it to the rollout group's
+        ``load_rollout_weights``, then to ``release_rollout_weights``."""
         self._require("actor", "export_rollout_weights")
         if self.rank != 0:
             for _ in self._rollout_weights():  # the collective gathers, nothing kept
                 pass
             return None
-        import ray  # a separate rollout pool is a Ray run
+        if getattr(self, "_weight_exporter", None) is None:
+            self._weight_exporter = WeightExporter()  # sweeps dead exporters' segments
+        handle = self._weight_exporter.export(self._rollout_weights(), rollout_aliases(self.actor_module),
+                                              transport, bucket_bytes)
+        return {"weights": handle}
 
-        weights = [(name, tensor.to("cpu", copy=True)) for name, tensor in self._rollout_weights()]
-        return {"weights": ray.put(weights)}
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def release_rollout_weights(self, handle: WeightHandle) -> Optional[int]:
+        """Free a push's buckets once every rollout worker loaded it (or a newer push replaced it);
+        returns the number of buckets freed on rank 0."""
+        exporter = getattr(self, "_weight_exporter", None)
+        return exporter.release(handle) if self.rank == 0 and exporter is not None else None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_rollout_weights(self, weights: list[tuple[str, torch.Tensor]]) -> dict[str, float]:
-        """Load weights from ``export_rollout_weights`` into a rollout-only worker's engine; returns
-        ``{"timing_s/weight_load": seconds}``."""
+    def load_rollout_weights(self, weights: WeightHandle) -> dict[str, float]:
+        """Load a push from ``export_rollout_weights`` into a rollout-only worker's engine (zero-copy
+        views of the buckets); returns ``{"timing_s/weight_load": seconds}``."""
         self._require("rollout", "load_rollout_weights")
         if self._is_actor:
             raise ValueError(f"load_rollout_weights is for rollout-only workers; role {self.role!r} syncs its "
                              "rollout from its own actor before each generation.")
         start = time.perf_counter()
-        self.rollout.update_weights(iter(weights))
+        with open_weights(weights) as named_tensors:
+            self.rollout.update_weights(named_tensors)
         return {"timing_s/weight_load": time.perf_counter() - start}
+
+    def _opened_rollout_weights(self, weights: WeightHandle):
+        """The streaming load's view of a push (``StreamingRolloutMixin``): the same mapped buckets."""
+        return open_weights(weights)
 
     # ------------------------------------------------------------------ log-probs
     def _log_prob_meta(self, data: DataProto, micro_batch_size: Optional[int], use_dynamic_bsz: bool,
@@ -331,6 +349,9 @@ class ActorRolloutRefWorker(TeacherMixin, Worker):
         if rollout is not None:
             rollout.shutdown()
             self.rollout = None
+        exporter = getattr(self, "_weight_exporter", None)
+        if exporter is not None:  # unlink every push still in shared memory
+            exporter.close()
 
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -33,6 +33,7 @@ from hybrid_rl.trainer.core.batch_contract import BatchPlan
 from hybrid_rl.trainer.ppo.contracts import decoupled_batch_plan
 from hybrid_rl.trainer.ppo.producer import ProducerState, RolloutProducer
 from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
+from hybrid_rl.workers.weight_transfer import DEFAULT_BUCKET_BYTES, PushLedger, WeightHandle, choose_transport
 
 __all__ = ["DecoupledPPOTrainer", "staleness_metrics"]
 
@@ -91,6 +92,8 @@ class DecoupledPPOTrainer(RayPPOTrainer):
         try:
             super()._end_fit()
         finally:
+            if getattr(self, "weight_pushes", None) is not None:
+                self.weight_pushes.release_all()  # pushes offered and never loaded
             if self.buffer is not None:
                 self.buffer.close()
 
@@ -99,12 +102,29 @@ class DecoupledPPOTrainer(RayPPOTrainer):
         while self.global_steps < self.total_training_steps:
             yield DataProto()
 
-    def _export_weights(self) -> Any:
-        """The trainer's current weights in Ray's object store (a ref; the driver never fetches them)."""
-        return self.actor_rollout_wg.export_rollout_weights()[0]["weights"]
+    weight_transport = "auto"
+    """How pushes travel: ``"auto"`` (shared memory when every rollout worker shares the trainer's
+    node, Ray's object store otherwise), or force ``"shm"`` / ``"object_store"``."""
+    weight_bucket_bytes = DEFAULT_BUCKET_BYTES
+    """Bytes per weight bucket (a larger tensor gets a bucket of its own)."""
 
-    def _load_rollout_weights(self, exported: Any) -> dict[str, float]:
-        outputs = self.workers.rollout.load_rollout_weights(exported)
+    def _export_weights(self) -> WeightHandle:
+        """The trainer's current weights, written once into buckets (docs/async.md, "Weight
+        transfer"); the driver holds only the handle's metadata."""
+        if getattr(self, "weight_pushes", None) is None:
+            self.weight_pushes = PushLedger(self.actor_rollout_wg.release_rollout_weights)
+        infos = self.actor_rollout_wg.worker_infos
+        transport = choose_transport(infos[0].node_ip, [i.node_ip for i in self.workers.rollout.worker_infos],
+                                     self.weight_transport)
+        return self.weight_pushes.offered(self.actor_rollout_wg.export_rollout_weights(
+            transport=transport, bucket_bytes=self.weight_bucket_bytes)[0]["weights"])
+
+    def _load_rollout_weights(self, exported: WeightHandle) -> dict[str, float]:
+        """Load a push into every rollout worker, then free its buckets (and older unloaded ones)."""
+        try:
+            outputs = self.workers.rollout.load_rollout_weights(exported)
+        finally:
+            self.weight_pushes.loaded(exported)
         return {"timing_s/weight_load": max(o["timing_s/weight_load"] for o in outputs)}
 
     # ------------------------------------------------------------------ the step plan
