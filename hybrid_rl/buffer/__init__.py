@@ -6,10 +6,12 @@ and :class:`SQLBuffer` (any SQLAlchemy URL; a SQLite file by default). docs/buff
 """
 
 from hybrid_rl.buffer.base import BUFFER_STORAGE_TYPES, BufferConfig, ExperienceBuffer, MemoryBuffer
-from hybrid_rl.buffer.experience import STATUSES, Experience, batch_from_experiences, experiences_from_batch
+from hybrid_rl.buffer.experience import (STATUSES, Experience, batch_from_experiences, check_experience,
+                                         experiences_from_batch)
 
 __all__ = ["BUFFER_STORAGE_TYPES", "STATUSES", "BufferConfig", "Experience", "ExperienceBuffer", "MemoryBuffer",
-           "SQLBuffer", "batch_from_experiences", "build_buffer", "experiences_from_batch", "sql_location"]
+           "SQLBuffer", "batch_from_experiences", "build_buffer", "check_experience", "experiences_from_batch",
+           "sql_location"]
 
 
 def __getattr__(name: str):

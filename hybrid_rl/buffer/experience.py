@@ -111,40 +111,40 @@ def check_experience(e: Experience) -> None:
                              f"token (observations included), or None.")
 
 
-def _last_model_token(mask: torch.Tensor) -> Optional[int]:
-    """Index of the last 1 of a response mask row [R]; None when there is none."""
-    model_tokens = mask.nonzero()
-    return int(model_tokens[-1]) if len(model_tokens) else None
-
-
-def _compact_scores(mask: torch.Tensor, reward: float) -> torch.Tensor:
-    """[R] float32: ``reward`` on the last model token of ``mask`` [R], zeros elsewhere."""
-    scores = torch.zeros(mask.shape, dtype=torch.float32)
-    last = _last_model_token(mask)
-    if last is not None:
-        scores[last] = reward
+def _compact_scores(masks: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+    """[B, R] float32: each row's reward (``rewards`` [B]) on the last model token of ``masks`` [B, R],
+    zeros elsewhere (and all zeros in a row without model tokens)."""
+    model = masks.bool()
+    last = masks.shape[-1] - 1 - model.flip(-1).int().argmax(-1)  # [B]: argmax gives the first maximum
+    rows = model.any(-1).nonzero().squeeze(-1)
+    scores = torch.zeros(masks.shape, dtype=torch.float32)
+    scores[rows, last[rows]] = rewards.to(torch.float32)[rows]
     return scores
 
 
-def _token_rewards(scores: torch.Tensor, mask: torch.Tensor, reward: float) -> Optional[list[float]]:
-    """A row's scores [valid] as Python floats, or None when the compact form rebuilds them bit for bit."""
-    compact = _compact_scores(mask, reward)
-    same = torch.equal(compact.view(torch.int32), scores.to(torch.float32).view(torch.int32))  # -0.0, NaN
-    return None if same else scores.tolist()
+def _needs_token_rewards(scores: torch.Tensor, model: torch.Tensor, in_valid: torch.Tensor,
+                         rewards: torch.Tensor) -> torch.Tensor:
+    """[B] bool: the rows whose scores [B, R] over their response tokens (``in_valid``) the compact
+    form (reward on the last model token) does not rebuild bit for bit (-0.0 and NaN payloads too)."""
+    compact = _compact_scores(model, rewards)
+    differ = compact.view(torch.int32) != scores.to(torch.float32).view(torch.int32)
+    return (differ & in_valid).any(-1)
 
 
-def _token_versions(versions: torch.Tensor, mask: torch.Tensor, row: int,
-                    default: int) -> tuple[int, Optional[list[int]]]:
-    """(policy_version, token_versions) of a row's ``rollout_versions`` [valid]: the oldest version
-    over its model tokens, and the list unless every model token has it and every observation -1."""
-    model = versions[mask.bool()]
-    if (model < 0).any():
+def _oldest_versions(versions: torch.Tensor, model: torch.Tensor, in_valid: torch.Tensor,
+                     default: int) -> tuple[list[int], torch.Tensor]:
+    """Each row's oldest version over its model tokens (``default`` where it has none) and [B] bool:
+    the rows whose ``rollout_versions`` [B, R] that version and -1 on observations do not rebuild."""
+    bad = (versions < 0) & model
+    if bad.any():
+        row = int(bad.any(-1).nonzero()[0])
         raise ValueError(f"rollout_versions row {row}: a model token (response_mask 1) carries version "
-                         f"{int(model.min())}. Fix: tag each sampled token with the policy version that sampled it "
-                         "(>= 0); -1 belongs on observations and padding only.")
-    version = int(model.min()) if len(model) else int(default)
-    compact = torch.where(mask.bool(), version, -1)
-    return version, None if torch.equal(compact, versions.long()) else [int(v) for v in versions.tolist()]
+                         f"{int(versions[row][bad[row]].min())}. Fix: tag each sampled token with the policy version "
+                         "that sampled it (>= 0); -1 belongs on observations and padding only.")
+    oldest = torch.where(model, versions, torch.iinfo(torch.long).max).min(-1).values  # [B]
+    oldest = torch.where(model.any(-1), oldest, int(default))
+    compact = torch.where(model, oldest[:, None], -1)  # [B, R]
+    return oldest.tolist(), ((compact != versions) & in_valid).any(-1)
 
 
 def experiences_from_batch(batch: DataProto, tokenizer: Any, policy_version: int) -> list[Experience]:
@@ -155,30 +155,34 @@ def experiences_from_batch(batch: DataProto, tokenizer: Any, policy_version: int
     t = batch.batch
     width = t["prompts"].shape[1]
     scores = t["token_level_scores"] if "token_level_scores" in t.keys() else t["token_level_rewards"]
-    rewards = scores.sum(-1).tolist()  # [B]
+    reward_sums = scores.sum(-1)  # [B]
+    rewards = reward_sums.tolist()
     has_lp = "rollout_log_probs" in t.keys()
-    versions = t["rollout_versions"] if "rollout_versions" in t.keys() else None  # [B, R] or None
+    lengths = t["attention_mask"][:, width:].sum(-1)  # [B] response tokens, observations included
+    in_valid = torch.arange(scores.shape[-1]) < lengths[:, None]  # [B, R]
+    model = t["response_mask"].bool() & in_valid  # [B, R]
+    needs_rewards = _needs_token_rewards(scores, model, in_valid, reward_sums).tolist()
+    versions, needs_versions = [int(policy_version)] * len(batch), [False] * len(batch)
+    if "rollout_versions" in t.keys():  # partial rollout
+        versions, needs = _oldest_versions(t["rollout_versions"], model, in_valid, policy_version)
+        needs_versions = needs.tolist()
     nt = batch.non_tensor_batch
     out = []
     for i in range(len(batch)):
         prompt = t["prompts"][i][t["attention_mask"][i, :width].bool()].tolist()
-        valid = int(t["attention_mask"][i, width:].sum())  # response tokens, observations included
+        valid = int(lengths[i])
         response = t["responses"][i, :valid].tolist()
-        mask = t["response_mask"][i, :valid]  # [valid]
-        version, token_versions = int(policy_version), None
-        if versions is not None:
-            version, token_versions = _token_versions(versions[i, :valid], mask, i, policy_version)
         reward_model = nt["reward_model"][i] if "reward_model" in nt else None
         extra = {k: _jsonable(v[i]) for k, v in nt.items() if k not in _SKIPPED_COLUMNS}
         out.append(Experience(
             uid=str(nt["uid"][i]) if "uid" in nt else str(i),
             data_source=str(nt["data_source"][i]) if "data_source" in nt else "",
             prompt_ids=prompt, response_ids=response,
-            response_mask=[int(x) for x in mask.tolist()],
-            reward=float(rewards[i]), policy_version=version,
+            response_mask=[int(x) for x in t["response_mask"][i, :valid].tolist()],
+            reward=float(rewards[i]), policy_version=versions[i],
             rollout_log_probs=t["rollout_log_probs"][i, :valid].tolist() if has_lp else None,
-            token_rewards=_token_rewards(scores[i, :valid], mask, float(rewards[i])),
-            token_versions=token_versions,
+            token_rewards=scores[i, :valid].tolist() if needs_rewards[i] else None,
+            token_versions=t["rollout_versions"][i, :valid].tolist() if needs_versions[i] else None,
             prompt_text=tokenizer.decode(prompt, skip_special_tokens=False),
             response_text=tokenizer.decode(response, skip_special_tokens=True),
             ground_truth=_jsonable(reward_model.get("ground_truth")) if isinstance(reward_model, dict) else None,
@@ -186,36 +190,30 @@ def experiences_from_batch(batch: DataProto, tokenizer: Any, policy_version: int
     return out
 
 
-def _row_versions(e: Experience, mask: torch.Tensor) -> torch.Tensor:
-    """[R] int64: the version that sampled each response token of ``e`` (``mask`` [R]), -1 on
-    observations and padding."""
-    if e.token_versions is None:
-        return torch.where(mask.bool(), e.policy_version, -1)
-    versions = torch.full(mask.shape, -1, dtype=torch.long)
-    versions[:len(e.token_versions)] = torch.as_tensor(e.token_versions, dtype=torch.long)
-    return versions
-
-
 def _version_columns(experiences: Sequence[Experience], masks: torch.Tensor) -> tuple[torch.Tensor, list, list]:
-    """``rollout_versions`` [B, R] and each row's (min, max) version over its model tokens (its
-    ``policy_version`` when it has none)."""
-    versions = torch.stack([_row_versions(e, m) for e, m in zip(experiences, masks)])  # [B, R]
-    low, high = [], []
-    for e, row, mask in zip(experiences, versions, masks):
-        model = row[mask.bool()]
-        low.append(int(model.min()) if len(model) else e.policy_version)
-        high.append(int(model.max()) if len(model) else e.policy_version)
-    return versions, low, high
+    """``rollout_versions`` [B, R] (each row's ``token_versions``, else its ``policy_version`` on model
+    tokens; -1 on observations and padding) and each row's (min, max) version over its model tokens
+    (its ``policy_version`` when it has none)."""
+    model = masks.bool()  # [B, R]
+    own = torch.tensor([e.policy_version for e in experiences], dtype=torch.long)  # [B]
+    versions = torch.where(model, own[:, None], -1)  # [B, R]
+    for i, e in enumerate(experiences):
+        if e.token_versions is not None:
+            versions[i] = -1
+            versions[i, :len(e.token_versions)] = torch.as_tensor(e.token_versions, dtype=torch.long)
+    big = torch.iinfo(torch.long).max
+    low = torch.where(model.any(-1), torch.where(model, versions, big).min(-1).values, own)
+    high = torch.where(model.any(-1), torch.where(model, versions, -big).max(-1).values, own)
+    return versions, low.tolist(), high.tolist()
 
 
 def _scores(experiences: Sequence[Experience], masks: torch.Tensor) -> torch.Tensor:
     """``token_level_scores`` [B, R]: each row's ``token_rewards``, else its reward on its last model token."""
-    scores = torch.zeros(masks.shape, dtype=torch.float32)  # [B, R]
+    scores = _compact_scores(masks, torch.tensor([e.reward for e in experiences], dtype=torch.float32))  # [B, R]
     for i, e in enumerate(experiences):
         if e.token_rewards is not None:
+            scores[i] = 0.0
             scores[i, :len(e.token_rewards)] = torch.as_tensor(e.token_rewards, dtype=torch.float32)
-        else:
-            scores[i] = _compact_scores(masks[i], e.reward)
     return scores
 
 
