@@ -153,6 +153,9 @@ BATCH_SCHEMA: tuple[BatchKey, ...] = (
              "float or None: the score an agent gave its own row; the reward manager keeps it"),
     BatchKey("rollout_batch", _N, "object", "[B]", "rollout producer (decoupled mode)",
              "int: the prompt batch a buffered row was generated from"),
+    BatchKey("rollout_group", _N, "object", "[B]", "streaming producer (async_training.partial_rollout)",
+             "int: the row's prompt group (0-based position in its prompt batch); with rollout_batch it names "
+             "the group a resumed stream skips when it is already buffered"),
     BatchKey("reward_extra_*", _N, "object", "[B]", "compute_reward (a scorer's dict result)",
              "reward_extra_<name>: the scorer's value <name> per row (reward_extra_score: the score before "
              "the overlong penalty)"),

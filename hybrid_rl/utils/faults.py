@@ -11,7 +11,7 @@ reliability tests (``tests/reliability/``) set it on the command line::
                                                      before the step is marked complete
 
 Format: ``action:point:step[:rank]``, several separated by ``,``. ``rank`` is the worker's ``RANK``
-(the driver has none: omit it). Points: the worker methods ``generate_sequences``, ``update_actor``,
+(the driver has none: omit it). Points: the worker methods ``generate_sequences``, ``stream_load_weights``, ``update_actor``,
 ``save_checkpoint``; the driver's ``driver.<step name>`` (before each named step of
 ``RayPPOTrainer.step_plan``) and ``driver.commit``.
 

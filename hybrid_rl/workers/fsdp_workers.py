@@ -36,6 +36,7 @@ from hybrid_rl.workers.lora import is_lora_model, lora_enabled, merged_lora_weig
 from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path, torch_dtype
 from hybrid_rl.workers.optimizer_offload import OptimizerOffload
 from hybrid_rl.workers.scalar_worker import ScalarModelWorker
+from hybrid_rl.workers.stream_worker import StreamingRolloutMixin
 from hybrid_rl.workers.teacher import TeacherMixin
 from hybrid_rl.workers.weight_transfer import (DEFAULT_BUCKET_BYTES, WeightExporter, WeightHandle, open_weights,
                                                rollout_aliases)
@@ -48,7 +49,7 @@ ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout
 _OptimizerOffload = OptimizerOffload  # its former name here
 
 
-class ActorRolloutRefWorker(TeacherMixin, Worker):
+class ActorRolloutRefWorker(TeacherMixin, StreamingRolloutMixin, Worker):
     """One device's actor (FSDP2 + AdamW), rollout engine and/or frozen reference policy.
 
     Args:

@@ -14,6 +14,7 @@ import math
 import os
 from typing import TYPE_CHECKING, Any, Callable
 
+from hybrid_rl.agents.config import agent_rollout_enabled
 from hybrid_rl.trainer.config.paired_checks import check_paired_objective, objective_needs_reference, paired_objective
 from hybrid_rl.trainer.config.reward_model import is_remote
 from hybrid_rl.trainer.config.run_checks import (RunPlan, as_file_list, check_data_files, check_devices,
@@ -446,6 +447,10 @@ def _check_async(cfg: PPOConfig) -> list[str]:
             errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} training + rollout.n_gpus_per_node="
                           f"{pool.n_gpus_per_node} rollout CPU workers but only {cores} cores are available; lower "
                           "them so they sum to at most the core count (each process needs a core).")
+    if a.partial_rollout and agent_rollout_enabled(cfg.actor_rollout_ref.rollout):
+        errors.append("async_training.partial_rollout=true streams single-turn rows; rows that run through agent loops "
+                      "(multi-turn, tools, environments) are not streamed yet. Fix: set "
+                      "async_training.partial_rollout=false (one prompt batch per engine call) for an agent run.")
     if estimator_needs(cfg).needs_greedy_baseline:
         errors.append(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} generates a greedy baseline inside each "
                       "training step, which the decoupled mode does not run; use one that needs none with "

@@ -156,7 +156,9 @@ def decoupled_batch_plan(ppo: BatchPlan, cfg: Any) -> BatchPlan:
     rows from the experience buffer) instead of generating and scoring, then the same steps, then
     ``sync_rollout_weights``."""
     replaced = ("generate", "compute_rm_score", "compute_reward")
+    spans = ("min_global_steps", "max_global_steps") + (
+        ("rollout_versions", "rollout_group") if cfg.async_training.partial_rollout else ())
     take = StepContract("take_experiences", writes=_rollout_writes(cfg) + (
-        "token_level_scores", "uid", "data_source", "reward_model", "policy_version"))
+        "token_level_scores", "uid", "data_source", "reward_model", "policy_version") + spans)
     steps = (take,) + tuple(s for s in ppo.steps if s.name not in replaced) + (StepContract("sync_rollout_weights"),)
     return BatchPlan(StepContract("experience buffer"), steps, OWNER)

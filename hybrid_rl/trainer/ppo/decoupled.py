@@ -32,6 +32,7 @@ from hybrid_rl.protocol import DataProto
 from hybrid_rl.trainer.core.batch_contract import BatchPlan
 from hybrid_rl.trainer.ppo.contracts import decoupled_batch_plan
 from hybrid_rl.trainer.ppo.producer import ProducerState, RolloutProducer
+from hybrid_rl.trainer.ppo.stream_producer import StreamingProducer, streaming_producer
 from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
 from hybrid_rl.workers.weight_transfer import DEFAULT_BUCKET_BYTES, PushLedger, WeightHandle, choose_transport
 
@@ -67,6 +68,7 @@ class DecoupledPPOTrainer(RayPPOTrainer):
         self.producer: RolloutProducer | None = None
         self._producer_state = ProducerState(1, self.train_dataloader.state_dict())
         self.dropped_total = 0
+        self._buffered_groups: frozenset = frozenset()  # (batch, group) already buffered: a resumed stream skips them
         self.discarded_newer = 0  # rows of the dead run's newer weights discarded at resume
 
     # ------------------------------------------------------------------ set-up and teardown
@@ -74,11 +76,14 @@ class DecoupledPPOTrainer(RayPPOTrainer):
         self.buffer = build_buffer(self.config.async_training.buffer, self.run_dir, self.config.trainer.experiment_name)
         self._producer_state = ProducerState(1, self.train_dataloader.state_dict())
         metrics = super()._begin_fit()  # resume (load_checkpoint), validation before training
-        self.producer = RolloutProducer(
-            loader=self.train_dataloader, state=self._producer_state, generate=self.generate_batch,
-            score=self.score_rollout, load_weights=self._load_rollout_weights, buffer=self.buffer,
-            tokenizer=self.tokenizer, eta=self.eta, taken_batches=self.global_steps,
-            ready_batches=-(-self.buffer.count("ready") // self.rows_per_batch))
+        common = dict(loader=self.train_dataloader, state=self._producer_state, score=self.score_rollout,
+                      buffer=self.buffer, tokenizer=self.tokenizer, eta=self.eta, taken_batches=self.global_steps,
+                      ready_batches=-(-self.buffer.count("ready") // self.rows_per_batch))
+        if self.config.async_training.partial_rollout:
+            self.producer = streaming_producer(self, common)
+        else:
+            self.producer = RolloutProducer(generate=self.generate_batch, load_weights=self._load_rollout_weights,
+                                            **common)
         self.producer.offer_weights(self._export_weights(), self.global_steps)
         self.producer.start()
         return metrics
@@ -151,9 +156,12 @@ class DecoupledPPOTrainer(RayPPOTrainer):
 
     def take_experiences(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """Drop rows more than eta versions old, wait for one batch of ready rows, take them."""
+        self.producer.check()  # a dead rollout is noticed at the next step, even with rows still buffered
         version = self.global_steps - 1  # the weights this step trains
         dropped = self.buffer.drop_stale(version, self.eta)
-        if dropped:
+        if dropped and isinstance(self.producer, StreamingProducer):
+            self.producer.dropped_rows(dropped, self.config.actor_rollout_ref.rollout.n)
+        elif dropped:
             self.producer.dropped(-(-dropped // self.rows_per_batch))
         self.dropped_total += dropped
         start = time.perf_counter()
@@ -215,6 +223,11 @@ class DecoupledPPOTrainer(RayPPOTrainer):
                           "ready_batches": sorted(set(self._batch_indices("ready")))}
         return state
 
+    def _group_keys(self) -> frozenset:
+        """``(rollout_batch, rollout_group)`` of every group in the buffer (the streaming producer's rows)."""
+        pairs = zip(self.buffer.extra_values("rollout_batch"), self.buffer.extra_values("rollout_group"))
+        return frozenset((int(b), int(g)) for b, g in pairs if b is not None and g is not None)
+
     def _batch_indices(self, status: str | None = None) -> list[int]:
         """The ``rollout_batch`` of every buffered row (of one status), read without the token ids."""
         return [int(v) for v in self.buffer.extra_values("rollout_batch", status) if v is not None]
@@ -242,9 +255,11 @@ class DecoupledPPOTrainer(RayPPOTrainer):
                              f"step-{self.global_steps} checkpoint counts as generated: their prompts would be skipped. "
                              "Fix: resume with the buffer file the run wrote, or start over (trainer.resume_mode=disable "
                              "with a new async_training.buffer.path).")
+        streaming = self.config.async_training.partial_rollout  # groups finish out of order: skip each one buffered
+        self._buffered_groups = self._group_keys() if streaming else frozenset()
         self._producer_state = ProducerState(
             next_batch=int(saved.get("next_batch", self.global_steps + 1)), loader=self.train_dataloader.state_dict(),
-            skip_through=max([int(saved.get("skip_through", 0))] + buffered))
+            skip_through=0 if streaming else max([int(saved.get("skip_through", 0))] + buffered))
         self.dropped_total = int(saved.get("dropped_total", 0))
         if released or buffered or self.discarded_newer:
             logger.info("experience buffer: %d rows taken after step %d are ready again; %d rows of newer weights "

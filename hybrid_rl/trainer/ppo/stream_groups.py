@@ -1,0 +1,96 @@
+"""Prompt groups for the streaming producer: one group = one prompt's ``rollout.n`` rows.
+
+Pure driver-side plumbing (no Ray, no engine): :func:`split_groups` cuts a prepared prompt batch (repeated
+``n`` times, interleaved, with ``uid``) into groups; :func:`group_requests` turns a group into the engine's
+stream requests; :func:`assemble_group` builds the group's rollout batch from the finished samples, in the
+layout the batch path produces (``build_rollout_output``) plus ``rollout_versions``.
+
+Shapes: n rows per group, P prompt width (left-padded), R = ``response_length``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybrid_rl.protocol import DataProto
+from hybrid_rl.trainer.core import generation
+from hybrid_rl.workers.rollout.params import GenerationParams
+from hybrid_rl.workers.rollout.sequences import build_rollout_output, prompt_token_lists
+
+__all__ = ["StreamGroup", "assemble_group", "group_requests", "split_groups"]
+
+
+@dataclass
+class StreamGroup:
+    """One prompt's rows on their way through the engine."""
+
+    batch: int
+    """Index (1-based) of the prompt batch the group was drawn in."""
+    position: int
+    """The group's position in that batch (0-based)."""
+    gen: DataProto
+    """The n rows' prompt tensors ``input_ids`` / ``attention_mask`` / ``position_ids`` [n, P] (+ non-tensors)."""
+    rest: DataProto
+    """The n rows' other columns (``uid``, ``data_source``, ``reward_model``, ...)."""
+    samples: dict[int, dict] = field(default_factory=dict)
+    """Finished samples by row (0..n-1)."""
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.batch, self.position
+
+    @property
+    def complete(self) -> bool:
+        return len(self.samples) == len(self.gen)
+
+
+def split_groups(prepared: DataProto, n: int, batch: int) -> list[StreamGroup]:
+    """The groups of a prepared batch (``prepare_rollout_batch``: [B * n] rows, a prompt's n copies
+    adjacent); the prompt tensors go to ``gen``, the rest stays in ``rest``."""
+    gen, rest = generation.split_generation_inputs(prepared)
+    groups = []
+    for position in range(len(prepared) // n):
+        rows = np.arange(position * n, (position + 1) * n)
+        groups.append(StreamGroup(batch, position, gen.select_idxs(rows), rest.select_idxs(rows)))
+    return groups
+
+
+def request_id(batch: int, position: int, row: int) -> str:
+    """The engine request id of row ``row`` of group ``position`` of batch ``batch``."""
+    return f"{batch}:{position}:{row}"
+
+
+def parse_request_id(rid: str) -> tuple[int, int, int]:
+    """``(batch, position, row)`` of a :func:`request_id`."""
+    batch, position, row = (int(part) for part in rid.split(":"))
+    return batch, position, row
+
+
+def group_requests(group: StreamGroup, max_tokens: int) -> list[dict[str, Any]]:
+    """One stream request per row of ``group``: its unpadded prompt ids and the response budget."""
+    prompts = prompt_token_lists(group.gen.batch["input_ids"], group.gen.batch["attention_mask"])
+    return [{"request_id": request_id(group.batch, group.position, row), "prompt_ids": ids, "max_tokens": max_tokens,
+             "meta": {}} for row, ids in enumerate(prompts)]
+
+
+def assemble_group(group: StreamGroup, params: GenerationParams, with_log_probs: bool) -> DataProto:
+    """The group's rollout batch, as the batch path builds it (responses cut at EOS, right-padded to R),
+    plus ``rollout_versions`` [n, R] int64: the policy version that sampled each response token (-1 on
+    padding). Raises if a sample is missing."""
+    rows = range(len(group.gen))
+    samples = [group.samples[row] for row in rows]
+    output = build_rollout_output(group.gen, [s["response_ids"] for s in samples], params,
+                                  [s["log_probs"] for s in samples] if with_log_probs else None)
+    mask = output.batch["response_mask"]  # [n, R]
+    versions = torch.full(mask.shape, -1, dtype=torch.int64)  # [n, R]
+    for row, sample in enumerate(samples):
+        kept = int(mask[row].sum())
+        versions[row, :kept] = torch.as_tensor(list(sample["versions"])[:kept], dtype=torch.int64)
+    output.batch["rollout_versions"] = versions
+    rest = DataProto(batch=group.rest.batch, non_tensor_batch=dict(group.rest.non_tensor_batch),
+                     meta_info=dict(group.rest.meta_info))
+    return generation.merge_generation_output(rest, output)
