@@ -144,9 +144,9 @@ def test_bad_inputs_get_one_line_fixes(shm_dir, monkeypatch):
     handle = exporter.export(iter([("a", torch.ones(1))]), {}, "shm")
     import hybrid_rl.workers.weight_transfer.load as load
 
-    monkeypatch.setattr(load, "ray_node_id", lambda: "node-b")
-    remote = WeightHandle(handle.push_id, "shm", handle.buckets, handle.bucket_sizes, handle.entries, "node-a")
-    with pytest.raises(ValueError, match="on node node-a but this rollout worker runs on node node-b"):
+    monkeypatch.setattr(load, "node_address", lambda: "10.0.0.2")
+    remote = WeightHandle(handle.push_id, "shm", handle.buckets, handle.bucket_sizes, handle.entries, "10.0.0.1")
+    with pytest.raises(ValueError, match="on host 10.0.0.1 but this rollout worker runs on host 10.0.0.2"):
         with open_weights(remote):
             pass
     with pytest.raises(ValueError, match="transport 'gloo' is not one of"):
@@ -170,3 +170,21 @@ def test_ledger_frees_loaded_and_replaced_pushes():
     assert freed == [0, 1] and ledger.pending == [2]
     ledger.release_all()
     assert freed == [0, 1, 2] and ledger.pending == []
+
+
+def test_a_lora_actor_s_tied_weights_are_found_under_the_merged_names(shm_dir):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from hybrid_rl.workers.lora import LORA_ADAPTER, merged_lora_weights
+    from hybrid_rl.workers.weight_transfer import rollout_aliases
+
+    model = AutoModelForCausalLM.from_config(tiny_llama_config(tie_word_embeddings=True))
+    peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]), adapter_name=LORA_ADAPTER)
+    aliases = rollout_aliases(peft_model)
+    assert aliases == {"lm_head.weight": "model.embed_tokens.weight"}
+    merged = list(merged_lora_weights(iter(peft_model.state_dict().items()), peft_model))
+    handle = WeightExporter(shm_dir).export(iter(merged), aliases, "shm")
+    assert len(handle.entries) == len(merged) - 1
+    with open_weights(handle) as named:
+        assert all(torch.equal(t, dict(merged)[n]) for n, t in named)

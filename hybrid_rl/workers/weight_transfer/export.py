@@ -25,7 +25,7 @@ import torch
 from hybrid_rl.workers.weight_transfer.handle import TRANSPORTS, TensorEntry, WeightHandle
 from hybrid_rl.workers.weight_transfer.shm import SHM_DIR, create_segment, sweep_dead_segments, unlink_segment
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "WeightExporter", "alias_groups", "ray_node_id", "rollout_aliases"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "WeightExporter", "alias_groups", "node_address", "rollout_aliases"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,13 +33,14 @@ DEFAULT_BUCKET_BYTES = 512 << 20
 _ALIGN = 64  # every tensor starts on a cache line (and on any element size)
 
 
-def ray_node_id() -> Optional[str]:
-    """This process's Ray node id, or None outside Ray."""
+def node_address() -> Optional[str]:
+    """This host's address as Ray sees it, or None outside Ray. The host, not the Ray node id: several
+    raylets on one host (``ray.cluster_utils.Cluster``) share its ``/dev/shm``."""
     try:
         import ray
     except ImportError:
         return None
-    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    return ray.util.get_node_ip_address() if ray.is_initialized() else None
 
 
 def alias_groups(module: torch.nn.Module, rename: Optional[Callable[[str], str]] = None) -> dict[str, str]:
@@ -187,7 +188,7 @@ class WeightExporter:
             push_id, self._next_push = self._next_push, self._next_push + 1
             self._live[push_id] = (transport, list(buckets.sealed))
         return WeightHandle(push_id, transport, tuple(buckets.sealed), tuple(buckets.sizes), entries,
-                            ray_node_id(), tuple(order))
+                            node_address(), tuple(order))
 
     def release(self, handle: WeightHandle) -> int:
         """Free a push's buckets (unlink the segments / drop the object refs); returns how many

@@ -42,8 +42,8 @@ class WeightHandle:
     """Bytes of each bucket."""
     entries: tuple[TensorEntry, ...]
     """The unique tensors, in export order."""
-    node_id: Optional[str] = None
-    """Ray node id of the exporter (None outside Ray); shm buckets are readable only there."""
+    node_ip: Optional[str] = None
+    """Address of the exporter's host (None outside Ray); shm buckets are readable only there."""
     order: tuple[str, ...] = field(default=())
     """Every exported name in the trainer's stream order (aliases included)."""
 

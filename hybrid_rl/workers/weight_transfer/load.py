@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 import torch
 
-from hybrid_rl.workers.weight_transfer.export import ray_node_id
+from hybrid_rl.workers.weight_transfer.export import node_address
 from hybrid_rl.workers.weight_transfer.handle import TensorEntry, WeightHandle
 from hybrid_rl.workers.weight_transfer.shm import map_readonly
 
@@ -20,10 +20,10 @@ logger = logging.getLogger(__name__)
 
 def _map_buckets(handle: WeightHandle) -> list[Any]:
     if handle.transport == "shm":
-        here = ray_node_id()
-        if handle.node_id is not None and here is not None and here != handle.node_id:
-            raise ValueError(f"weight transfer: push {handle.push_id} lies in shared memory on node "
-                             f"{handle.node_id} but this rollout worker runs on node {here}. Fix: export with "
+        here = node_address()
+        if handle.node_ip is not None and here is not None and here != handle.node_ip:
+            raise ValueError(f"weight transfer: push {handle.push_id} lies in shared memory on host "
+                             f"{handle.node_ip} but this rollout worker runs on host {here}. Fix: export with "
                              "transport='object_store' when the rollout pool spans other nodes.")
         return [map_readonly(path, size) for path, size in zip(handle.buckets, handle.bucket_sizes)]
     import ray

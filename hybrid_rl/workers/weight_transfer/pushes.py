@@ -12,8 +12,8 @@ __all__ = ["PushLedger", "choose_transport"]
 
 def choose_transport(exporter_node: Optional[str], reader_nodes: Iterable[Optional[str]], forced: str = "auto") -> str:
     """``forced`` when it names a transport; else ``"shm"`` when every reader is on the exporter's
-    node (or a node is unknown: the reader then checks the Ray node id and says so), else
-    ``"object_store"``."""
+    host (by address: ``/dev/shm`` is per host; a host unknown: the reader checks and says so),
+    else ``"object_store"``."""
     if forced != "auto":
         if forced not in TRANSPORTS:
             raise ValueError(f"weight transfer: transport {forced!r} is not one of ('auto',) + {TRANSPORTS}. "

@@ -1,7 +1,8 @@
 """Shared-memory segments for weight buckets: files under ``/dev/shm`` (mode 0600, owner only).
 
-Names: ``hybrid_rl_wt_<pid>_<counter>``, so a later process can tell the leftovers of a dead
-exporter (a worker killed with SIGKILL never unlinks) and sweep them at start.
+Names: ``hybrid_rl_wt_<pid>_<nonce>_<counter>``: the pid lets a later process tell the leftovers of
+a dead exporter (a worker killed with SIGKILL never unlinks) and sweep them at start; the random
+per-process nonce keeps two hosts' (or containers') equal pids from ever naming the same file.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import itertools
 import logging
 import mmap
 import os
+import secrets
 import threading
 
 __all__ = ["SEGMENT_PREFIX", "SHM_DIR", "create_segment", "map_readonly", "sweep_dead_segments",
@@ -21,12 +23,13 @@ SHM_DIR = "/dev/shm"
 SEGMENT_PREFIX = "hybrid_rl_wt_"
 _counter = itertools.count()
 _counter_lock = threading.Lock()
+_NONCE = secrets.token_hex(4)
 
 
 def _next_path(directory: str) -> str:
     with _counter_lock:
         number = next(_counter)
-    return os.path.join(directory, f"{SEGMENT_PREFIX}{os.getpid()}_{number}")
+    return os.path.join(directory, f"{SEGMENT_PREFIX}{os.getpid()}_{_NONCE}_{number}")
 
 
 def create_segment(size: int, directory: str = SHM_DIR) -> tuple[str, mmap.mmap]:
