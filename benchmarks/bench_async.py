@@ -30,6 +30,13 @@ worker with half the cores each.
     python benchmarks/bench_async.py --modes sync 1 --steps 8 --latency 2 --workers 8
     python benchmarks/bench_async.py --reward function --latency 0.5   # the serial baseline
     python benchmarks/bench_async.py --reward env --latency 2 --steps 8  # a slow environment
+    python benchmarks/bench_async.py --workload longtail --modes sync 1 1p --steps 8  # a long tail, partial rollout
+
+``--workload longtail``: the arithmetic task where every tenth training prompt first asks for a long
+listing (``--long-tokens`` response tokens at most), so most batches wait for one long answer; the
+reward is the task's own (``--reward none``). A mode ``<eta>p`` is the decoupled mode with partial
+rollout (``async_training.partial_rollout=true``: groups stream into the buffer as they finish and a
+weight push interrupts and resumes the requests in flight).
 """
 
 from __future__ import annotations
@@ -113,8 +120,44 @@ class SlowRewardService:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
+LONG_PREFIX = "First write out every whole number from 1 to 200 in words, separated by commas. Then: "
+
+
+def write_longtail_data(workdir: str, every: int = 10) -> str:
+    """The arithmetic task's files with every ``every``-th training prompt asking for a long listing first."""
+    import dataclasses
+    import shutil
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from hybrid_rl.data.arithmetic import _write_parquet
+    from hybrid_rl.trainer.config.schema import ArithmeticDataConfig
+    from hybrid_rl.trainer.core.default_task import ensure_default_task
+
+    # the default task's problems and demonstrations (its held-out accuracy is comparable with the others')
+    train, test = ensure_default_task(dataclasses.replace(ArithmeticDataConfig(), cache_dir=os.path.join(workdir, "cache")))
+    folder = Path(workdir) / "longtail"
+    folder.mkdir(exist_ok=True)
+    shutil.copy(test, folder / "test.parquet")
+    rows = pq.read_table(train).to_pylist()
+    for row in rows[::every]:
+        row["prompt"][-1]["content"] = LONG_PREFIX + row["prompt"][-1]["content"]
+    _write_parquet(rows, folder / "train.parquet")
+    return str(folder)
+
+
 def reward_overrides(args: argparse.Namespace, workdir: str, url: str | None) -> list[str]:
     """The overrides of the chosen slow reward (or slow environment) for every mode."""
+    if args.workload == "longtail":
+        data = os.path.join(workdir, "longtail")
+        workload = [f"data.train_files={data}/train.parquet", f"data.val_files={data}/test.parquet",
+                    f"data.max_response_length={args.long_tokens}"]
+        return workload + ([] if args.reward == "none" else _reward_only(args, workdir, url))
+    return _reward_only(args, workdir, url)
+
+
+def _reward_only(args: argparse.Namespace, workdir: str, url: str | None) -> list[str]:
     if args.reward == "function":
         return [f"custom_reward_function.path={os.path.join(workdir, 'slow_reward.py')}"]
     if args.reward == "env":  # the recipe's settings (recipes/guess_number_env/run.sh)
@@ -139,9 +182,11 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: str, url: str | None 
         "trainer.log_val_generations=0", "reward_model.num_examine=0", *args.extra,
     ]
     if mode != "sync":
-        overrides += ["async_training.enable=true", f"async_training.max_head_offpolicyness={int(mode)}",
-                      "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1"]
-        if int(mode) > 0:  # stale rows: AReaL's decoupled objective, or veRL's rollout correction
+        eta = int(mode.rstrip("p"))
+        overrides += ["async_training.enable=true", f"async_training.max_head_offpolicyness={eta}",
+                      "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1",
+                      f"async_training.partial_rollout={str(mode.endswith('p')).lower()}"]
+        if eta > 0:  # stale rows: AReaL's decoupled objective, or veRL's rollout correction
             overrides += ["algorithm.rollout_correction.preset=token_tis" if args.vanilla_loss
                           else "actor_rollout_ref.actor.policy_loss.loss_mode=decoupled",
                           "actor_rollout_ref.rollout.calculate_log_probs=true"]
@@ -178,6 +223,8 @@ def write_task_files(args: argparse.Namespace, workdir: str) -> None:
     """The slow reward function, or the slow environment with its agent-loop config and games."""
     with open(os.path.join(workdir, "slow_reward.py"), "w") as fh:
         fh.write(SLOW_REWARD.format(latency=args.latency))
+    if getattr(args, "workload", "default") == "longtail":
+        write_longtail_data(workdir)
     if args.reward == "env":
         with open(os.path.join(workdir, "slow_env.py"), "w") as fh:
             fh.write(SLOW_ENV.format(latency=args.latency))
@@ -189,8 +236,12 @@ def write_task_files(args: argparse.Namespace, workdir: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--modes", nargs="+", default=["sync", "1", "2"], help="sync and/or etas")
-    parser.add_argument("--reward", choices=("remote", "function", "env"), default="remote")
+    parser.add_argument("--modes", nargs="+", default=["sync", "1", "2"],
+                        help="sync and/or etas; <eta>p: the decoupled mode with partial rollout")
+    parser.add_argument("--workload", choices=("default", "longtail"), default="default")
+    parser.add_argument("--long-tokens", type=int, default=256, help="longtail: response tokens at most")
+    parser.add_argument("--reward", choices=("remote", "function", "env", "none"), default=None,
+                        help="default: remote (longtail: none, the task's own reward)")
     parser.add_argument("--latency", type=float, default=None,
                         help="seconds a remote request (default 2), a function call per row (default 0.5) or an "
                              "environment step (default 2) waits")
@@ -203,13 +254,15 @@ def main() -> None:
     parser.add_argument("--output", default=None, help="write the results as JSON here")
     parser.add_argument("extra", nargs="*", help="more key=value overrides for every run")
     args = parser.parse_args()
+    if args.reward is None:
+        args.reward = "none" if args.workload == "longtail" else "remote"
     if args.latency is None:
         args.latency = 0.5 if args.reward == "function" else 2.0
     import torch
 
     kind = torch.backends.cpu.get_cpu_capability()
     per = {"remote": f"request of {args.rm_rows} rows, {args.workers} at once", "function": "row",
-           "env": "guess-the-number environment step"}[args.reward]
+           "env": "guess-the-number environment step", "none": "nothing (the task's own reward)"}[args.reward]
     print(f"CPU capability {kind}, {os.cpu_count()} cores; {args.steps} steps x {args.batch_size} prompts x "
           f"{args.n} responses; reward {args.reward}: {args.latency} s per {per}; dtype auto", flush=True)
     results = []

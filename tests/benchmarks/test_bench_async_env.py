@@ -41,3 +41,17 @@ def test_the_slow_environment_answers_like_the_game_after_its_latency(tmp_path, 
         answer = asyncio.run(slow.step(move))
         assert time.perf_counter() - start >= 0.2
         assert answer == plain.step(move)
+
+
+def test_the_longtail_workload_asks_every_tenth_training_prompt_for_a_long_listing(tmp_path):
+    bench = _bench()
+    bench.write_task_files(argparse.Namespace(reward="none", latency=0.0, workload="longtail"), str(tmp_path))
+    train = pd.read_parquet(tmp_path / "longtail" / "train.parquet")
+    test = pd.read_parquet(tmp_path / "longtail" / "test.parquet")
+    long_rows = [i for i, p in enumerate(train["prompt"]) if p[-1]["content"].startswith(bench.LONG_PREFIX)]
+    assert long_rows == list(range(0, len(train), 10)) and len(train) > 20
+    assert not any(p[-1]["content"].startswith(bench.LONG_PREFIX) for p in test["prompt"])  # held-out: plain task
+    args = argparse.Namespace(workload="longtail", reward="none", long_tokens=256)
+    overrides = bench.reward_overrides(args, str(tmp_path), None)
+    assert f"data.train_files={tmp_path}/longtail/train.parquet" in overrides
+    assert "data.max_response_length=256" in overrides and not any("reward_model" in o for o in overrides)
