@@ -61,9 +61,9 @@ def test_tied_weights_are_written_once_and_mapped_under_every_name(shm_dir):
     handle = WeightExporter(shm_dir).export(iter(state.items()), alias_groups(model), "shm", bucket_bytes=1 << 20)
     assert handle.num_bytes == unique_bytes
     assert len(state) == len(handle.entries) + 1  # one entry for the two tied names
-    on_disk = sum(os.path.getsize(p) for p in handle.buckets)
+    written = sum(handle.bucket_sizes)
     padding = sum(-(-e.nbytes // _ALIGN) * _ALIGN - e.nbytes for e in handle.entries)
-    assert unique_bytes <= on_disk <= unique_bytes + padding
+    assert unique_bytes <= written <= unique_bytes + padding
     with open_weights(handle) as named:
         for name, tensor in named:
             assert torch.equal(tensor, state[name]), name
@@ -106,6 +106,23 @@ def test_segments_are_private_and_released_or_closed(shm_dir):
             pass
     exporter.close()
     assert _segments(shm_dir) == [] and exporter.live_pushes == []
+
+
+def test_released_segments_are_renamed_and_written_again(shm_dir):
+    exporter = WeightExporter(shm_dir)
+    source = _mixed_tensors()
+    first = exporter.export(iter(source), {}, "shm", bucket_bytes=1 << 20)
+    inode = os.stat(first.buckets[0]).st_ino
+    exporter.release(first)
+    assert len(_segments(shm_dir)) == 1 and not os.path.exists(first.buckets[0])  # one spare, new name
+    doubled = [(n, t * 2) for n, t in source]
+    second = exporter.export(iter(doubled), {}, "shm", bucket_bytes=1 << 20)
+    assert os.stat(second.buckets[0]).st_ino == inode  # the same pages
+    with open_weights(second) as named:
+        assert all(torch.equal(t, w) for (_, t), (_, w) in zip(named, doubled))
+    exporter.release(second)
+    exporter.close()
+    assert _segments(shm_dir) == []
 
 
 def test_a_failed_export_leaves_no_segment(shm_dir):

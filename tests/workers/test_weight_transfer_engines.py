@@ -42,18 +42,26 @@ def _greedy(engine) -> DataProto:
     return engine.generate_sequences(batch)
 
 
-def _push(state, shm_dir, bucket_bytes=64 << 10):
-    return WeightExporter(shm_dir).export(iter(state.items()), {}, "shm", bucket_bytes=bucket_bytes)
+@pytest.fixture
+def push(tmp_path):
+    exporter = WeightExporter(str(tmp_path))
+
+    def export(state):
+        return exporter.export(iter(state.items()), {}, "shm", bucket_bytes=64 << 10)
+
+    yield export
+    exporter.close()
+    assert os.listdir(tmp_path) == []
 
 
-def test_push_loads_like_the_plain_stream(engine, state_dict, tmp_path):
+def test_push_loads_like_the_plain_stream(engine, state_dict, push):
     gen = torch.Generator().manual_seed(1)
     perturbed = {k: v + 0.1 * torch.randn(v.shape, generator=gen) for k, v in state_dict.items()}
     try:
         engine.update_weights(iter(perturbed.items()))
         plain = _greedy(engine).batch
         engine.update_weights(iter(state_dict.items()))
-        handle = _push(perturbed, str(tmp_path))
+        handle = push(perturbed)
         with open_weights(handle) as named:
             engine.update_weights(named)
         pushed = _greedy(engine).batch
@@ -66,15 +74,15 @@ def test_push_loads_like_the_plain_stream(engine, state_dict, tmp_path):
         engine.update_weights(iter(state_dict.items()))
 
 
-def test_a_failed_push_leaves_the_engine_refusing(engine, state_dict, tmp_path):
+def test_a_failed_push_leaves_the_engine_refusing(engine, state_dict, push):
     before = _greedy(engine).batch["responses"]
     partial = {k: v for k, v in state_dict.items() if "layers.1." not in k}
     with pytest.raises(ValueError, match="weights were not sent"):
-        with open_weights(_push(partial, str(tmp_path))) as named:
+        with open_weights(push(partial)) as named:
             engine.update_weights(named)
     if engine.name == "vllm":
         with pytest.raises(RuntimeError, match="failed weight update"):
             _greedy(engine)
-    with open_weights(_push(state_dict, str(tmp_path))) as named:
+    with open_weights(push(state_dict)) as named:
         engine.update_weights(named)
     assert torch.equal(_greedy(engine).batch["responses"], before)

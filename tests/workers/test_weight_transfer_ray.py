@@ -61,7 +61,7 @@ def actors():
 def test_push_between_actors_is_exact_and_freed(actors, transport):
     trainer, rollout = actors
     handle = ray.get(trainer.push.remote(transport))
-    assert handle.transport == transport and handle.node_id == ray.get_runtime_context().get_node_id()
+    assert handle.transport == transport and handle.node_ip == ray.util.get_node_ip_address()
     if transport == "object_store":
         assert all(isinstance(ref, ray.ObjectRef) for ref in handle.buckets)
     else:

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from hybrid_rl.workers.weight_transfer.handle import TRANSPORTS, TensorEntry, WeightHandle
-from hybrid_rl.workers.weight_transfer.shm import SHM_DIR, create_segment, sweep_dead_segments, unlink_segment
+from hybrid_rl.workers.weight_transfer.shm import (SHM_DIR, create_segment, recycle_segment, sweep_dead_segments,
+                                                  unlink_segment)
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "WeightExporter", "alias_groups", "node_address", "rollout_aliases"]
 
@@ -72,8 +73,9 @@ def rollout_aliases(module: torch.nn.Module) -> dict[str, str]:
 class _Buckets:
     """Fills buckets of ``bucket_bytes`` (a larger tensor gets a bucket of its own size)."""
 
-    def __init__(self, transport: str, bucket_bytes: int, shm_dir: str):
+    def __init__(self, transport: str, bucket_bytes: int, shm_dir: str, spares: Optional[list[str]] = None):
         self.transport, self.bucket_bytes, self.shm_dir = transport, bucket_bytes, shm_dir
+        self.spares = spares or []  # released segments to write into first
         self.sealed: list[Any] = []  # shm paths or ObjectRefs
         self.sizes: list[int] = []
         self._open: Any = None  # (path, mmap) or a numpy array
@@ -96,7 +98,7 @@ class _Buckets:
 
     def _start(self, capacity: int) -> None:
         if self.transport == "shm":
-            path, mapping = create_segment(capacity, self.shm_dir)
+            path, mapping = create_segment(capacity, self.shm_dir, self.spares.pop() if self.spares else None)
             self._open = (path, mapping)
             self._view = torch.frombuffer(mapping, dtype=torch.uint8)
         else:
@@ -110,8 +112,7 @@ class _Buckets:
         self._view = None  # drop the tensor before the mapping it points into
         if self.transport == "shm":
             path, mapping = self._open
-            mapping.close()
-            os.truncate(path, max(self._used, 1))
+            mapping.close()  # the file keeps its capacity (and pages) for reuse; readers map the used part
             self.sealed.append(path)
         else:
             import ray
@@ -129,10 +130,10 @@ class _Buckets:
             if self._open is not None:
                 self._open[1].close()
                 self.sealed.append(self._open[0])
-            for path in self.sealed:
+            for path in self.sealed + self.spares:
                 unlink_segment(path)
         self._open = None
-        self.sealed = []
+        self.sealed, self.spares = [], []
 
 
 class WeightExporter:
@@ -148,6 +149,7 @@ class WeightExporter:
         sweep_dead_segments(shm_dir)
         self._live: dict[int, tuple[str, list[Any]]] = {}  # push id -> (transport, buckets)
         self._next_push = 0
+        self._spares: list[str] = []  # the last released push's segments, renamed, for the next push
         self._lock = threading.Lock()
         atexit.register(self.close)  # a graceful exit unlinks; a killed one is swept by the next exporter
 
@@ -161,7 +163,9 @@ class WeightExporter:
         if bucket_bytes <= 0:
             raise ValueError(f"weight transfer: bucket_bytes ({bucket_bytes}) must be positive. Fix: use e.g. "
                              f"{DEFAULT_BUCKET_BYTES} (512 MiB).")
-        buckets = _Buckets(transport, bucket_bytes, self.shm_dir)
+        with self._lock:
+            spares, self._spares = (self._spares, []) if transport == "shm" else ([], self._spares)
+        buckets = _Buckets(transport, bucket_bytes, self.shm_dir, spares)
         names: list[list[str]] = []
         layout: list[tuple[str, tuple[int, ...], int, int, int]] = []
         where: dict[str, int] = {}
@@ -180,6 +184,8 @@ class WeightExporter:
                 layout.append((str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), bucket, offset,
                                tensor.numel() * tensor.element_size()))
             buckets.finish()
+            for path in buckets.spares:  # more spares than this push needed
+                unlink_segment(path)
         except BaseException:
             buckets.discard()
             raise
@@ -191,12 +197,17 @@ class WeightExporter:
                             node_address(), tuple(order))
 
     def release(self, handle: WeightHandle) -> int:
-        """Free a push's buckets (unlink the segments / drop the object refs); returns how many
-        buckets were freed (0 when the push was released already)."""
+        """Free a push's buckets; returns how many (0 when the push was released already). Object
+        refs are dropped; shm segments are renamed (the handle's names are gone at once) and kept
+        for the next push to write into, whose pages then need no allocation: at most one push's
+        segments are kept, the older spares are unlinked."""
         with self._lock:
             transport, buckets = self._live.pop(handle.push_id, ("", []))
         if transport == "shm":
-            for path in buckets:
+            recycled = [fresh for fresh in map(recycle_segment, buckets) if fresh is not None]
+            with self._lock:
+                older, self._spares = self._spares, recycled
+            for path in older:
                 unlink_segment(path)
         return len(buckets)
 
@@ -207,9 +218,11 @@ class WeightExporter:
             return sorted(self._live)
 
     def close(self) -> None:
-        """Free every push still alive (worker shutdown)."""
+        """Unlink every push still alive and the spare segments (worker shutdown)."""
         with self._lock:
             pushes, self._live = list(self._live.values()), {}
+            pushes.append(("shm", self._spares))
+            self._spares = []
         for transport, buckets in pushes:
             if transport == "shm":
                 for path in buckets:

@@ -13,8 +13,9 @@ import mmap
 import os
 import secrets
 import threading
+from typing import Optional
 
-__all__ = ["SEGMENT_PREFIX", "SHM_DIR", "create_segment", "map_readonly", "sweep_dead_segments",
+__all__ = ["SEGMENT_PREFIX", "SHM_DIR", "create_segment", "map_readonly", "recycle_segment", "sweep_dead_segments",
            "unlink_segment"]
 
 logger = logging.getLogger(__name__)
@@ -32,23 +33,38 @@ def _next_path(directory: str) -> str:
     return os.path.join(directory, f"{SEGMENT_PREFIX}{os.getpid()}_{_NONCE}_{number}")
 
 
-def create_segment(size: int, directory: str = SHM_DIR) -> tuple[str, mmap.mmap]:
-    """A new segment of ``size`` bytes (created exclusively, mode 0600) and its writable mapping."""
+def create_segment(size: int, directory: str = SHM_DIR, spare: Optional[str] = None) -> tuple[str, mmap.mmap]:
+    """A segment of at least ``size`` bytes and its writable mapping: ``spare`` (a released
+    segment, grown if needed: its pages are already allocated, so no page faults) or a new file
+    (created exclusively, mode 0600)."""
     if not os.path.isdir(directory):
         raise ValueError(f"weight transfer: shared-memory directory {directory!r} does not exist. Fix: run on "
                          "Linux with /dev/shm mounted, or export with transport='object_store'.")
-    path = _next_path(directory)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    path = spare or _next_path(directory)
+    flags = os.O_RDWR | os.O_NOFOLLOW | (0 if spare else os.O_CREAT | os.O_EXCL)
+    fd = os.open(path, flags, 0o600)
     try:
         os.fchmod(fd, 0o600)  # whatever the umask: only the owner may map the weights
-        os.ftruncate(fd, max(size, 1))
-        mapping = mmap.mmap(fd, max(size, 1), mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        size = max(size, 1, os.fstat(fd).st_size)
+        os.ftruncate(fd, size)
+        mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     except BaseException:
         os.close(fd)
         unlink_segment(path)
         raise
     os.close(fd)  # the mapping keeps the memory; the name keeps the file
     return path, mapping
+
+
+def recycle_segment(path: str) -> Optional[str]:
+    """Rename a released segment (a reader holding the old handle then finds it gone instead of
+    reading a newer push) and return its new name, for the next push to write into."""
+    fresh = _next_path(os.path.dirname(path))
+    try:
+        os.rename(path, fresh)
+    except FileNotFoundError:
+        return None
+    return fresh
 
 
 def map_readonly(path: str, size: int) -> mmap.mmap:
