@@ -161,7 +161,10 @@ def test_worker_group_checks_run_on_conversion():
         (["async_training.enable=true", *ETA0, "ray_init.num_cpus=2", "trainer.n_gpus_per_node=2"], r"sum to at most"),
         (["async_training.enable=true", *ETA0, "algorithm.adv_estimator=remax"], r"remax generates a greedy baseline"),
         (["async_training.enable=true", *ETA0, "async_training.partial_rollout=true",
-          "actor_rollout_ref.rollout.multi_turn.enable=true"], r"^async_training.partial_rollout=true streams single-turn"),
+          "actor_rollout_ref.rollout.multi_turn.enable=true", "actor_rollout_ref.rollout.calculate_log_probs=true"],
+         r"^async_training.partial_rollout=true streams single-turn"),
+        (["async_training.enable=true", *ETA0, "async_training.partial_rollout=true"],
+         r"^async_training.partial_rollout=true samples one response with several policy versions"),
         (["async_training.enable=true", "ray_init.num_cpus=2", "trainer.n_gpus_per_node=1"],
          r"^async_training.max_head_offpolicyness=1 trains rows sampled by weights up to 1 version\(s\) old, but "
          r"actor_rollout_ref.actor.policy_loss.loss_mode=vanilla without a rollout correction .* Fix: set "

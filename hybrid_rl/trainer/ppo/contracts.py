@@ -156,8 +156,8 @@ def decoupled_batch_plan(ppo: BatchPlan, cfg: Any) -> BatchPlan:
     rows from the experience buffer) instead of generating and scoring, then the same steps, then
     ``sync_rollout_weights``."""
     replaced = ("generate", "compute_rm_score", "compute_reward")
-    spans = ("min_global_steps", "max_global_steps") + (
-        ("rollout_versions", "rollout_group") if cfg.async_training.partial_rollout else ())
+    # rollout_versions is there only when a row's tokens came from several versions (the buffer stores it compactly)
+    spans = ("min_global_steps", "max_global_steps") + (("rollout_group",) if cfg.async_training.partial_rollout else ())
     take = StepContract("take_experiences", writes=_rollout_writes(cfg) + (
         "token_level_scores", "uid", "data_source", "reward_model", "policy_version") + spans)
     steps = (take,) + tuple(s for s in ppo.steps if s.name not in replaced) + (StepContract("sync_rollout_weights"),)
