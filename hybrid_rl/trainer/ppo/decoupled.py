@@ -183,6 +183,9 @@ class DecoupledPPOTrainer(RayPPOTrainer):
                               + [len(e.response_ids) for e in experiences])
         batch = batch_from_experiences(experiences, self.tokenizer.pad_token_id, response_length)
         metrics.update(staleness_metrics([e.policy_version for e in experiences], version))
+        spans = [int(hi) - int(lo) for lo, hi in zip(batch.non_tensor_batch["min_global_steps"],
+                                                    batch.non_tensor_batch["max_global_steps"])]
+        metrics["async/mixed_version_rows"] = sum(s > 0 for s in spans) / len(spans)  # partial rollout at work
         metrics.update(self.producer.pop_metrics({int(e.extra.get("rollout_batch", 0)) for e in experiences}))
         metrics.update({"async/dropped_stale": dropped, "async/dropped_stale_total": self.dropped_total,
                         "async/discarded_newer_at_resume": self.discarded_newer,  # once, the step after a resume

@@ -301,7 +301,8 @@ def streaming_producer(trainer: Any, common: dict) -> StreamingProducer:
         finally:  # the push's buckets (and older unloaded ones) are freed once loaded
             if getattr(trainer, "weight_pushes", None) is not None:
                 trainer.weight_pushes.loaded(weights)
-        return {"timing_s/weight_load": max(o["timing_s/weight_load"] for o in outputs)}
+        return {"timing_s/weight_load": max(o["timing_s/weight_load"] for o in outputs),
+                "async/interrupted_requests": float(sum(o["rollout/requests_in_flight_at_load"] for o in outputs))}
 
     producer = StreamingProducer(
         split=split, submit=lambda requests: pool.stream_submit(_by_group(requests, pool.world_size),
