@@ -181,15 +181,20 @@ class RolloutProducer:
         """Mean metrics of the given batches' generation and scoring, plus ``timing_s/rollout_idle``
         (seconds the generation stage waited for capacity or weights since the last call)."""
         with self._lock:
-            records = [self._metrics.pop(i) for i in sorted(indices) if i in self._metrics]
-            for older in [i for i in self._metrics if indices and i < min(indices)]:  # dropped batches'
-                del self._metrics[older]
+            records = self._pop_records(indices)
             idle, self._idle_s = self._idle_s, 0.0
         out: dict[str, float] = {"timing_s/rollout_idle": idle}
         for key in {k for r in records for k in r}:
             values = [r[key] for r in records if key in r]
             out[key] = float(sum(values) / len(values))
         return out
+
+    def _pop_records(self, indices: set[int]) -> list[dict]:
+        """The metric records of the given batches (removed), and those of older (dropped) batches dropped."""
+        records = [self._metrics.pop(i) for i in sorted(indices) if i in self._metrics]
+        for older in [i for i in self._metrics if indices and i < min(indices)]:
+            del self._metrics[older]
+        return records
 
     def state(self) -> ProducerState:
         """Where a resumed run continues (consistent with the buffer's contents at this instant)."""
@@ -289,7 +294,7 @@ class RolloutProducer:
             return
         weights, version = pending
         try:
-            metrics = self._load_weights(weights)
+            metrics = self._load(weights, version)
         except BaseException:
             with self._lock:
                 self._loading = False
@@ -298,6 +303,10 @@ class RolloutProducer:
             self._loading = False
             self._version = version
             self._load_metrics = dict(metrics or {})
+
+    def _load(self, weights: Any, version: int) -> dict:
+        """Load offered weights into the rollout pool (the streaming producer also passes the version)."""
+        return self._load_weights(weights)
 
     def _generation_loop(self) -> None:
         while self._wait_for_turn():
@@ -319,7 +328,7 @@ class RolloutProducer:
         """Score up to eta + 1 batches at once (a latency-bound reward or service overlaps itself
         as well as generation and training); put them into the buffer in batch order."""
         pending: deque[tuple[_Generated, Future]] = deque()
-        pool = ThreadPoolExecutor(max_workers=self.eta + 1, thread_name_prefix="hybrid_rl-reward")
+        pool = ThreadPoolExecutor(max_workers=self._reward_workers(), thread_name_prefix="hybrid_rl-reward")
         try:
             while not self._stop.is_set():
                 try:
@@ -327,11 +336,21 @@ class RolloutProducer:
                     pending.append((item, pool.submit(self._score_batch, item)))
                 except queue.Empty:
                     pass
-                while pending and pending[0][1].done():
-                    item, future = pending.popleft()
+                for item, future in self._scored_ones(pending):
                     self._put(item, future.result())  # a scorer's crash stops the producer here
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
+
+    def _reward_workers(self) -> int:
+        """Batches scored at once."""
+        return self.eta + 1
+
+    def _scored_ones(self, pending: deque) -> list[tuple[_Generated, Future]]:
+        """The scored items to put now, removed from ``pending``: batches in batch order."""
+        out = []
+        while pending and pending[0][1].done():
+            out.append(pending.popleft())
+        return out
 
     def _score_batch(self, item: _Generated) -> DataProto:
         start = time.perf_counter()

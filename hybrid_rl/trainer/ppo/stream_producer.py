@@ -30,7 +30,8 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -106,13 +107,6 @@ class StreamingProducer(RolloutProducer):
             self._ready -= -(-rows // rows_per_group)
             self._lock.notify_all()
 
-    def state(self) -> ProducerState:
-        with self._lock:
-            if self._inflight:
-                first = min(self._inflight)
-                return ProducerState(first, dict(self._inflight[first]), self._skip_through)
-            return ProducerState(self._next_index, dict(self._loader_state), self._skip_through)
-
     def stalled(self) -> bool:
         with self._lock:
             return (self._threads != [] and self._running == 0 and not self._queue and self._pending is None
@@ -123,23 +117,8 @@ class StreamingProducer(RolloutProducer):
                                self.groups_per_batch)
 
     # ------------------------------------------------------------------ the generation stage
-    def _apply_pending(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, None
-            self._loading = pending is not None
-        if pending is None:
-            return
-        weights, version = pending
-        try:
-            metrics = self._load_weights(weights, version)
-        except BaseException:
-            with self._lock:
-                self._loading = False
-            raise
-        with self._lock:
-            self._loading = False
-            self._version = version
-            self._load_metrics = dict(metrics or {})
+    def _load(self, weights: Any, version: int) -> dict:
+        return self._load_weights(weights, version)  # the engines interrupt and resume what is in flight
 
     def _draw_groups(self) -> None:
         """Draw the next prompt batch into the submit queue (groups already buffered are skipped)."""
@@ -216,23 +195,15 @@ class StreamingProducer(RolloutProducer):
                         continue
 
     # ------------------------------------------------------------------ the reward stage
-    def _reward_loop(self) -> None:
-        """Score groups concurrently; each goes into the buffer as soon as it is scored."""
-        pending: list[tuple[_Generated, Future]] = []
-        pool = ThreadPoolExecutor(max_workers=(self.eta + 1) * self.groups_per_batch,
-                                  thread_name_prefix="hybrid_rl-reward")
-        try:
-            while not self._stop.is_set():
-                try:
-                    item = self._scored.get(timeout=0.01 if pending else 0.1)
-                    pending.append((item, pool.submit(self._score_batch, item)))
-                except queue.Empty:
-                    pass
-                for done in [p for p in pending if p[1].done()]:
-                    pending.remove(done)
-                    self._put(done[0], done[1].result())  # a scorer's crash stops the producer here
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+    def _reward_workers(self) -> int:
+        return (self.eta + 1) * self.groups_per_batch  # groups of eta + 1 batches scored at once
+
+    def _scored_ones(self, pending: deque) -> list[tuple[_Generated, Future]]:
+        """Each group as soon as it is scored (groups finish out of order anyway)."""
+        done = [p for p in pending if p[1].done()]
+        for item in done:
+            pending.remove(item)
+        return done
 
     def _put(self, item: _GroupGenerated, batch: DataProto) -> None:
         position = item.position
@@ -253,20 +224,12 @@ class StreamingProducer(RolloutProducer):
             self._metrics[(item.index, position)] = item.metrics
             self._lock.notify_all()
 
-    def pop_metrics(self, indices: set[int]) -> dict[str, float]:
-        """Mean metrics of the groups of the given prompt batches, plus ``timing_s/rollout_idle`` (seconds the
-        engines had no request in flight since the last call)."""
-        with self._lock:
-            keys = [k for k in self._metrics if k[0] in indices]
-            records = [self._metrics.pop(k) for k in sorted(keys)]
-            for older in [k for k in self._metrics if indices and k[0] < min(indices)]:
-                del self._metrics[older]
-            idle, self._idle_s = self._idle_s, 0.0
-        out: dict[str, float] = {"timing_s/rollout_idle": idle}
-        for key in {k for r in records for k in r}:
-            values = [r[key] for r in records if key in r]
-            out[key] = float(sum(values) / len(values))
-        return out
+    def _pop_records(self, indices: set[int]) -> list[dict]:
+        """The metric records of the groups of the given prompt batches (removed), older ones dropped."""
+        records = [self._metrics.pop(k) for k in sorted(k for k in self._metrics if k[0] in indices)]
+        for older in [k for k in self._metrics if indices and k[0] < min(indices)]:
+            del self._metrics[older]
+        return records
 
 
 def _by_group(requests: list[dict], world_size: int) -> list[list[dict]]:
