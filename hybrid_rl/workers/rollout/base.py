@@ -151,10 +151,15 @@ class BaseRollout(ABC):
     def _stream(self) -> "Streamer":
         if self._streamer is None:
             self._streamer = self.make_streamer()
+            if self.multi_turn is not None:  # agent rows: coroutines whose turns the engine's loop serves
+                from hybrid_rl.workers.rollout.agent_stream import AgentStreamer
+
+                self._streamer = AgentStreamer(self, self._streamer)
         return self._streamer
 
     def stream_submit(self, requests: list["StreamRequest"], params: GenerationParams) -> None:
-        """Queue single-turn requests; they generate during :meth:`stream_step`."""
+        """Queue requests (agent rows when :attr:`multi_turn` is set, agent_stream.py); they generate
+        during :meth:`stream_step`."""
         self._stream().submit(requests, params)
 
     def stream_step(self, max_wall_s: float) -> list["StreamSample"]:

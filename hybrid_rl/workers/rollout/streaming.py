@@ -126,10 +126,11 @@ class PartialRequest:
 
 
 def check_stream_requests(rollout: "BaseRollout", requests: Sequence[StreamRequest],
-                          in_flight: Iterable[str]) -> None:
-    """Refuse, in one line each, what streaming cannot serve (see docs/rollout.md)."""
+                          in_flight: Iterable[str], agents: bool = False) -> None:
+    """Refuse, in one line each, what streaming cannot serve (see docs/rollout.md); ``agents``: the
+    requests are agent rows of :class:`~hybrid_rl.workers.rollout.agent_stream.AgentStreamer`."""
     cfg = rollout.config
-    if rollout.multi_turn is not None:
+    if rollout.multi_turn is not None and not agents:
         raise ValueError("stream_submit: this engine runs rows through agent loops (rollout.multi_turn or "
                          "rollout.agent is on) and streaming serves single-turn rows only. Fix: turn the agent "
                          "loops off for streaming, or use generate_sequences.")
