@@ -205,3 +205,24 @@ def test_a_lora_actor_s_tied_weights_are_found_under_the_merged_names(shm_dir):
     assert len(handle.entries) == len(merged) - 1
     with open_weights(handle) as named:
         assert all(torch.equal(t, dict(merged)[n]) for n, t in named)
+
+
+def test_ledger_teardown_never_masks_a_failure(caplog):
+    class DeadFuture:
+        def get(self):
+            raise RuntimeError("trainer rank 0 died")
+
+    calls = []
+
+    def release(handle):
+        calls.append(handle.push_id)
+        if handle.push_id == 1:
+            raise RuntimeError("group is shut down")
+        return DeadFuture()
+
+    ledger = PushLedger(release)
+    for i in range(2):
+        ledger.offered(WeightHandle(i, "shm", (), (), ()))
+    ledger.release_all()  # logs, does not raise
+    assert calls == [0, 1] and ledger.pending == []
+    assert "could not be released" in caplog.text

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Callable, Iterable, Optional
 
 from hybrid_rl.workers.weight_transfer.handle import TRANSPORTS, WeightHandle
 
 __all__ = ["PushLedger", "choose_transport"]
+
+logger = logging.getLogger(__name__)
 
 
 def choose_transport(exporter_node: Optional[str], reader_nodes: Iterable[Optional[str]], forced: str = "auto") -> str:
@@ -54,14 +57,18 @@ class PushLedger:
         self._free(done)
 
     def release_all(self) -> None:
-        """Free every push not loaded yet and wait for the frees (end of training)."""
+        """Free every push not loaded yet and wait for the frees (end of training). A trainer that
+        is gone cannot free anything: logged, never raised (its segments are swept at the next start)."""
         with self._lock:
             done, self._offered = self._offered, []
         self._free(done)
         futures, self._futures = self._futures, []
         for future in futures:
-            if hasattr(future, "get"):
-                future.get()
+            try:
+                if hasattr(future, "get"):
+                    future.get()
+            except Exception as error:  # noqa: BLE001 - teardown after a failure must not mask it
+                logger.warning("weight transfer: a push could not be released: %s", error)
 
     @property
     def pending(self) -> list[int]:
@@ -71,6 +78,10 @@ class PushLedger:
 
     def _free(self, handles: list[WeightHandle]) -> None:
         for handle in handles:
-            future = self._release(handle)
+            try:
+                future = self._release(handle)
+            except Exception as error:  # noqa: BLE001 - a dead trainer: the next start sweeps its segments
+                logger.warning("weight transfer: push %d could not be released: %s", handle.push_id, error)
+                continue
             with self._lock:
                 self._futures = [f for f in self._futures if not (hasattr(f, "done") and f.done())] + [future]
