@@ -16,8 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybrid_rl.agents.loop import Trajectory
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.trainer.core import generation
+from hybrid_rl.workers.rollout.multi_turn import _object_column, build_trajectory_output
 from hybrid_rl.workers.rollout.params import GenerationParams
 from hybrid_rl.workers.rollout.sequences import build_rollout_output, prompt_token_lists
 
@@ -70,11 +72,15 @@ def parse_request_id(rid: str) -> tuple[int, int, int]:
     return batch, position, row
 
 
-def group_requests(group: StreamGroup, max_tokens: int) -> list[dict[str, Any]]:
-    """One stream request per row of ``group``: its unpadded prompt ids and the response budget."""
+def group_requests(group: StreamGroup, max_tokens: int, agent_rows: bool = False) -> list[dict[str, Any]]:
+    """One stream request per row of ``group``: its unpadded prompt ids and the response budget;
+    ``agent_rows``: the rows run through agent loops, and ``meta["row"]`` carries each row's non-tensor
+    columns (``raw_prompt``, ``extra_info``, ``agent_name`` ...), as an agent loop's ``run`` receives them."""
     prompts = prompt_token_lists(group.gen.batch["input_ids"], group.gen.batch["attention_mask"])
+    columns = group.gen.non_tensor_batch if agent_rows else {}
     return [{"request_id": request_id(group.batch, group.position, row), "prompt_ids": ids, "max_tokens": max_tokens,
-             "meta": {}} for row, ids in enumerate(prompts)]
+             "meta": {"row": {k: v[row] for k, v in columns.items()}} if agent_rows else {}}
+            for row, ids in enumerate(prompts)]
 
 
 def assemble_group(group: StreamGroup, params: GenerationParams, with_log_probs: bool) -> DataProto:
@@ -83,6 +89,8 @@ def assemble_group(group: StreamGroup, params: GenerationParams, with_log_probs:
     padding). Raises if a sample is missing."""
     rows = range(len(group.gen))
     samples = [group.samples[row] for row in rows]
+    if any("trajectory" in (s.get("meta") or {}) for s in samples):
+        return _assemble_agent_group(group, samples, params, with_log_probs)
     output = build_rollout_output(group.gen, [s["response_ids"] for s in samples], params,
                                   [s["log_probs"] for s in samples] if with_log_probs else None)
     mask = output.batch["response_mask"]  # [n, R]
@@ -90,6 +98,34 @@ def assemble_group(group: StreamGroup, params: GenerationParams, with_log_probs:
     for row, sample in enumerate(samples):
         kept = int(mask[row].sum())
         versions[row, :kept] = torch.as_tensor(list(sample["versions"])[:kept], dtype=torch.int64)
+    output.batch["rollout_versions"] = versions
+    rest = DataProto(batch=group.rest.batch, non_tensor_batch=dict(group.rest.non_tensor_batch),
+                     meta_info=dict(group.rest.meta_info))
+    return generation.merge_generation_output(rest, output)
+
+
+def _assemble_agent_group(group: StreamGroup, samples: list[dict], params: GenerationParams,
+                          with_log_probs: bool) -> DataProto:
+    """A group of agent rows (``agent_stream.py``), in the batch path's trajectory layout
+    (``build_trajectory_output``: observations in ``responses`` with mask 0, prompts left-padded to the
+    engine's ``prompt_width``) plus ``rollout_versions`` [n, R] (-1 on observations and padding) and the
+    rows' ``num_turns`` / ``tool_rewards`` / ``turn_scores`` / ``agent_metrics`` / ``reward_score``."""
+    trajs = []
+    for sample in samples:
+        info = sample["meta"]["trajectory"]
+        traj = Trajectory(prompt_ids=list(sample["prompt_ids"]), response_ids=list(sample["response_ids"]),
+                          response_mask=list(info["response_mask"]), log_probs=list(sample["log_probs"]),
+                          tool_rewards=list(info["tool_rewards"]), turn_scores=list(info["turn_scores"]),
+                          end_reason=sample["finish_reason"], reward_score=info["reward_score"])
+        trajs.append(traj)
+    width = max(s["meta"]["trajectory"]["prompt_width"] for s in samples)
+    output = build_trajectory_output(group.gen, trajs, params, with_log_probs, prompt_width=width)
+    # the engine counted turns and metrics from the whole trajectory; the rebuilt one lacks the turn counts
+    for key in ("num_turns", "agent_metrics"):
+        output.non_tensor_batch[key] = _object_column([s["meta"]["trajectory"][key] for s in samples])
+    versions = torch.full(output.batch["response_mask"].shape, -1, dtype=torch.int64)  # [n, R]
+    for row, sample in enumerate(samples):
+        versions[row, :len(sample["versions"])] = torch.as_tensor(sample["versions"], dtype=torch.int64)
     output.batch["rollout_versions"] = versions
     rest = DataProto(batch=group.rest.batch, non_tensor_batch=dict(group.rest.non_tensor_batch),
                      meta_info=dict(group.rest.meta_info))

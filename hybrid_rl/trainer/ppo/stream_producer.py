@@ -93,6 +93,8 @@ class StreamingProducer(RolloutProducer):
         self._submitted_at: dict[tuple[int, int], float] = {}
         self.max_tokens = 0
         """Response budget of each request (``rollout.response_length``; set by the trainer)."""
+        self.agent_rows = False
+        """Rows run through agent loops: requests carry their non-tensor columns (set by the trainer)."""
 
     # ------------------------------------------------------------------ trainer side
     def consumed(self, batches: int) -> None:
@@ -149,7 +151,7 @@ class StreamingProducer(RolloutProducer):
                 self._running += 1
                 self._groups[group.key] = group
                 self._submitted_at[group.key] = time.perf_counter()
-            requests.extend(group_requests(group, self.max_tokens))
+            requests.extend(group_requests(group, self.max_tokens, self.agent_rows))
         if requests:
             self._submit(requests)
 
@@ -244,6 +246,7 @@ def _by_group(requests: list[dict], world_size: int) -> list[list[dict]]:
 def streaming_producer(trainer: Any, common: dict) -> StreamingProducer:
     """The :class:`StreamingProducer` of a ``DecoupledPPOTrainer`` (its rollout pool, config and scorer);
     ``common``: the arguments both producers take."""
+    from hybrid_rl.agents.config import agent_rollout_enabled
     from hybrid_rl.trainer.core import generation
     from hybrid_rl.trainer.ppo.stream_groups import assemble_group, split_groups
     from hybrid_rl.workers.rollout.params import resolve_generation_params
@@ -276,4 +279,5 @@ def streaming_producer(trainer: Any, common: dict) -> StreamingProducer:
         buffered_groups=trainer._buffered_groups, ready_groups=trainer.buffer.count("ready") // rollout_cfg.n,
         **common)
     producer.max_tokens = rollout_cfg.response_length
+    producer.agent_rows = agent_rollout_enabled(rollout_cfg)
     return producer
