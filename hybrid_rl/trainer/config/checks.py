@@ -447,10 +447,13 @@ def _check_async(cfg: PPOConfig) -> list[str]:
             errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} training + rollout.n_gpus_per_node="
                           f"{pool.n_gpus_per_node} rollout CPU workers but only {cores} cores are available; lower "
                           "them so they sum to at most the core count (each process needs a core).")
-    if a.partial_rollout and agent_rollout_enabled(cfg.actor_rollout_ref.rollout):
-        errors.append("async_training.partial_rollout=true streams single-turn rows; rows that run through agent loops "
-                      "(multi-turn, tools, environments) are not streamed yet. Fix: set "
-                      "async_training.partial_rollout=false (one prompt batch per engine call) for an agent run.")
+    if a.partial_rollout and _builtin_tool_loop(cfg.actor_rollout_ref.rollout):
+        errors.append("async_training.partial_rollout=true streams single-turn rows and rows of registered agent loops "
+                      "(rollout.agent.agent_loop_config_path: environments, custom loops), but "
+                      "actor_rollout_ref.rollout.multi_turn.enable=true or agent.default_agent_loop="
+                      f"{cfg.actor_rollout_ref.rollout.agent.default_agent_loop or 'tool_agent'} runs rows through the "
+                      "built-in tool loop, which is not streamed. Fix: set async_training.partial_rollout=false, or "
+                      "run the rows through a registered agent loop with multi_turn.enable=false.")
     if a.partial_rollout and not cfg.actor_rollout_ref.rollout.calculate_log_probs:
         errors.append("async_training.partial_rollout=true samples one response with several policy versions, so "
                       "every token needs the behaviour log-prob of the weights that sampled it, but "
@@ -461,6 +464,14 @@ def _check_async(cfg: PPOConfig) -> list[str]:
                       "training step, which the decoupled mode does not run; use one that needs none with "
                       f"async_training.enable=true ({estimators_where(lambda i: not i.needs_greedy_baseline)}).")
     return errors
+
+
+def _builtin_tool_loop(rollout: Any) -> bool:
+    """Rows may run through the built-in, batched tool loop (not streamed by partial rollout)."""
+    from hybrid_rl.agents.agent_loop import BUILTIN_AGENT_LOOPS
+
+    return agent_rollout_enabled(rollout) and (rollout.multi_turn.enable
+                                               or rollout.agent.default_agent_loop in BUILTIN_AGENT_LOOPS)
 
 
 def _corrects_staleness(cfg: PPOConfig) -> bool:
