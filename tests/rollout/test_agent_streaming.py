@@ -41,6 +41,8 @@ class Moves(AgentLoopBase):
 
     async def run(self, sampling_params, **kwargs):
         prompt, moves = list(kwargs["test_prompt_ids"]), int(kwargs["test_moves"])
+        if moves < 0:
+            raise RuntimeError("the environment crashed")
         gate = GATES.get(kwargs.get("test_gate"))
         ids, mask, log_probs = [], [], []
         for move in range(moves):
@@ -204,3 +206,12 @@ def test_builtin_agent_rows_are_refused(engine):
         engine.stream_submit([StreamRequest("b", [5], 4, {"row": {"agent_name": "tool_agent"}})],
                              _params(do_sample=False))
     assert engine.stream_pending() == 0
+
+
+def test_a_loop_that_raises_fails_its_row_only(engine):
+    engine.stream_submit([_request("crash", PROMPTS[0], -1), _request("fine", PROMPTS[1], 1)], _params(do_sample=False))
+    samples = _drain(engine)
+    crash, fine = samples["crash"], samples["fine"]
+    assert crash.finish_reason == "error" and crash.response_ids == [] and crash.versions == []
+    assert crash.meta["trajectory"]["reward_score"] == 0.0 and crash.prompt_ids == PROMPTS[0]
+    assert fine.finish_reason == "stop" and len(fine.response_ids) >= 1
