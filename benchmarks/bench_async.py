@@ -42,6 +42,7 @@ weight push interrupts and resumes the requests in flight).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -252,6 +253,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=4, help="responses per prompt")
     parser.add_argument("--vanilla-loss", action="store_true", help="eta > 0 with the vanilla loss and token-level TIS instead of the decoupled loss")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
+    parser.add_argument("--workdir", default=None, help="keep the runs (metrics.jsonl per mode) in this folder "
+                                                         "instead of a temporary one")
     parser.add_argument("extra", nargs="*", help="more key=value overrides for every run")
     args = parser.parse_args()
     if args.reward is None:
@@ -266,7 +269,9 @@ def main() -> None:
     print(f"CPU capability {kind}, {os.cpu_count()} cores; {args.steps} steps x {args.batch_size} prompts x "
           f"{args.n} responses; reward {args.reward}: {args.latency} s per {per}; dtype auto", flush=True)
     results = []
-    with tempfile.TemporaryDirectory() as workdir:
+    with (contextlib.nullcontext(os.path.abspath(args.workdir)) if args.workdir
+          else tempfile.TemporaryDirectory()) as workdir:
+        os.makedirs(workdir, exist_ok=True)
         write_task_files(args, workdir)
         service = SlowRewardService(args.latency) if args.reward == "remote" else None
         for mode in args.modes:
