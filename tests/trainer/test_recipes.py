@@ -70,7 +70,8 @@ def test_recipe_composes(path):
         assert os.path.isfile(cfg.custom_reward_function.path) and path.endswith("eval_majority/run.sh")
         return
     # those two are the default run plus LoRA / plus the decoupled mode
-    assert len(overrides) > (4 if "arithmetic_grpo_lora" in path or "async_arithmetic" in path else 7)
+    assert len(overrides) > (4 if "arithmetic_grpo_lora" in path or "async_arithmetic" in path
+                             or "partial_rollout_arithmetic" in path else 7)
     cfg = compose(entry, overrides)
     if path.endswith("arithmetic_grpo/run.sh"):  # the default run: the recipe must equal the defaults
         assert cfg == compose(entry, [])
@@ -112,6 +113,9 @@ def test_recipe_composes(path):
         assert cfg.trainer.device == "auto" and cfg.trainer.total_training_steps == 8 and not cfg.distillation.enabled
         assert cfg.data.train_batch_size == cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 4  # small steps
         assert cfg.actor_rollout_ref.actor.optim.lr == 5e-6
+    elif "partial_rollout_arithmetic" in path:  # the decoupled run, streaming groups with partial rollout
+        assert cfg.async_training.enable and cfg.async_training.partial_rollout
+        assert cfg.actor_rollout_ref.rollout.calculate_log_probs and cfg.trainer.device == "auto"
     elif "async_arithmetic" in path:  # the default run, decoupled
         assert cfg.async_training.enable and cfg.async_training.max_head_offpolicyness == 1
         assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "decoupled" and cfg.trainer.device == "auto"
