@@ -244,6 +244,14 @@ class ActorRolloutRefWorker(TeacherMixin, StreamingRolloutMixin, Worker):
         return exporter.release(handle) if self.rank == 0 and exporter is not None else None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def close_weight_exports(self) -> None:
+        """Unlink every push and spare segment this worker still holds in shared memory (the end of a run:
+        Ray stops its workers without calling :meth:`close`); a later export starts afresh."""
+        exporter, self._weight_exporter = getattr(self, "_weight_exporter", None), None
+        if exporter is not None:
+            exporter.close()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_rollout_weights(self, weights: WeightHandle) -> dict[str, float]:
         """Load a push from ``export_rollout_weights`` into a rollout-only worker's engine (zero-copy
         views of the buckets); returns ``{"timing_s/weight_load": seconds}``."""

@@ -3,6 +3,7 @@ stream into the SQL buffer; a rollout worker SIGKILLed while loading new weights
 partial rollout) resumes: every group trained exactly once, none generated twice, none lost, and every
 buffered row keeps per-token versions and behaviour log-probs."""
 
+import glob
 from collections import Counter
 
 import pytest
@@ -49,8 +50,10 @@ def test_partial_rollout_resumes_after_sigkills_nothing_lost_nothing_twice(tmp_p
     # checkpoint (a fresh driver-side producer, the buffer's groups read back; the driver-kill-and-rerun path
     # is the same load_checkpoint, covered for the batch producer by test_e2e_async)
     env = {"HYBRID_RL_FAULT": "kill:stream_load_weights:2", "HYBRID_RL_FAULT_STATE": str(tmp_path / "faults")}
+    shm_before = set(glob.glob("/dev/shm/hybrid_rl_wt_*"))
     first = _run_cli(tmp_path, tiny_model_dir, *args, env=env)
     _assert_ok(first)
+    assert set(glob.glob("/dev/shm/hybrid_rl_wt_*")) <= shm_before  # the run's pushes gave their memory back
     assert "restart 1/1 after a worker failure" in first.stderr + first.stdout
     rows = _buffer_rows(tmp_path / "run")
     _assert_groups_once(rows, steps=4)

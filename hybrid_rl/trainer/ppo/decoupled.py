@@ -99,8 +99,16 @@ class DecoupledPPOTrainer(RayPPOTrainer):
         finally:
             if getattr(self, "weight_pushes", None) is not None:
                 self.weight_pushes.release_all()  # pushes offered and never loaded
+                self._close_weight_exports()
             if self.buffer is not None:
                 self.buffer.close()
+
+    def _close_weight_exports(self) -> None:
+        """Give the shared memory of the run's pushes back (a failure only logged: teardown goes on)."""
+        try:
+            self.actor_rollout_wg.close_weight_exports()
+        except Exception as error:  # noqa: BLE001 - a dead trainer worker: the next export sweeps its segments
+            logger.warning("weight transfer: the trainer's shared-memory segments were not unlinked: %r", error)
 
     def _batches(self):
         """One placeholder per step: the rows come from the buffer (``take_experiences``)."""
