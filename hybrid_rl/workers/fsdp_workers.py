@@ -264,10 +264,6 @@ class ActorRolloutRefWorker(TeacherMixin, StreamingRolloutMixin, Worker):
             self.rollout.update_weights(named_tensors)
         return {"timing_s/weight_load": time.perf_counter() - start}
 
-    def _opened_rollout_weights(self, weights: WeightHandle):
-        """The streaming load's view of a push (``StreamingRolloutMixin``): the same mapped buckets."""
-        return open_weights(weights)
-
     # ------------------------------------------------------------------ log-probs
     def _log_prob_meta(self, data: DataProto, micro_batch_size: Optional[int], use_dynamic_bsz: bool,
                        max_token_len: int) -> DataProto:

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict
-from typing import Any, Iterable
-
-import torch
+from typing import Any
 
 from hybrid_rl.single_controller import Dispatch, register
 from hybrid_rl.utils import faults
 from hybrid_rl.workers.rollout.params import resolve_generation_params
+from hybrid_rl.workers.weight_transfer import open_weights
 
 __all__ = ["StreamingRolloutMixin"]
 
@@ -53,7 +52,7 @@ class StreamingRolloutMixin:
         self._require("rollout", "stream_load_weights")
         faults.inject("stream_load_weights", version)  # no-op unless HYBRID_RL_FAULT (tests): dies mid partial rollout
         start = time.perf_counter()
-        with self._opened_rollout_weights(weights) as named_tensors:
+        with open_weights(weights) as named_tensors:  # the same mapped buckets as load_rollout_weights
             self.rollout.stream_update_weights(named_tensors, version)
         return {"timing_s/weight_load": time.perf_counter() - start,
                 "rollout/requests_in_flight_at_load": float(self.rollout.stream_pending())}
@@ -63,14 +62,3 @@ class StreamingRolloutMixin:
         """This rank's requests in flight (partial responses, log-probs, versions) as plain data."""
         self._require("rollout", "stream_state")
         return self.rollout.stream_state()
-
-    def _opened_rollout_weights(self, weights: Any):
-        """A context manager yielding ``(name, tensor)`` pairs of exported weights; the worker class may
-        override it for its weight transport (default: the list itself)."""
-        from contextlib import nullcontext
-
-        return nullcontext(_pairs(weights))
-
-
-def _pairs(weights: Any) -> Iterable[tuple[str, torch.Tensor]]:
-    return iter(weights)
