@@ -32,6 +32,7 @@ from hybrid_rl.protocol import DataProto
 from hybrid_rl.trainer.core.batch_contract import BatchPlan
 from hybrid_rl.trainer.ppo.contracts import decoupled_batch_plan
 from hybrid_rl.trainer.ppo.producer import ProducerState, RolloutProducer
+from hybrid_rl.trainer.ppo.stream_groups import agent_batch_metrics
 from hybrid_rl.trainer.ppo.stream_producer import StreamingProducer, streaming_producer
 from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
 from hybrid_rl.workers.weight_transfer import DEFAULT_BUCKET_BYTES, PushLedger, WeightHandle, choose_transport
@@ -195,6 +196,8 @@ class DecoupledPPOTrainer(RayPPOTrainer):
                                                     batch.non_tensor_batch["max_global_steps"])]
         metrics["async/mixed_version_rows"] = sum(s > 0 for s in spans) / len(spans)  # partial rollout at work
         metrics.update(self.producer.pop_metrics({int(e.extra.get("rollout_batch", 0)) for e in experiences}))
+        if isinstance(self.producer, StreamingProducer):  # the batch path's agent/* keys, over the rows trained
+            metrics.update(agent_batch_metrics(batch.non_tensor_batch.get("agent_metrics", [])))
         metrics.update({"async/dropped_stale": dropped, "async/dropped_stale_total": self.dropped_total,
                         "async/discarded_newer_at_resume": self.discarded_newer,  # once, the step after a resume
                         "async/buffer_ready": self.buffer.count("ready"),

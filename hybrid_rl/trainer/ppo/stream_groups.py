@@ -3,27 +3,29 @@
 Pure driver-side plumbing (no Ray, no engine): :func:`split_groups` cuts a prepared prompt batch (repeated
 ``n`` times, interleaved, with ``uid``) into groups; :func:`group_requests` turns a group into the engine's
 stream requests; :func:`assemble_group` builds the group's rollout batch from the finished samples, in the
-layout the batch path produces (``build_rollout_output``) plus ``rollout_versions``.
+layout the batch path produces (``build_rollout_output``) plus ``rollout_versions``; :func:`agent_batch_metrics` gives a step's ``agent/*``
+metrics from its rows' ``agent_metrics`` column.
 
 Shapes: n rows per group, P prompt width (left-padded), R = ``response_length``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
-from hybrid_rl.agents.loop import Trajectory
+from hybrid_rl.agents.loop import END_REASONS, Trajectory
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.trainer.core import generation
 from hybrid_rl.workers.rollout.multi_turn import _object_column, build_trajectory_output
 from hybrid_rl.workers.rollout.params import GenerationParams
 from hybrid_rl.workers.rollout.sequences import build_rollout_output, prompt_token_lists
 
-__all__ = ["StreamGroup", "assemble_group", "group_requests", "split_groups"]
+__all__ = ["StreamGroup", "agent_batch_metrics", "assemble_group", "group_requests", "split_groups"]
 
 
 @dataclass
@@ -130,3 +132,27 @@ def _assemble_agent_group(group: StreamGroup, samples: list[dict], params: Gener
     rest = DataProto(batch=group.rest.batch, non_tensor_batch=dict(group.rest.non_tensor_batch),
                      meta_info=dict(group.rest.meta_info))
     return generation.merge_generation_output(rest, output)
+
+
+_MEAN_KEYS = ("num_turns", "assistant_turns", "tool_calls", "tool_errors", "tool_timeouts")
+
+
+def agent_batch_metrics(rows: Sequence[Optional[dict]]) -> dict[str, float]:
+    """The batch path's ``agent/*`` metrics (``multi_turn.batch_metrics``) from the rows' ``agent_metrics``
+    column (``Trajectory.metrics()`` plus one ``ended_by/<reason>`` indicator per row), so a streamed step
+    reports them over exactly the rows it trains: per-row means, the observation-token fraction (a ratio of
+    sums, not a mean of ratios), ``tool/*`` and ``loop/*`` means (a row without the key counts 0), the
+    share of rows per end reason. Rows without the column (``None``) are skipped; none: ``{}``."""
+    rows = [r for r in rows if isinstance(r, dict)]
+    if not rows:
+        return {}
+    out = {f"agent/{key}/mean": float(np.mean([r.get(key, 0.0) for r in rows])) for key in _MEAN_KEYS}
+    obs = sum(r.get("observation_tokens", 0.0) for r in rows)
+    model = sum(r.get("model_tokens", 0.0) for r in rows)
+    out["agent/observation_token_fraction"] = obs / max(obs + model, 1.0)
+    for key in sorted({k for r in rows for k in r if k.startswith(("tool/", "loop/"))}):
+        out[f"agent/{key}"] = float(np.mean([r.get(key, 0.0) for r in rows]))
+    # the indicators are 0/1, so their sum is the count the batch path divides by the row count
+    out.update({f"agent/ended_by/{reason}": sum(float(r.get(f"ended_by/{reason}", 0.0)) for r in rows) / len(rows)
+                for reason in END_REASONS})
+    return out
