@@ -32,13 +32,14 @@ from hybrid_rl.workers.config import ActorRolloutRefConfig, derive_batch_sizes
 from hybrid_rl.workers.critic import DataParallelPPOCritic
 from hybrid_rl.workers.distillation_config import DistillationConfig
 from hybrid_rl.workers.fsdp_utils import iter_full_state
-from hybrid_rl.workers.lora import is_lora_model, lora_enabled, merged_lora_weights, reference_context
+from hybrid_rl.workers.lora import (is_lora_model, lora_adapter_weights, lora_base_weights, lora_enabled,
+                                    lora_push_config, merged_lora_weights, reference_context)
 from hybrid_rl.workers.model_loader import load_tokenizer, resolve_model_path, torch_dtype
 from hybrid_rl.workers.optimizer_offload import OptimizerOffload
 from hybrid_rl.workers.scalar_worker import ScalarModelWorker
 from hybrid_rl.workers.stream_worker import StreamingRolloutMixin
 from hybrid_rl.workers.teacher import TeacherMixin
-from hybrid_rl.workers.weight_transfer import (DEFAULT_BUCKET_BYTES, WeightExporter, WeightHandle, open_weights,
+from hybrid_rl.workers.weight_transfer import (DEFAULT_BUCKET_BYTES, WeightExporter, WeightHandle, export_lora,
                                                rollout_aliases)
 
 logger = logging.getLogger(__name__)
@@ -224,8 +225,11 @@ class ActorRolloutRefWorker(TeacherMixin, StreamingRolloutMixin, Worker):
         (``transport="shm"``, same node) or Ray numpy objects (``"object_store"``). Returns
         ``{"weights": WeightHandle}`` (plain metadata, no tensor) on rank 0, None on the other ranks
         (they only take part in the FSDP gathers). Pass it to the rollout group's
-        ``load_rollout_weights``, then to ``release_rollout_weights``."""
+        ``load_rollout_weights``, then to ``release_rollout_weights``. A LoRA actor pushes its base
+        weights once and then the adapter factors alone; the receiver merges them (docs/async.md)."""
         self._require("actor", "export_rollout_weights")
+        if is_lora_model(self.actor_module):
+            return self._export_lora_weights(transport, bucket_bytes)
         if self.rank != 0:
             for _ in self._rollout_weights():  # the collective gathers, nothing kept
                 pass
@@ -234,6 +238,28 @@ class ActorRolloutRefWorker(TeacherMixin, StreamingRolloutMixin, Worker):
             self._weight_exporter = WeightExporter()  # sweeps dead exporters' segments
         handle = self._weight_exporter.export(self._rollout_weights(), rollout_aliases(self.actor_module),
                                               transport, bucket_bytes)
+        return {"weights": handle}
+
+    def _export_lora_weights(self, transport: str, bucket_bytes: int) -> Optional[dict[str, Any]]:
+        """A LoRA actor's push: the base weights on the first push (pinned for the later ones, and again
+        when the transport changes), the adapter factors alone on every push (docs/async.md)."""
+        dtype = torch_dtype(resolve_dtype(self.config.rollout.dtype, self.device.type, "rollout"))
+        send_base = getattr(self, "_lora_base_transport", None) != transport  # the same on every rank
+        base = (lora_base_weights(iter_full_state(self.actor_module, device=self.device), self.actor_module, dtype)
+                if send_base else None)
+        adapters = lora_adapter_weights(self.actor_module, device=self.device)
+        if self.rank != 0:
+            for _ in base or ():  # the collective gathers, nothing kept
+                pass
+            for _ in adapters:
+                pass
+            self._lora_base_transport = transport
+            return None
+        if getattr(self, "_weight_exporter", None) is None:
+            self._weight_exporter = WeightExporter()  # sweeps dead exporters' segments
+        handle = export_lora(self._weight_exporter, adapters, base, rollout_aliases(self.actor_module),
+                             lora_push_config(self.actor_module, dtype), transport, bucket_bytes)
+        self._lora_base_transport = transport
         return {"weights": handle}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
@@ -248,6 +274,7 @@ class ActorRolloutRefWorker(TeacherMixin, StreamingRolloutMixin, Worker):
         """Unlink every push and spare segment this worker still holds in shared memory (the end of a run:
         Ray stops its workers without calling :meth:`close`); a later export starts afresh."""
         exporter, self._weight_exporter = getattr(self, "_weight_exporter", None), None
+        self._lora_base_transport = None  # the pinned LoRA base goes with the exporter: the next push resends it
         if exporter is not None:
             exporter.close()
 

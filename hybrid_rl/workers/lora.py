@@ -11,6 +11,8 @@ copy of the model, as veRL does.
 The rollout engines hold plain HF models. After an update they receive the merged weights
 ``W + scaling * B @ A`` of every LoRA layer (peft's ``merge`` formula, with peft's own ``scaling``,
 i.e. ``lora_alpha / r``) under the HF names, streamed one tensor at a time from the FSDP2 shards.
+A separate rollout pool (the decoupled mode) instead gets the base weights once and then the adapter
+factors alone (:func:`lora_base_weights`, :func:`lora_adapter_weights`; docs/async.md, "Weight transfer").
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from torch import nn
 
 from hybrid_rl.workers.config import ModelConfig
 
-__all__ = ["lora_enabled", "apply_lora", "reference_context", "merged_lora_weights", "is_lora_model"]
+__all__ = ["lora_enabled", "apply_lora", "reference_context", "merged_lora_weights", "is_lora_model",
+           "lora_adapter_weights", "lora_base_weights", "lora_push_config"]
 
 _PEFT_PREFIX = "base_model.model."
 LORA_INIT_SEED = 0
@@ -158,3 +161,47 @@ def merged_lora_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], modul
                 yield _hf_name(prefix + "weight"), merged.to(dtype or torch.float32)
     if pending:
         raise ValueError(f"incomplete LoRA layers in the weight stream: {sorted(pending)}")
+
+
+def _is_adapter_factor(name: str) -> bool:
+    return f".lora_A.{LORA_ADAPTER}." in name or f".lora_B.{LORA_ADAPTER}." in name
+
+
+def lora_adapter_weights(module: nn.Module, device: torch.device | str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    """The LoRA A/B factors alone, full (each FSDP2 shard all-gathered: collective, every rank iterates
+    to the end) and in their own dtype, under peft's saved-adapter names
+    (``base_model.model.<layer>.lora_A.weight``)."""
+    from hybrid_rl.workers.fsdp_utils import gather_full_tensor
+
+    for name, tensor in module.state_dict().items():
+        if not _is_adapter_factor(name):
+            continue
+        if hasattr(tensor, "full_tensor"):
+            tensor = gather_full_tensor(tensor)
+        yield name.replace(f".{LORA_ADAPTER}.", "."), tensor.detach().to(device)
+
+
+def lora_base_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], module: nn.Module,
+                      dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """The base weights under the HF names from the full-state stream, adapter factors left out. Every
+    tensor is cast to ``dtype`` except an adapted layer's base weight whose cast would lose bits: it
+    keeps its own dtype, so the receiver's merge equals :func:`merged_lora_weights` exactly."""
+    adapted = tuple(f"{prefix}base_layer.weight" for prefix in _lora_scalings(module))
+    for name, tensor in named_tensors:
+        if _is_adapter_factor(name):
+            continue
+        cast = tensor.to(dtype)
+        if name.endswith(adapted) and not torch.equal(cast.to(tensor.dtype), tensor):
+            cast = tensor
+        yield _hf_name(name), cast
+
+
+def lora_push_config(module: nn.Module, dtype: torch.dtype) -> dict[str, Any]:
+    """The adapter's config for an adapters-only push (plain data): ``r``, ``lora_alpha``,
+    ``target_modules``, ``scalings`` (per adapted layer: HF weight name, peft's scaling), ``dtype``."""
+    config = module.peft_config[LORA_ADAPTER]
+    targets = config.target_modules
+    targets = (targets,) if isinstance(targets, str) else tuple(sorted(targets))
+    scalings = tuple((_hf_name(prefix + "weight"), scaling) for prefix, scaling in _lora_scalings(module).items())
+    return {"r": int(config.r), "lora_alpha": float(config.lora_alpha), "target_modules": targets,
+            "scalings": scalings, "dtype": str(dtype).removeprefix("torch.")}

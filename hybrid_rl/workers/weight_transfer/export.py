@@ -150,6 +150,7 @@ class WeightExporter:
         self._live: dict[int, tuple[str, list[Any]]] = {}  # push id -> (transport, buckets)
         self._next_push = 0
         self._spares: list[str] = []  # the last released push's segments, renamed, for the next push
+        self._pinned: Optional[tuple[WeightHandle, list[Any]]] = None  # a LoRA actor's base weights
         self._lock = threading.Lock()
         atexit.register(self.close)  # a graceful exit unlinks; a killed one is swept by the next exporter
 
@@ -211,6 +212,26 @@ class WeightExporter:
                 unlink_segment(path)
         return len(buckets)
 
+    def pin(self, handle: WeightHandle) -> None:
+        """Keep ``handle``'s buckets until :meth:`close` (or the next pin): a LoRA actor's base weights,
+        read by every later adapters-only push. :meth:`release` no longer frees them; a previously
+        pinned push is freed now."""
+        with self._lock:
+            transport, buckets = self._live.pop(handle.push_id, ("", []))
+            if transport != handle.transport:
+                raise ValueError(f"weight transfer: push {handle.push_id} is not alive in this exporter. Fix: pin "
+                                 "a handle this exporter returned, before releasing it.")
+            older, self._pinned = self._pinned, (handle, buckets)
+        if older is not None and older[0].transport == "shm":
+            for path in older[1]:
+                unlink_segment(path)
+
+    @property
+    def pinned(self) -> Optional[WeightHandle]:
+        """The pinned push (a LoRA actor's base weights), if any."""
+        with self._lock:
+            return self._pinned[0] if self._pinned is not None else None
+
     @property
     def live_pushes(self) -> list[int]:
         """Ids of the pushes not released yet."""
@@ -222,7 +243,9 @@ class WeightExporter:
         with self._lock:
             pushes, self._live = list(self._live.values()), {}
             pushes.append(("shm", self._spares))
-            self._spares = []
+            if self._pinned is not None:
+                pushes.append((self._pinned[0].transport, self._pinned[1]))
+            self._spares, self._pinned = [], None
         for transport, buckets in pushes:
             if transport == "shm":
                 for path in buckets:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-__all__ = ["TRANSPORTS", "TensorEntry", "WeightHandle"]
+__all__ = ["TRANSPORTS", "LoraAdapter", "TensorEntry", "WeightHandle"]
 
 TRANSPORTS = ("shm", "object_store")
 
@@ -29,6 +29,28 @@ class TensorEntry:
 
 
 @dataclass(frozen=True)
+class LoraAdapter:
+    """What turns an adapters-only push of a LoRA actor into the merged weights the engine loads."""
+
+    r: int
+    """The adapters' rank (``actor_rollout_ref.model.lora_rank``)."""
+    lora_alpha: float
+    """peft's ``lora_alpha``."""
+    target_modules: tuple[str, ...]
+    """The adapted module names as configured (``("all-linear",)`` for all linear layers)."""
+    scalings: tuple[tuple[str, float], ...]
+    """Per adapted layer: its base weight's HF name and peft's scaling (``lora_alpha / r``)."""
+    dtype: str
+    """dtype of the merged weights (the rollout dtype), torch name without the ``torch.`` prefix."""
+    base: "WeightHandle"
+    """The base weights (every non-adapter tensor under its HF name), written by the actor's first push
+    and pinned until its exporter closes: each load reads them, so an engine that lost its weights
+    (a restart, a sleep) gets them back from any later push."""
+    carries_base: bool = False
+    """True for the push that wrote ``base`` (its bytes count for that push only)."""
+
+
+@dataclass(frozen=True)
 class WeightHandle:
     """One push of the trainer's weights, as the driver hands it from the trainer to the rollout pool."""
 
@@ -46,6 +68,9 @@ class WeightHandle:
     """Address of the exporter's host (None outside Ray); shm buckets are readable only there."""
     order: tuple[str, ...] = field(default=())
     """Every exported name in the trainer's stream order (aliases included)."""
+    lora: Optional[LoraAdapter] = None
+    """Set for a LoRA actor's adapters-only push: ``entries`` then hold the adapter factors alone
+    (peft's saved-adapter names, e.g. ``base_model.model.model.layers.0.mlp.up_proj.lora_A.weight``)."""
 
     @property
     def num_bytes(self) -> int:

@@ -50,13 +50,29 @@ def _named_views(handle: WeightHandle, buffers: list[Any]) -> Iterator[tuple[str
 @contextlib.contextmanager
 def open_weights(handle: WeightHandle) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
     """Map ``handle``'s buckets; yields an iterator of ``(name, view)`` in the trainer's order (every
-    alias of a tied tensor included). Views are valid inside the ``with`` only: load them there."""
+    alias of a tied tensor included). Views are valid inside the ``with`` only: load them there.
+    An adapters-only LoRA push (``handle.lora``) yields its pinned base's stream with the adapters
+    merged into the adapted weights (:func:`~hybrid_rl.workers.weight_transfer.adapters.apply_adapters`)."""
     if not isinstance(handle, WeightHandle):
         raise ValueError(f"weight transfer: expected a WeightHandle from export_rollout_weights, got "
                          f"{type(handle).__name__}. Fix: pass the trainer's export_rollout_weights()[0]['weights'].")
+    with _mapped(handle) as buffers:
+        if handle.lora is None:
+            yield _named_views(handle, buffers)
+            return
+        from hybrid_rl.workers.weight_transfer.adapters import apply_adapters
+
+        with _mapped(handle.lora.base) as base_buffers:
+            adapters = dict(_named_views(handle, buffers))
+            yield apply_adapters(_named_views(handle.lora.base, base_buffers), adapters, handle.lora)
+
+
+@contextlib.contextmanager
+def _mapped(handle: WeightHandle) -> Iterator[list[Any]]:
+    """``handle``'s buckets mapped (shm) or fetched (object store) for the ``with`` body."""
     buffers = _map_buckets(handle)
     try:
-        yield _named_views(handle, buffers)
+        yield buffers
     finally:
         for buffer in buffers:
             if hasattr(buffer, "close"):
