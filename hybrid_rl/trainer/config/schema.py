@@ -23,6 +23,8 @@ from hybrid_rl.workers.distillation_config import DistillationConfig
 from hybrid_rl.buffer.base import BufferConfig
 from hybrid_rl.utils.bounds import bounded
 from hybrid_rl.workers.config import ActorRolloutRefConfig, CriticConfig, CriticModelConfig, FSDPConfig
+from hybrid_rl.workers.weight_transfer.export import DEFAULT_BUCKET_BYTES
+from hybrid_rl.workers.weight_transfer.handle import TRANSPORTS
 
 
 @dataclass
@@ -383,6 +385,24 @@ class AsyncTrainingConfig:
     waits for the batch); at eta 0 the run equals the synchronous run bit for bit."""
     buffer: BufferConfig = field(default_factory=BufferConfig)
     """Where experiences wait between the rollout and the trainer (memory or sql)."""
+    weight_transport: str = "auto"
+    """How a weight push travels from the trainer to the rollout pool (docs/async.md, "Weight transfer"):
+    ``auto`` (shared-memory buckets when every rollout worker shares the trainer's node, Ray's object store
+    otherwise), or force ``shm`` / ``object_store``. veRL's counterpart is ``rollout.checkpoint_engine.backend``,
+    whose NCCL / NIXL backends are GPU-only."""
+    update_weights_bucket_megabytes: int = bounded(DEFAULT_BUCKET_BYTES >> 20, ge=1, fix="use e.g. 512 (veRL's default)")
+    """veRL's name (``rollout.checkpoint_engine.update_weights_bucket_megabytes``): MiB per weight bucket of a
+    push; a tensor larger than a bucket gets a bucket of its own."""
+
+    def __post_init__(self) -> None:
+        transports = ("auto",) + TRANSPORTS
+        if self.weight_transport not in transports:
+            raise ValueError(f"async_training.weight_transport={self.weight_transport!r} is invalid: must be one of "
+                             f"{transports}. Fix: use auto (shm on one node, the object store across nodes).")
+        size = self.update_weights_bucket_megabytes
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"async_training.update_weights_bucket_megabytes={size!r} is invalid: must be an integer "
+                             ">= 1 (MiB per weight bucket). Fix: use e.g. 512 (veRL's default).")
 
 
 LINKED_DEFAULTS: dict[str, str] = {

@@ -35,7 +35,7 @@ from hybrid_rl.trainer.ppo.producer import ProducerState, RolloutProducer
 from hybrid_rl.trainer.ppo.stream_groups import agent_batch_metrics
 from hybrid_rl.trainer.ppo.stream_producer import StreamingProducer, streaming_producer
 from hybrid_rl.trainer.ppo.trainer import RayPPOTrainer
-from hybrid_rl.workers.weight_transfer import DEFAULT_BUCKET_BYTES, PushLedger, WeightHandle, choose_transport
+from hybrid_rl.workers.weight_transfer import PushLedger, WeightHandle, choose_transport
 
 __all__ = ["DecoupledPPOTrainer", "staleness_metrics"]
 
@@ -116,22 +116,17 @@ class DecoupledPPOTrainer(RayPPOTrainer):
         while self.global_steps < self.total_training_steps:
             yield DataProto()
 
-    weight_transport = "auto"
-    """How pushes travel: ``"auto"`` (shared memory when every rollout worker shares the trainer's
-    node, Ray's object store otherwise), or force ``"shm"`` / ``"object_store"``."""
-    weight_bucket_bytes = DEFAULT_BUCKET_BYTES
-    """Bytes per weight bucket (a larger tensor gets a bucket of its own)."""
-
     def _export_weights(self) -> WeightHandle:
-        """The trainer's current weights, written once into buckets (docs/async.md, "Weight
-        transfer"); the driver holds only the handle's metadata."""
+        """The trainer's current weights, written once into buckets of
+        ``async_training.update_weights_bucket_megabytes`` MiB over ``async_training.weight_transport``
+        (docs/async.md, "Weight transfer"); the driver holds only the handle's metadata."""
         if getattr(self, "weight_pushes", None) is None:
             self.weight_pushes = PushLedger(self.actor_rollout_wg.release_rollout_weights)
-        infos = self.actor_rollout_wg.worker_infos
+        a, infos = self.config.async_training, self.actor_rollout_wg.worker_infos
         transport = choose_transport(infos[0].node_ip, [i.node_ip for i in self.workers.rollout.worker_infos],
-                                     self.weight_transport)
+                                     a.weight_transport)
         return self.weight_pushes.offered(self.actor_rollout_wg.export_rollout_weights(
-            transport=transport, bucket_bytes=self.weight_bucket_bytes)[0]["weights"])
+            transport=transport, bucket_bytes=a.update_weights_bucket_megabytes << 20)[0]["weights"])
 
     def _load_rollout_weights(self, exported: WeightHandle) -> dict[str, float]:
         """Load a push into every rollout worker, then free its buckets (and older unloaded ones)."""
