@@ -201,11 +201,13 @@ def test_token_versions_maps_served_versions_onto_model_tokens():
     assert token_versions([1, 0], [], fallback=9) == [9, -1]
 
 
-def test_builtin_agent_rows_are_refused(engine):
-    with pytest.raises(ValueError, match="runs the built-in agent loop 'tool_agent'"):
-        engine.stream_submit([StreamRequest("b", [5], 4, {"row": {"agent_name": "tool_agent"}})],
-                             _params(do_sample=False))
-    assert engine.stream_pending() == 0
+def test_a_builtin_tool_loop_row_streams_beside_registered_loops(engine):
+    """A row naming ``tool_agent`` (no tools, no interaction here) is one model turn of the built-in loop."""
+    engine.stream_submit([StreamRequest("b", [5], 4, {"row": {"agent_name": "tool_agent"}})], _params(do_sample=False))
+    sample = _drain(engine)["b"]
+    info = sample.meta["trajectory"]
+    assert 1 <= len(sample.response_ids) <= 4 and info["response_mask"] == [1] * len(sample.response_ids)
+    assert info["num_turns"] == 2 and sample.finish_reason == ("stop" if sample.response_ids[-1] == EOS else "length")
 
 
 def test_a_loop_that_raises_fails_its_row_only(engine):

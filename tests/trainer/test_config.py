@@ -160,9 +160,6 @@ def test_worker_group_checks_run_on_conversion():
         (["async_training.enable=true", *ETA0, "rollout.n_gpus_per_node=0"], r"rollout.n_gpus_per_node=0"),
         (["async_training.enable=true", *ETA0, "ray_init.num_cpus=2", "trainer.n_gpus_per_node=2"], r"sum to at most"),
         (["async_training.enable=true", *ETA0, "algorithm.adv_estimator=remax"], r"remax generates a greedy baseline"),
-        (["async_training.enable=true", *ETA0, "async_training.partial_rollout=true",
-          "actor_rollout_ref.rollout.multi_turn.enable=true", "actor_rollout_ref.rollout.calculate_log_probs=true"],
-         r"^async_training.partial_rollout=true streams single-turn"),
         (["async_training.enable=true", *ETA0, "async_training.partial_rollout=true"],
          r"^async_training.partial_rollout=true samples one response with several policy versions"),
         (["async_training.enable=true", "ray_init.num_cpus=2", "trainer.n_gpus_per_node=1"],
@@ -195,7 +192,8 @@ BEHAVIOUR = "actor_rollout_ref.rollout.calculate_log_probs=true"
     ["algorithm.rollout_correction.rollout_rs=seq_mean_k3", "algorithm.rollout_correction.rollout_rs_threshold=0.01",
      BEHAVIOUR],
     ["algorithm.rollout_correction.bypass_mode=true", BEHAVIOUR],
-], ids=["eta0", "decoupled_loss", "rollout_is", "rollout_rs", "bypass"])
+    [*ETA0, "async_training.partial_rollout=true", "actor_rollout_ref.rollout.multi_turn.enable=true", BEHAVIOUR],
+], ids=["eta0", "decoupled_loss", "rollout_is", "rollout_rs", "bypass", "partial_builtin_tool_loop"])
 def test_stale_rows_are_accepted_with_a_correction_or_without_staleness(overrides):
     """eta >= 1 needs the decoupled loss or a rollout correction (the vanilla loss alone trains stale
     rows as on-policy); each of these is one, and eta = 0 has no stale rows."""

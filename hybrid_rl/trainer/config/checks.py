@@ -14,7 +14,6 @@ import math
 import os
 from typing import TYPE_CHECKING, Any, Callable
 
-from hybrid_rl.agents.config import agent_rollout_enabled
 from hybrid_rl.trainer.config.paired_checks import check_paired_objective, objective_needs_reference, paired_objective
 from hybrid_rl.trainer.config.reward_model import is_remote
 from hybrid_rl.trainer.config.run_checks import (RunPlan, as_file_list, check_data_files, check_devices,
@@ -447,13 +446,6 @@ def _check_async(cfg: PPOConfig) -> list[str]:
             errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} training + rollout.n_gpus_per_node="
                           f"{pool.n_gpus_per_node} rollout CPU workers but only {cores} cores are available; lower "
                           "them so they sum to at most the core count (each process needs a core).")
-    if a.partial_rollout and _builtin_tool_loop(cfg.actor_rollout_ref.rollout):
-        errors.append("async_training.partial_rollout=true streams single-turn rows and rows of registered agent loops "
-                      "(rollout.agent.agent_loop_config_path: environments, custom loops), but "
-                      "actor_rollout_ref.rollout.multi_turn.enable=true or agent.default_agent_loop="
-                      f"{cfg.actor_rollout_ref.rollout.agent.default_agent_loop or 'tool_agent'} runs rows through the "
-                      "built-in tool loop, which is not streamed. Fix: set async_training.partial_rollout=false, or "
-                      "run the rows through a registered agent loop with multi_turn.enable=false.")
     if a.partial_rollout and not cfg.actor_rollout_ref.rollout.calculate_log_probs:
         errors.append("async_training.partial_rollout=true samples one response with several policy versions, so "
                       "every token needs the behaviour log-prob of the weights that sampled it, but "
@@ -464,14 +456,6 @@ def _check_async(cfg: PPOConfig) -> list[str]:
                       "training step, which the decoupled mode does not run; use one that needs none with "
                       f"async_training.enable=true ({estimators_where(lambda i: not i.needs_greedy_baseline)}).")
     return errors
-
-
-def _builtin_tool_loop(rollout: Any) -> bool:
-    """Rows may run through the built-in, batched tool loop (not streamed by partial rollout)."""
-    from hybrid_rl.agents.agent_loop import BUILTIN_AGENT_LOOPS
-
-    return agent_rollout_enabled(rollout) and (rollout.multi_turn.enable
-                                               or rollout.agent.default_agent_loop in BUILTIN_AGENT_LOOPS)
 
 
 def _corrects_staleness(cfg: PPOConfig) -> bool:

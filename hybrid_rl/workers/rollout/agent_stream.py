@@ -19,8 +19,10 @@ the version that sampled each model token and -1 on observation tokens; ``finish
 trajectory's end reason; ``meta["trajectory"]`` carries ``response_mask``, ``num_turns``,
 ``tool_rewards``, ``turn_scores``, ``agent_metrics``, ``reward_score`` and ``prompt_width``.
 
-Rows of the built-in tool loop (``tool_agent`` / ``single_turn_agent``: a batched, synchronous loop)
-are refused here; they run through ``generate_sequences``. A row's request ``meta["row"]`` holds its
+Rows of the built-in tool loop (``tool_agent`` / ``single_turn_agent``, ``multi_turn.enable``) stream
+too: the loop (:class:`~hybrid_rl.agents.loop.AgentLoop`, written as batched rounds) runs for that one
+row on a worker thread of its own, and each of its rounds (one model turn) becomes a parked request of
+the same server, so a row's tool calls and interaction replies hold no other row. A row's request ``meta["row"]`` holds its
 non-tensor columns (``raw_prompt``, ``extra_info``, ``agent_name`` ...), as a custom loop's ``run``
 receives them. Randomness: every turn samples from the rollout's private stream (no per-call seed),
 so a streamed sampled run is not reproducible from the seed; greedy rows are.
@@ -29,6 +31,7 @@ so a streamed sampled run is not reproducible from the seed; greedy rows are.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import threading
@@ -40,10 +43,10 @@ import torch
 
 from hybrid_rl.agents.agent_loop import BUILTIN_AGENT_LOOPS, DictConfigWrap, resolve_agent_loop
 from hybrid_rl.agents.agent_runner import trajectory_from_output
-from hybrid_rl.agents.loop import Trajectory
+from hybrid_rl.agents.loop import AgentLoop, Trajectory
 from hybrid_rl.agents.server import BatchingServer, LLMServerManager, TokenOutput, _run_until_stopped
-from hybrid_rl.workers.rollout.multi_turn import (_row_metrics, check_agent_name, rollout_config_tree,
-                                                  verl_sampling_params)
+from hybrid_rl.workers.rollout.multi_turn import (_object_column, _row_metrics, check_agent_name,
+                                                  rollout_config_tree, row_contexts, verl_sampling_params)
 from hybrid_rl.workers.rollout.params import GenerationParams
 from hybrid_rl.workers.rollout.streaming import (PartialRequest, StreamRequest, StreamSample, Streamer,
                                                  check_stream_requests)
@@ -57,6 +60,9 @@ logger = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.005
 """Longest nap of :meth:`AgentStreamer.step` while every live row waits on its environment."""
+
+_BUILTIN_THREADS = 512
+"""Most built-in tool-loop rows running at once (a thread each, made as needed)."""
 
 
 @dataclass
@@ -84,6 +90,7 @@ class AgentStreamer:
         self._servers: dict[GenerationParams, BatchingServer] = {}
         self._cond = threading.Condition()  # shared by every server: a parked turn or a finished row wakes step
         self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None  # built-in tool-loop rows
         self._next = 0
 
     @property
@@ -105,7 +112,8 @@ class AgentStreamer:
             self._serials[serial] = copy.request_id
             with self._cond:
                 server._live += 1
-            coro = server._bounded(self._agent(server, serial, name, copy), self.rollout.config.agent.timeout_s)
+            run = (self._builtin if name in BUILTIN_AGENT_LOOPS else self._agent)(server, serial, name, copy)
+            coro = server._bounded(run, self.rollout.config.agent.timeout_s)
             self.rows[copy.request_id] = _Row(copy, asyncio.run_coroutine_threadsafe(coro, self._event_loop()))
 
     def _agent_name(self, req: StreamRequest) -> str:
@@ -113,10 +121,6 @@ class AgentStreamer:
         name = row.get("agent_name")
         name = str(name) if isinstance(name, str) and name else self.rollout.multi_turn.default_agent
         check_agent_name(name, f"stream_submit: request {req.request_id!r} agent_name")
-        if name in BUILTIN_AGENT_LOOPS:
-            raise ValueError(f"stream_submit: request {req.request_id!r} runs the built-in agent loop {name!r} (the "
-                             "batched tool loop), which is not streamed. Fix: run the row through a registered agent "
-                             "loop (agent_name / rollout.agent.default_agent_loop), or use generate_sequences.")
         return name
 
     def _server(self, params: GenerationParams) -> BatchingServer:
@@ -150,6 +154,41 @@ class AgentStreamer:
                                       dataset_config=DictConfigWrap({}))
             return await loop.run(dict(sampling), **kwargs)
         return run
+
+    def _builtin(self, server: BatchingServer, serial: int, name: str, req: StreamRequest):
+        """One row of the built-in tool loop: :class:`AgentLoop` runs it alone on a worker thread; each
+        round's model turn is parked on ``server`` (served by :meth:`step`) and awaited by that thread."""
+        generator = self.rollout.multi_turn
+        row = dict(req.meta.get("row") or {})
+        context = row_contexts({k: _object_column([v]) for k, v in row.items()}, 1)[0]
+        context.agent_name = name
+        sampling = verl_sampling_params(server.params, self.rollout.config.calculate_log_probs)
+        agent = AgentLoop(generator.config.multi_turn, generator.tokenizer, generator.tools, generator.interactions,
+                          list(server.params.eos_token_ids))  # a row's own loop: its tool runner is not shared
+
+        async def run() -> Trajectory:
+            loop, gone = asyncio.get_running_loop(), threading.Event()
+
+            def turn(token_lists: list[list[int]], max_tokens: list[int], index: int) -> list[tuple[list[int], list]]:
+                if gone.is_set():  # the row timed out while its tools ran: stop before another turn
+                    raise TimeoutError(f"streamed row {req.request_id!r} ran past rollout.agent.timeout_s")
+                ask = server.generate(token_lists[0], {**sampling, "max_tokens": max_tokens[0]}, order=(serial, index))
+                out = asyncio.run_coroutine_threadsafe(ask, loop).result()
+                return [(list(out.token_ids), list(out.log_probs or []))]
+
+            try:
+                trajs = await loop.run_in_executor(self._threads(), agent.run, [list(req.prompt_ids)], [context],
+                                                   turn, int(req.max_tokens))
+            except asyncio.CancelledError:
+                gone.set()
+                raise
+            return trajs[0]
+        return run
+
+    def _threads(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(_BUILTIN_THREADS, thread_name_prefix="hybrid_rl-tool-row")
+        return self._pool
 
     def pending(self) -> int:
         return len(self.rows)
@@ -216,8 +255,11 @@ class AgentStreamer:
         cfg, req = self.rollout.config, row.request
         width = max(cfg.prompt_length, len(req.prompt_ids))
         status, value = row.future.result()
-        traj, problem = (trajectory_from_output(value, req.max_tokens, width) if status == "ok"
-                         else (None, f"{status}: {value}"))
+        if status == "ok" and isinstance(value, Trajectory):  # a built-in tool-loop row
+            traj, problem = value, None
+        else:
+            traj, problem = (trajectory_from_output(value, req.max_tokens, width) if status == "ok"
+                             else (None, f"{status}: {value}"))
         if traj is None:
             logger.warning("streamed agent row %r failed (scored 0, counted in agent/ended_by/error): %s",
                            req.request_id, problem)
