@@ -191,6 +191,8 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: str, url: str | None 
             overrides += ["algorithm.rollout_correction.preset=token_tis" if args.vanilla_loss
                           else "actor_rollout_ref.actor.policy_loss.loss_mode=decoupled",
                           "actor_rollout_ref.rollout.calculate_log_probs=true"]
+        elif mode.endswith("p"):  # partial rollout keeps every token's behaviour log-prob
+            overrides.append("actor_rollout_ref.rollout.calculate_log_probs=true")
     start = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [workdir, os.environ.get("PYTHONPATH")]))}
     result = subprocess.run([sys.executable, "-m", "hybrid_rl.trainer.main_ppo", *overrides], cwd=workdir,
