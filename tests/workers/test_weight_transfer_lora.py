@@ -170,3 +170,24 @@ def test_the_worker_sends_the_base_once_per_exporter(tiny_model_dir):
         assert dict(_loaded(again)).keys() == _merged(worker.actor_module, torch.float32).keys()
     finally:
         worker.close_weight_exports()
+
+
+@pytest.mark.slow
+def test_a_decoupled_lora_run_at_eta_zero_equals_the_synchronous_one(tmp_path, tiny_model_dir):
+    """Adapters-only pushes (the decoupled mode) against merged in-process syncs (the synchronous
+    mode): the same weights and grad norms after 3 steps, bit for bit."""
+    from tests.trainer.test_e2e import _assert_ok, _rows, _run_cli, _weights
+    from tests.trainer.test_e2e_async import _async_args, _reward_args
+
+    lora = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16")
+    sync_dir, async_dir = tmp_path / "sync", tmp_path / "async"
+    for folder in (sync_dir, async_dir):
+        folder.mkdir()
+    _assert_ok(_run_cli(sync_dir, tiny_model_dir, *_reward_args(tmp_path), *lora, "ray_init.num_cpus=1"))
+    _assert_ok(_run_cli(async_dir, tiny_model_dir, *_reward_args(tmp_path), *lora,
+                        *_async_args("async_training.max_head_offpolicyness=0")))
+    want, got = _weights(sync_dir / "run" / "global_step_3"), _weights(async_dir / "run" / "global_step_3")
+    assert want and want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    assert any(".lora_B." in k and want[k].abs().sum() > 0 for k in want)  # the adapters trained
+    sync_norms = {r["step"]: r["actor/grad_norm"] for r in _rows(sync_dir / "run")}
+    assert {r["step"]: r["actor/grad_norm"] for r in _rows(async_dir / "run")} == sync_norms

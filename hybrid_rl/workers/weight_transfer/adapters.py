@@ -50,7 +50,10 @@ def apply_adapters(base: Iterable[tuple[str, torch.Tensor]], adapters: dict[str,
                 continue
             a_name, b_name = adapter_names(name)
             a, b = adapters[a_name], adapters[b_name]  # [r, in], [out, r]
-            yield name, (tensor.float() + scaling * (b.float() @ a.float())).to(dtype)  # [out, in]
+            # merged_lora_weights' base.float() + scaling * (B @ A), in place: the same fp32 roundings
+            # (a sum commutes exactly), two [out, in] temporaries fewer.
+            merged = (b.float() @ a.float()).mul_(scaling).add_(tensor)  # [out, in] fp32
+            yield name, merged.to(dtype)
 
 
 def export_lora(exporter: WeightExporter, adapters: Iterable[tuple[str, torch.Tensor]],
