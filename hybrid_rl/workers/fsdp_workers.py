@@ -138,7 +138,8 @@ class ActorRolloutRefWorker(TeacherMixin, StreamingRolloutMixin, Worker):
             self.rollout = build_rollout(cfg.rollout, self.model_path, self.tokenizer, str(self.device),
                                          trust_remote_code=cfg.model.trust_remote_code,
                                          rows_per_call=self.rollout_rows_per_call,
-                                         planned_tokens=self._planned_rollout_tokens())
+                                         planned_tokens=self._planned_rollout_tokens(),
+                                         weight_transfer=not self._is_actor)  # pushes: load_rollout_weights
             if self._is_actor:  # a rollout-only worker never shares its device with training
                 # Every generation here syncs first when the engine lost its weights (_generate),
                 # so sleep may drop them while the actor trains.
@@ -287,8 +288,7 @@ class ActorRolloutRefWorker(TeacherMixin, StreamingRolloutMixin, Worker):
             raise ValueError(f"load_rollout_weights is for rollout-only workers; role {self.role!r} syncs its "
                              "rollout from its own actor before each generation.")
         start = time.perf_counter()
-        with open_weights(weights) as named_tensors:
-            self.rollout.update_weights(named_tensors)
+        self.rollout.load_weight_push(weights)  # vLLM: through its weight-transfer protocol (vllm_engine.py)
         return {"timing_s/weight_load": time.perf_counter() - start}
 
     # ------------------------------------------------------------------ log-probs

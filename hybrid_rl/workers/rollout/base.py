@@ -111,6 +111,14 @@ class BaseRollout(ABC):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load the actor's full state dict (HF names, streamed one tensor at a time)."""
 
+    def load_weight_push(self, handle: Any) -> None:
+        """Load a trainer push (a ``WeightHandle`` of ``export_rollout_weights``): by default its
+        mapped buckets streamed into :meth:`update_weights`; an engine may load it its own way."""
+        from hybrid_rl.workers.weight_transfer import open_weights
+
+        with open_weights(handle) as named_tensors:
+            self.update_weights(named_tensors)
+
     release_weights_in_sleep: bool = False
     """Set by a worker whose every generation after a wake is preceded by ``update_weights`` when
     :attr:`needs_weights` says so (the hybrid engine's actor): ``sleep`` may then drop the weights."""

@@ -10,7 +10,9 @@ models. Points where it departs from a stand-alone vLLM:
   Shutting the engine down keeps the trainer's default group alive.
 * Weight sync: the actor's full state dict is streamed through ``collective_rpc("reload_weights")``
   (plain ``load_weights`` fails on the CPU backend, whose linear weights are prepacked), names and
-  shapes are checked on the way, then the prefix cache is reset (stale blocks change outputs).
+  shapes are checked on the way, then the prefix cache is reset (stale blocks change outputs). A
+  rollout-only engine (``weight_transfer=True``) loads the trainer's pushes through vLLM's
+  weight-transfer protocol instead, with our ``hybrid_rl_shm`` engine (``weight_transfer/vllm_engine.py``).
 * Randomness: the engine draws from the process-global generators and seeds them at start-up;
   every engine call runs inside the rollout's :class:`PrivateRng`, so the trainer's RNG is untouched.
 * Threads: vLLM's CPU worker turns ``torch.set_num_threads`` into a no-op for the whole process;
@@ -230,7 +232,7 @@ class VLLMRollout(BaseRollout):
 
     def __init__(self, config: RolloutConfig, model_path: str, tokenizer: Any, device: str = "cpu",
                  trust_remote_code: bool = False, rows_per_call: Optional[int] = None,
-                 planned_tokens: Optional[int] = None):
+                 planned_tokens: Optional[int] = None, weight_transfer: bool = False):
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -255,6 +257,12 @@ class VLLMRollout(BaseRollout):
         _set_engine_env(config, self.on_cpu)
         kwargs = _engine_kwargs(config, model_path, self.on_cpu, self._seed, trust_remote_code, rows_per_call,
                                 planned_tokens)
+        self._weight_transfer = weight_transfer
+        if weight_transfer:  # the worker builds our engine of vLLM's weight-transfer protocol in load_model
+            from hybrid_rl.workers.weight_transfer.vllm_engine import BACKEND, register
+
+            register()
+            kwargs["weight_transfer_config"] = {"backend": BACKEND}
         with self._rng.active(), _threads(self._num_threads), _refusal_as_error():
             self.llm = LLM(**kwargs)
         torch.set_num_threads = _SET_NUM_THREADS  # undo vLLM's process-wide no-op
@@ -264,6 +272,11 @@ class VLLMRollout(BaseRollout):
                     "cpu" if self.on_cpu else "gpu", kwargs["dtype"], kwargs["enforce_eager"], self._num_threads,
                     f", KV cache {kwargs['kv_cache_memory_bytes'] / 2**30:.2f} GiB" if self.on_cpu else "")
         self._dtype = getattr(torch, kwargs["dtype"])
+        if weight_transfer:
+            from hybrid_rl.workers.weight_transfer.vllm_engine import init_info
+
+            self.llm.collective_rpc("init_weight_transfer_engine", kwargs={
+                "init_info": init_info(self._required, self._optional, self._dtype)})
         self.init_agents()
 
     def check_ready(self) -> None:
@@ -343,6 +356,35 @@ class VLLMRollout(BaseRollout):
         except Exception as exc:
             raise RuntimeError(f"vLLM weight reload failed: {exc!r}. The engine refuses to generate until "
                                "update_weights succeeds with the full state dict.") from exc
+        self._weights_valid = True
+        self._reset_prefix_cache()
+
+    def load_weight_push(self, handle: Any) -> None:
+        """Load a trainer push (:class:`~hybrid_rl.workers.weight_transfer.WeightHandle`). An engine
+        built with ``weight_transfer=True`` (the rollout-only workers) loads it through vLLM's
+        weight-transfer protocol: ``start_weight_update`` / ``update_weights`` (the handle alone) /
+        ``finish_weight_update`` drive our ``hybrid_rl_shm`` engine in the worker, which maps the
+        buckets and streams them through the same strict name/shape check; the invalid-until-complete
+        flag and the prefix-cache reset stay here. Other engines: the in-process stream."""
+        if not self._weight_transfer:
+            super().load_weight_push(handle)
+            return
+        from hybrid_rl.workers.weight_transfer.vllm_engine import check_push, update_info
+
+        self._weights_valid = False  # a load that stops midway leaves fused modules half-updated
+        check_push(handle, self._required, self._optional)  # a bad push is refused before vLLM sees it
+        try:
+            if self.on_cpu:  # parameters emptied in sleep get their memory back before the reload
+                self.llm.collective_rpc(restore_released_parameters)
+            with self._rng.active():
+                self.llm.collective_rpc("start_weight_update")
+                self.llm.collective_rpc("update_weights", kwargs={"update_info": update_info(handle)})
+                self.llm.collective_rpc("finish_weight_update")
+        except ValueError:
+            raise
+        except Exception as exc:
+            raise RuntimeError(f"vLLM weight-transfer load failed: {exc!r}. The engine refuses to generate until "
+                               "a push with the full state dict loads.") from exc
         self._weights_valid = True
         self._reset_prefix_cache()
 
