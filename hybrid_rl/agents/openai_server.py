@@ -30,8 +30,9 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
+from hybrid_rl.agents import anthropic_route, responses_route
 from hybrid_rl.agents.chat import ObservationEncoder
 from hybrid_rl.agents.parser import get_tool_parser, text_before_calls
 from hybrid_rl.agents.request_checks import InvalidParam, check_openai_body, check_prompt_ids
@@ -56,6 +57,8 @@ class CallRecord:
     """Index of the call this one extends (its prompt starts with that call's ids), or None."""
     started: int = 0
     """The order in which the row's calls were requested."""
+    stop_sequence: Optional[str] = None
+    """The request's stop sequence that ended the completion (``stop_reason`` ``stop_sequence``), if any."""
 
 
 @dataclass
@@ -69,6 +72,8 @@ class _Session:
     """The syntax of the model's tool calls (``rollout.multi_turn.format``), read into ``tool_calls``."""
     calls: list[CallRecord] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    responses: dict[str, list[dict]] = field(default_factory=dict)
+    """``/v1/responses``: each response id's conversation in chat form (for ``previous_response_id``)."""
 
 
 class _RequestError(Exception):
@@ -100,6 +105,24 @@ def _same_message(sent: dict, returned: Optional[dict]) -> bool:
         return out
 
     return (sent.get("content") or "") == (returned.get("content") or "") and calls(sent) == calls(returned)
+
+
+def cut_at_stop(tokenizer: Any, call: CallRecord, stop: Sequence[str]) -> Optional[str]:
+    """Cut ``call``'s completion after the first token whose text completes one of ``stop`` (vLLM's stop
+    semantics: the ids and log-probs kept are the engine's own, the tokens sampled past it are dropped);
+    returns the sequence matched (its ``stop_reason`` becomes ``stop_sequence``), or None."""
+    whole = tokenizer.decode(call.completion_ids, skip_special_tokens=True)
+    if not any(s and s in whole for s in stop):
+        return None
+    for end in range(1, len(call.completion_ids) + 1):
+        text = tokenizer.decode(call.completion_ids[:end], skip_special_tokens=True)
+        found = [(text.find(s), s) for s in stop if s and s in text]
+        if found:
+            call.completion_ids = call.completion_ids[:end]
+            call.log_probs = None if call.log_probs is None else call.log_probs[:end]
+            call.stop_reason, call.stop_sequence = "stop_sequence", min(found)[1]
+            return call.stop_sequence
+    return None
 
 
 class OpenAIEndpoint:
@@ -185,17 +208,29 @@ class OpenAIEndpoint:
         session = self._session(key)
         check_openai_body(body, "chat")
         messages, tools = body.get("messages"), body.get("tools")
-        prompt, parent = self._chat_prompt(session, messages, tools)
-        call = await self._generate(session, prompt, self._sampling(session, body), parent)
-        reply, parsed = self._reply(session, call, bool(tools) and body.get("tool_choice") != "none")
-        if parsed:
-            reply["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-                                    "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in parsed]
-        call.messages, call.reply = [dict(m) for m in messages], reply
+        call, reply, parsed = await self.chat_turn(session, messages, tools, body,
+                                                   bool(tools) and body.get("tool_choice") != "none")
         finish = "tool_calls" if parsed else ("stop" if call.stop_reason == "completed" else "length")
         choice = {"index": 0, "message": reply, "finish_reason": finish,
                   "logprobs": self._logprobs(call) if body.get("logprobs") else None}
         return self._envelope("chat.completion", body, choice, call)
+
+    async def chat_turn(self, session: _Session, messages: list, tools: Optional[list], body: dict,
+                        wants_calls: bool, stop: Sequence[str] = ()) -> tuple[CallRecord, dict, list]:
+        """One model call of a chat conversation (every route's core): (the recorded call, the assistant
+        message in chat form with ``tool_calls`` ids, the parsed calls). ``body``: the sampling settings
+        (checked beforehand); ``stop``: sequences that end the completion (:func:`cut_at_stop`)."""
+        prompt, parent = self._chat_prompt(session, messages, tools)
+        call = await self._generate(session, prompt, self._sampling(session, body), parent)
+        matched = cut_at_stop(self.tokenizer, call, stop) if stop else None
+        reply, parsed = self._reply(session, call, wants_calls)
+        if matched is not None:  # the stop sequence is not part of the returned text (Anthropic's rule)
+            reply["content"] = reply["content"].split(matched, 1)[0]
+        if parsed:
+            reply["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                                    "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in parsed]
+        call.messages, call.reply = [dict(m) for m in messages], reply
+        return call, reply, parsed
 
     def _reply(self, session: _Session, call: CallRecord, wants_calls: bool) -> tuple[dict, list]:
         """(the assistant message, its well-formed tool calls) of a completion. The calls are parsed from
@@ -276,16 +311,29 @@ class OpenAIEndpoint:
             return JSONResponse({"error": {"message": str(exc), "type": kind, "param": param, "code": code}},
                                 status_code=status)
 
-        async def answer(handler, key: str, request: Request):
+        def anthropic_error(status: int, kind: str, exc: Exception) -> JSONResponse:  # Anthropic's error shape
+            kind = "api_error" if status >= 500 else kind
+            return JSONResponse({"type": "error", "error": {"type": kind, "message": str(exc)}}, status_code=status)
+
+        async def answer(handler, key: str, request: Request, shape=error):
             try:
                 body = await request.json()
                 if not isinstance(body, dict):
                     raise _RequestError("the request body must be a JSON object")
                 return JSONResponse(await handler(key, body))
             except (_RequestError, InvalidParam, json.JSONDecodeError, ValueError) as exc:
-                return error(400, "invalid_request_error", exc)
+                return shape(400, "invalid_request_error", exc)
             except RequestFailed as exc:  # not served: the engine failed on it alone, or the rollout ended
-                return error(500, "server_error", exc)
+                return shape(500, "server_error", exc)
+
+        @app.post("/{key}/v1/messages")
+        async def messages(key: str, request: Request):
+            return await answer(lambda k, b: anthropic_route.create_message(self, self._session(k), b), key,
+                                request, anthropic_error)
+
+        @app.post("/{key}/v1/responses")
+        async def responses(key: str, request: Request):
+            return await answer(lambda k, b: responses_route.create_response(self, self._session(k), b), key, request)
 
         @app.post("/{key}/v1/chat/completions")
         async def chat(key: str, request: Request):

@@ -19,6 +19,11 @@ or a positive count. ``n`` must be 1 and ``stream`` false (narrower than OpenAI:
 call, and completions are recorded whole). Parameters the endpoint reads but does not apply (``stop``,
 ``seed``, the penalties, ``top_logprobs``) are checked against OpenAI's types and ranges too, so an
 agent learns of a typo.
+
+The Anthropic Messages and OpenAI Responses routes (:mod:`hybrid_rl.agents.anthropic_route`,
+:mod:`hybrid_rl.agents.responses_route`) check their bodies with :func:`check_known_fields` (a field the
+route does not honour is refused, by name, rather than silently ignored) and :func:`check_route_body`
+(``stream``, the completion length limit, the sampling ranges above).
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ import math
 from numbers import Integral, Real
 from typing import Any, Mapping
 
-__all__ = ["InvalidParam", "check_openai_body", "check_prompt_ids", "check_sampling"]
+__all__ = ["InvalidParam", "check_known_fields", "check_openai_body", "check_prompt_ids", "check_route_body",
+           "check_sampling"]
 
 
 class InvalidParam(ValueError):
@@ -136,3 +142,26 @@ def check_openai_body(body: Mapping[str, Any], kind: str) -> None:
     _check_counts(body)
     check_sampling(body)
     _check_unapplied(body, kind)
+
+
+def check_known_fields(body: Mapping[str, Any], supported: Any, route: str) -> None:
+    """InvalidParam naming the first top-level field of ``body`` that ``route`` does not support."""
+    for key in body:
+        if key not in supported:
+            raise InvalidParam(key, f"{key!r} is not supported by hybrid_rl's {route} (supported: "
+                                    f"{', '.join(sorted(supported))}). Fix: leave {key!r} out.")
+
+
+def check_route_body(body: Mapping[str, Any], route: str, limit_key: str, limit_required: bool) -> None:
+    """InvalidParam on ``stream=true``, a missing (when required) or non-positive ``limit_key`` (the
+    completion length limit), or sampling settings outside the engines' ranges (:func:`check_sampling`)."""
+    if body.get("stream"):
+        raise InvalidParam("stream", f"stream=true is not supported by hybrid_rl's {route}: completions are "
+                                     "recorded whole. Fix: stream=false")
+    value = body.get(limit_key)
+    if value is None and limit_required:
+        raise InvalidParam(limit_key, f"{limit_key} is required by {route}. Fix: send {limit_key}, e.g. 1024 "
+                                      "(the row's response budget caps it)")
+    if value is not None and not (_is_integer(value) and value >= 1):
+        raise _bad(limit_key, value, "must be an integer >= 1", f"send a positive {limit_key}")
+    check_sampling(body)

@@ -6,6 +6,10 @@ and dumps it with ``model_dump(exclude_unset=True, exclude_none=True)``; it retu
 and methods, so such a tool runs with its imports pointed here. They accept any JSON schema a chat
 template takes (nested ``items``, ``enum``, ``anyOf``: extra keys are kept), where veRL's models drop
 keys they do not name.
+
+:func:`chat_tool` turns a tool as the Anthropic Messages API (``name``, ``description``,
+``input_schema``) or the OpenAI Responses API (``type: function``, ``name``, ``parameters``) declares
+it into the chat-completions form the chat template's ``tools=`` takes.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = ["OpenAIFunctionParametersSchema", "OpenAIFunctionPropertySchema", "OpenAIFunctionSchema",
-           "OpenAIFunctionToolSchema", "ToolResponse", "as_tool_schema", "schema_dict"]
+           "OpenAIFunctionToolSchema", "ToolResponse", "as_tool_schema", "chat_tool", "schema_dict"]
 
 
 class OpenAIFunctionPropertySchema(BaseModel):
@@ -106,3 +110,25 @@ def schema_dict(schema: Any) -> dict[str, Any]:
     if isinstance(schema, dict):
         return schema
     return schema.model_dump(exclude_unset=True, exclude_none=True)
+
+
+_ROUTE_TOOL = {
+    "anthropic": ("input_schema", "custom", "a client tool {name, description, input_schema}"),
+    "responses": ("parameters", "function", "a function tool {type: function, name, description, parameters}"),
+}
+
+
+def chat_tool(tool: Any, api: str, where: str) -> dict[str, Any]:
+    """The chat-completions tool (``{type: function, function: {...}}``) of a tool declared in the
+    ``anthropic`` or ``responses`` API's form; ValueError naming ``where`` when it is not a client
+    function tool (server tools such as web search run at the provider, not here)."""
+    schema_key, kind, shape = _ROUTE_TOOL[api]
+    if not isinstance(tool, dict):
+        raise ValueError(f"{where} must be a tool object, got {type(tool).__name__}. Fix: send {shape}.")
+    declared = tool.get("type") or kind  # Anthropic's client tools may leave type out
+    if declared != kind:
+        raise ValueError(f"{where}.type={declared!r} is not supported: hybrid_rl serves client tools only, which "
+                         f"the agent runs itself. Fix: send {shape}.")
+    function = {"name": tool.get("name"), "description": tool.get("description") or "",
+                "parameters": tool.get(schema_key) if tool.get(schema_key) is not None else {"type": "object"}}
+    return schema_dict(as_tool_schema({"type": "function", "function": function}, where))
