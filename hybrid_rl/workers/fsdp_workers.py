@@ -245,7 +245,10 @@ class ActorRolloutRefWorker(TeacherMixin, StreamingRolloutMixin, Worker):
         """A LoRA actor's push: the base weights on the first push (pinned for the later ones, and again
         when the transport changes), the adapter factors alone on every push (docs/async.md)."""
         dtype = torch_dtype(resolve_dtype(self.config.rollout.dtype, self.device.type, "rollout"))
-        send_base = getattr(self, "_lora_base_transport", None) != transport  # the same on every rank
+        # Decided alike on every rank before any gather (the gathers are collective): a rank-0 export
+        # that fails after this is refused at the next push, never answered with mismatched gathers.
+        send_base = getattr(self, "_lora_base_transport", None) != transport
+        self._lora_base_transport = transport
         base = (lora_base_weights(iter_full_state(self.actor_module, device=self.device), self.actor_module, dtype)
                 if send_base else None)
         adapters = lora_adapter_weights(self.actor_module, device=self.device)
@@ -254,13 +257,11 @@ class ActorRolloutRefWorker(TeacherMixin, StreamingRolloutMixin, Worker):
                 pass
             for _ in adapters:
                 pass
-            self._lora_base_transport = transport
             return None
         if getattr(self, "_weight_exporter", None) is None:
             self._weight_exporter = WeightExporter()  # sweeps dead exporters' segments
         handle = export_lora(self._weight_exporter, adapters, base, rollout_aliases(self.actor_module),
                              lora_push_config(self.actor_module, dtype), transport, bucket_bytes)
-        self._lora_base_transport = transport
         return {"weights": handle}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
