@@ -6,7 +6,6 @@ the batch path's ``agent/*`` metrics over the rows it trained."""
 
 import glob
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -17,27 +16,12 @@ from hybrid_rl.agents.loop import END_REASONS
 from tests.trainer.test_e2e import REPO, _assert_ok, _rows, _run_cli
 from tests.trainer.test_e2e_agent import chatty_model_dir  # noqa: F401 - a fixture: ends turns with EOS often
 from tests.trainer.test_e2e_async import DECOUPLED_LOSS, ROWS_PER_STEP, _async_args, _buffer_rows, _reward_args
-from tests.trainer.test_e2e_partial_rollout import N, _assert_versions_and_log_probs
+from tests.trainer.test_e2e_partial_rollout import N, _assert_versions_and_log_probs, _dead_segments
 
 pytestmark = pytest.mark.slow
 
 STEPS = 3
 GROUPS = ROWS_PER_STEP // N
-
-
-def _dead_segments(before):
-    """Weight segments made since ``before`` whose exporting process is gone (``hybrid_rl_wt_<pid>_...``): the
-    run's own once it has ended; a live process's (another test on this machine) may still be in use."""
-    def alive(path):
-        try:
-            os.kill(int(os.path.basename(path).split("_")[3]), 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-    return {p for p in glob.glob("/dev/shm/hybrid_rl_wt_*") if p not in before and not alive(p)}
 
 
 def _assert_groups_once(rows, next_batch):
