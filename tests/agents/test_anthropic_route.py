@@ -182,9 +182,9 @@ def test_stop_sequences_cut_after_the_completing_token_and_keep_the_engines_log_
 BAD = [
     (dict(max_tokens=0), "max_tokens", "max_tokens=0 is invalid: must be an integer >= 1. Fix: send a positive "
                                        "max_tokens."),
-    (dict(max_tokens=8, extra_body={"top_p": -1}), "top_p", "top_p=-1 is invalid: must be a number in [0, 1] (0 = greedy, 1 = no "
-                                            "nucleus cut). Fix: send a top_p in [0, 1], or leave it out to use the "
-                                            "rollout's."),
+    (dict(max_tokens=8, extra_body={"top_p": -1}), "top_p",
+     "top_p=-1 is invalid: must be a number in [0, 1] (0 = greedy, 1 = no nucleus cut). Fix: send a top_p in [0, 1], "
+     "or leave it out to use the rollout's."),
     (dict(max_tokens=8, tool_choice={"type": "any"}, tools=TOOLS), "tool_choice",
      "tool_choice.type='any' is not supported by hybrid_rl's /v1/messages: the endpoint cannot force a tool call. "
      "Fix: send {\"type\": \"auto\"} and ask for the tool in the prompt."),
