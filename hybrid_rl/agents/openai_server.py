@@ -14,6 +14,11 @@ template's delta for the new messages (``ObservationEncoder``). Any other reques
 (``apply_chat_template(messages, tools=...)``). Such a request *extends* the earlier call; the
 trajectory row is built from the chain of extensions (docs/agents.md, "Black-box agents").
 
+The same base URL serves Anthropic's ``/v1/messages`` (:mod:`hybrid_rl.agents.anthropic_route`) and
+OpenAI's ``/v1/responses`` (:mod:`hybrid_rl.agents.responses_route`): each translates its request into
+chat messages and is served by :meth:`OpenAIEndpoint.chat_turn`, so it is recorded and continued the
+same way; bad requests are answered ``400`` in each API's error shape.
+
 Each request is checked on its own before it joins a round (:mod:`hybrid_rl.agents.request_checks`):
 a parameter out of range (``top_p=-1``, ``temperature=NaN``, ``max_tokens=0``, a token id outside the
 vocabulary, ``stream=true``, ``n`` other than 1) is answered ``400`` in OpenAI's error shape naming

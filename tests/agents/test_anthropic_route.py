@@ -289,3 +289,27 @@ def test_messages_route_records_exactly_what_the_engine_sampled(engine_name, tin
         assert torch.equal(routed.batch[key], builtin.batch[key]), (engine_name, key)
     assert (routed.batch["rollout_log_probs"] * routed.batch["response_mask"] < 0).any()  # real log-probs
     assert routed.meta_info["metrics"]["agent/ended_by/error"] == 0.0
+
+
+def test_messages_translate_into_the_chat_templates_form():
+    from hybrid_rl.agents.anthropic_route import chat_messages
+
+    body = {"system": [{"type": "text", "text": "Be exact."}, {"type": "text", "text": "Use tools.", "cache_control": {
+        "type": "ephemeral"}}], "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "6*7?"}, {"type": "text", "text": "And 2+2?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Computing."},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "calc", "input": {"e": "6*7"}},
+                                          {"type": "tool_use", "id": "toolu_2", "name": "calc", "input": {"e": "2+2"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "42"},
+                                     {"type": "tool_result", "tool_use_id": "toolu_2",
+                                      "content": [{"type": "text", "text": "4"}]},
+                                     {"type": "text", "text": "Now answer."}]}]}
+    assert chat_messages(body) == [
+        {"role": "system", "content": "Be exact.\nUse tools."},
+        {"role": "user", "content": "6*7?\nAnd 2+2?"},
+        {"role": "assistant", "content": "Computing.", "tool_calls": [
+            {"id": "toolu_1", "type": "function", "function": {"name": "calc", "arguments": '{"e": "6*7"}'}},
+            {"id": "toolu_2", "type": "function", "function": {"name": "calc", "arguments": '{"e": "2+2"}'}}]},
+        {"role": "tool", "content": "42", "tool_call_id": "toolu_1"},
+        {"role": "tool", "content": "4", "tool_call_id": "toolu_2"},
+        {"role": "user", "content": "Now answer."}]

@@ -224,3 +224,29 @@ def test_responses_route_records_exactly_what_the_engine_sampled(engine_name, ti
         assert torch.equal(routed.batch[key], builtin.batch[key]), (engine_name, key)
     assert (routed.batch["rollout_log_probs"] * routed.batch["response_mask"] < 0).any()  # real log-probs
     assert routed.meta_info["metrics"]["agent/ended_by/error"] == 0.0
+
+
+def test_input_items_translate_into_the_chat_templates_form():
+    from hybrid_rl.agents.responses_route import chat_input
+
+    items = [{"role": "developer", "content": "Be exact."},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "6*7?"},
+                                                             {"type": "input_text", "text": "And 2+2?"}]},
+             {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+              "content": [{"type": "output_text", "text": "Computing.", "annotations": []}]},
+             {"type": "function_call", "call_id": "call_1", "name": "calc", "arguments": '{"e": "6*7"}'},
+             {"type": "function_call", "call_id": "call_2", "name": "calc", "arguments": '{"e": "2+2"}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": "42"},
+             {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "4"}]},
+             {"type": "function_call", "call_id": "call_3", "name": "calc", "arguments": "{}"}]
+    assert chat_input(items) == [
+        {"role": "system", "content": "Be exact."},
+        {"role": "user", "content": "6*7?\nAnd 2+2?"},
+        {"role": "assistant", "content": "Computing.", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "calc", "arguments": '{"e": "6*7"}'}},
+            {"id": "call_2", "type": "function", "function": {"name": "calc", "arguments": '{"e": "2+2"}'}}]},
+        {"role": "tool", "content": "42", "tool_call_id": "call_1"},
+        {"role": "tool", "content": "4", "tool_call_id": "call_2"},
+        {"role": "assistant", "content": "", "tool_calls": [  # a call after a tool turn opens a new assistant turn
+            {"id": "call_3", "type": "function", "function": {"name": "calc", "arguments": "{}"}}]}]
+    assert chat_input("hi") == [{"role": "user", "content": "hi"}]
