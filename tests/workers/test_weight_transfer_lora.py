@@ -139,14 +139,14 @@ def test_engines_generate_as_with_the_merged_push(tiny_model_dir, exporter, name
     exporter.release(first)
     _train_adapters(model, seed=3)
     later = _push(exporter, model, torch.float32, with_base=False)
-    engine = build_rollout(cfg, tiny_model_dir, load_tokenizer(tiny_model_dir), "cpu")  # as after a restart
+    # A fresh engine, as after a restart, built as the decoupled rollout's (vLLM: its weight-transfer engine).
+    engine = build_rollout(cfg, tiny_model_dir, load_tokenizer(tiny_model_dir), "cpu", weight_transfer=True)
     try:
         before = _greedy(engine).batch["responses"]
         engine.update_weights(iter(_merged(model, torch.float32).items()))
         merged = _greedy(engine).batch
         engine.update_weights(load_causal_lm(tiny_model_dir).state_dict().items())
-        with open_weights(later) as named:
-            engine.update_weights(named)
+        engine.load_weight_push(later)  # what load_rollout_weights calls
         pushed = _greedy(engine).batch
     finally:
         engine.shutdown()
