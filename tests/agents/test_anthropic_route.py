@@ -297,9 +297,10 @@ def test_messages_translate_into_the_chat_templates_form():
     body = {"system": [{"type": "text", "text": "Be exact."}, {"type": "text", "text": "Use tools.", "cache_control": {
         "type": "ephemeral"}}], "messages": [
         {"role": "user", "content": [{"type": "text", "text": "6*7?"}, {"type": "text", "text": "And 2+2?"}]},
-        {"role": "assistant", "content": [{"type": "text", "text": "Computing."},
-                                          {"type": "tool_use", "id": "toolu_1", "name": "calc", "input": {"e": "6*7"}},
-                                          {"type": "tool_use", "id": "toolu_2", "name": "calc", "input": {"e": "2+2"}}]},
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "Computing."},
+            {"type": "tool_use", "id": "toolu_1", "name": "calc", "input": {"e": "6*7"}},
+            {"type": "tool_use", "id": "toolu_2", "name": "calc", "input": {"e": "2+2"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "42"},
                                      {"type": "tool_result", "tool_use_id": "toolu_2",
                                       "content": [{"type": "text", "text": "4"}]},
