@@ -114,15 +114,17 @@ def train(producer, buffer, steps, eta):
     producer.start()
     try:
         for step in range(1, steps + 1):
-            dropped = buffer.drop_stale(step - 1, eta)
-            if dropped:
-                producer.dropped_rows(dropped, N)
             deadline = time.time() + 120
-            while buffer.count("ready") < ROWS:
+            while True:  # as DecoupledPPOTrainer.take_experiences: drop, wait, drop what streamed in, take
+                dropped = buffer.drop_stale(step - 1, eta)
+                if dropped:
+                    producer.dropped_rows(dropped, N)
+                if buffer.count("ready") >= ROWS:
+                    break
                 producer.check()
                 assert time.time() < deadline, "the streaming producer stalled"
                 time.sleep(0.002)
-            taken.append(buffer.take(ROWS, step))
+            taken.append(buffer.take(ROWS, step, min_version=step - 1 - eta))
             producer.consumed(1)
             time.sleep(0.01)
             producer.offer_weights(f"w{step}", step)
@@ -153,11 +155,14 @@ def test_every_token_keeps_the_version_and_log_prob_that_sampled_it(eta):
         else:  # every row sampled by one version (stored compactly): its policy_version on each token
             versions = torch.tensor([[e.policy_version] * R for e in rows]) * mask
         assert torch.equal(log_probs[mask.bool()], -(versions[mask.bool()].float() + 1) / 10)
+        firsts: dict = {}
         for i, e in enumerate(rows):
             row_versions = versions[i][mask[i].bool()].tolist()
             assert row_versions == sorted(row_versions)  # a later token never by older weights
-            assert e.policy_version == row_versions[0]  # the row's version is its first token's
+            firsts.setdefault(e.uid, []).append((e.policy_version, row_versions[0]))
             assert (step - 1) - e.policy_version <= eta  # the staleness bound, on the oldest token
+        for group in firsts.values():  # every row of a group: the group's oldest first token
+            assert {v for v, _ in group} == {min(first for _, first in group)}
         groups = {(e.extra["rollout_batch"], e.extra["rollout_group"]) for e in rows}
         assert len(groups) == G and not groups & seen  # whole groups, each trained once
         seen |= groups
@@ -201,3 +206,40 @@ def test_resume_skips_groups_already_buffered_and_regenerates_the_rest():
         producer.stop()
     assert {(e.extra["rollout_batch"], e.extra["rollout_group"]) for e in buffer.read()} == {(3, 1)}
     assert producer.state().next_batch == 4  # batch 3 complete in the buffer: resume after it
+
+
+def test_a_group_shares_its_oldest_version_and_keeps_each_rows_tokens():
+    from hybrid_rl.buffer import Experience
+    from hybrid_rl.trainer.ppo.stream_producer import group_versions
+
+    def row(version, mask, versions=None):
+        return Experience(uid="u", data_source="d", prompt_ids=[1], response_ids=[7] * len(mask), response_mask=mask,
+                          reward=0.0, policy_version=version, token_versions=versions)
+
+    rows = group_versions([row(4, [1, 0, 1]), row(3, [1, 1], [3, 4]), row(4, [1, 1], [4, 5])])
+    assert [e.policy_version for e in rows] == [3, 3, 3]
+    assert [e.token_versions for e in rows] == [[4, -1, 4], [3, 4], [4, 5]]  # each token's own version kept
+    batch = batch_from_experiences(rows, 0, 4)
+    assert batch.batch["rollout_versions"].tolist() == [[4, -1, 4, -1], [3, 4, -1, -1], [4, 5, -1, -1]]
+    assert list(batch.non_tensor_batch["min_global_steps"]) == [4, 3, 4]  # veRL's span: the row's own
+    buffer = MemoryBuffer()
+    buffer.put(rows)
+    assert buffer.drop_stale(5, 1) == 3  # the whole group, not the two rows whose own tokens are fresh
+
+
+def test_the_trainer_never_takes_a_group_that_streamed_in_stale():
+    """A stale group put after the step's first drop is neither counted nor taken."""
+    from hybrid_rl.buffer import Experience
+
+    buffer = MemoryBuffer()
+
+    def group(version, uid):
+        return [Experience(uid=uid, data_source="d", prompt_ids=[1], response_ids=[7], response_mask=[1], reward=0.0,
+                           policy_version=version) for _ in range(N)]
+
+    buffer.put(group(5, "fresh"))
+    assert buffer.drop_stale(6, 1) == 0
+    buffer.put(group(3, "late"))  # streamed in while the trainer waited
+    buffer.put(group(6, "next"))
+    taken = buffer.take(ROWS, 7, min_version=6 - 1)
+    assert {e.uid for e in taken} == {"fresh", "next"}

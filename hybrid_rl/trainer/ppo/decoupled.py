@@ -162,14 +162,14 @@ class DecoupledPPOTrainer(RayPPOTrainer):
         """Drop rows more than eta versions old, wait for one batch of ready rows, take them."""
         self.producer.check()  # a dead rollout is noticed at the next step, even with rows still buffered
         version = self.global_steps - 1  # the weights this step trains
-        dropped = self.buffer.drop_stale(version, self.eta)
-        if dropped and isinstance(self.producer, StreamingProducer):
-            self.producer.dropped_rows(dropped, self.config.actor_rollout_ref.rollout.n)
-        elif dropped:
-            self.producer.dropped(-(-dropped // self.rows_per_batch))
-        self.dropped_total += dropped
+        dropped = self._drop_stale(version)
         start = time.perf_counter()
-        while self.buffer.count("ready") < self.rows_per_batch:
+        while True:
+            if self.buffer.count("ready") >= self.rows_per_batch:
+                late = self._drop_stale(version)  # a stale group that streamed in while the trainer waited
+                dropped += late
+                if not late or self.buffer.count("ready") >= self.rows_per_batch:
+                    break
             self.producer.check()
             if self.producer.stalled() and self.buffer.count("ready") < self.rows_per_batch:
                 raise RuntimeError(
@@ -178,7 +178,8 @@ class DecoupledPPOTrainer(RayPPOTrainer):
                     "data.train_batch_size x rollout.n). Fix: resume with the batch size and rollout.n the buffer "
                     "was written with, or start over with an empty async_training.buffer.path.")
             time.sleep(_POLL_S)
-        experiences = self.buffer.take(self.rows_per_batch, step=self.global_steps)
+        # min_version: a stale group landing between the last drop and the take stays for the next drop
+        experiences = self.buffer.take(self.rows_per_batch, step=self.global_steps, min_version=version - self.eta)
         self.producer.consumed(1)
         if self.config.trainer.save_freq <= 0 and isinstance(self.buffer, MemoryBuffer):
             self.buffer.forget_taken(self.global_steps)  # nothing can resume: no row needs keeping
@@ -199,6 +200,17 @@ class DecoupledPPOTrainer(RayPPOTrainer):
                         "async/rollout_version": float(self.producer.rollout_version or 0)})
         self.discarded_newer = 0
         return batch
+
+    def _drop_stale(self, version: int) -> int:
+        """Mark ready rows more than eta versions older than ``version`` dropped; the producer stops
+        counting them as ready (whole groups when streaming: a group's rows share its oldest version)."""
+        dropped = self.buffer.drop_stale(version, self.eta)
+        if dropped and isinstance(self.producer, StreamingProducer):
+            self.producer.dropped_rows(dropped, self.config.actor_rollout_ref.rollout.n)
+        elif dropped:
+            self.producer.dropped(-(-dropped // self.rows_per_batch))
+        self.dropped_total += dropped
+        return dropped
 
     def sync_rollout_weights(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """Export the new weights from the trainer (the trainer waits only for this copy); the

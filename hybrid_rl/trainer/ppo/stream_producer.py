@@ -12,8 +12,8 @@ rollout engines busy with **groups** (one prompt's ``rollout.n`` rows):
 * offered weights are loaded **between two pumps without waiting for the in-flight samples**: the engines
   interrupt them at the current token, load, and continue from the tokens already sampled (partial rollout).
   Each response token carries the version of the weights that sampled it (``rollout_versions``) and its
-  behaviour log-prob; a row's ``policy_version`` in the buffer is its first token's version, so the staleness
-  rule covers the oldest token of every row;
+  behaviour log-prob; a row's ``policy_version`` in the buffer is its group's oldest token's version, so the
+  staleness rule covers the oldest token of every row and drops or trains a group whole;
 * the **reward stage** scores groups concurrently and puts each into the buffer as soon as it is scored.
 
 Capacity (AReaL's rule, counted per group): a new group may start only while
@@ -35,13 +35,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from hybrid_rl.buffer import experiences_from_batch
+from hybrid_rl.buffer import Experience, experiences_from_batch
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.protocol_utils import to_object_array
 from hybrid_rl.trainer.ppo.producer import ProducerState, RolloutProducer, _Generated
 from hybrid_rl.trainer.ppo.stream_groups import StreamGroup, group_requests, parse_request_id
 
-__all__ = ["StreamingProducer", "may_start_group"]
+__all__ = ["StreamingProducer", "group_versions", "may_start_group"]
 
 logger = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ class StreamingProducer(RolloutProducer):
         position = item.position
         batch.non_tensor_batch["rollout_batch"] = to_object_array([item.index] * len(batch))
         batch.non_tensor_batch["rollout_group"] = to_object_array([position] * len(batch))
-        experiences = experiences_from_batch(batch, self.tokenizer, policy_version=item.version)
+        experiences = group_versions(experiences_from_batch(batch, self.tokenizer, policy_version=item.version))
         with self._lock:
             if self._stop.is_set():
                 return
@@ -232,6 +232,19 @@ class StreamingProducer(RolloutProducer):
         for older in [k for k in self._metrics if indices and k[0] < min(indices)]:
             del self._metrics[older]
         return records
+
+
+def group_versions(experiences: list[Experience]) -> list[Experience]:
+    """Give every row of a group the group's oldest version as ``policy_version`` (each row's own token
+    versions kept: stored explicitly where they no longer equal it), so the staleness rule drops or trains
+    a group whole: GRPO's advantages need all n rows of a prompt, and rows of one group may start under
+    different weights when a push lands between their first tokens."""
+    oldest = min(e.policy_version for e in experiences)
+    for e in experiences:
+        if e.policy_version != oldest and e.token_versions is None:
+            e.token_versions = [e.policy_version if m else -1 for m in e.response_mask]
+        e.policy_version = oldest
+    return experiences
 
 
 def _by_group(requests: list[dict], world_size: int) -> list[list[dict]]:
