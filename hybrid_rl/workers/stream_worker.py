@@ -16,7 +16,6 @@ from typing import Any
 from hybrid_rl.single_controller import Dispatch, register
 from hybrid_rl.utils import faults
 from hybrid_rl.workers.rollout.params import resolve_generation_params
-from hybrid_rl.workers.weight_transfer import open_weights
 
 __all__ = ["StreamingRolloutMixin"]
 
@@ -47,13 +46,13 @@ class StreamingRolloutMixin:
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def stream_load_weights(self, weights: Any, version: int) -> dict[str, float]:
-        """Load exported weights of ``version`` with the requests in flight interrupted and resumed (partial
-        rollout); the first load only tags the version. Returns ``{"timing_s/weight_load": s}``."""
+        """Load a trainer push of ``version`` with the requests in flight interrupted and resumed (partial
+        rollout), the engine's way (``load_weight_push``: vLLM's weight-transfer protocol on a rollout-only
+        vLLM engine, the mapped buckets otherwise). Returns ``{"timing_s/weight_load": s}``."""
         self._require("rollout", "stream_load_weights")
         faults.inject("stream_load_weights", version)  # no-op unless HYBRID_RL_FAULT (tests): dies mid partial rollout
         start = time.perf_counter()
-        with open_weights(weights) as named_tensors:  # the same mapped buckets as load_rollout_weights
-            self.rollout.stream_update_weights(named_tensors, version)
+        self.rollout.stream_load_push(weights, version)  # as load_rollout_weights: vLLM's protocol where built
         return {"timing_s/weight_load": time.perf_counter() - start,
                 "rollout/requests_in_flight_at_load": float(self.rollout.stream_pending())}
 

@@ -183,3 +183,39 @@ def test_the_worker_engine_refuses_a_bad_push_on_its_own(engine, tied_model, exp
         engine.llm.collective_rpc("update_weights", kwargs={"update_info": {"weights": "not a handle"}})
     engine.load_weight_push(_export(exporter, model, _state(model)))
     assert torch.equal(_greedy(engine).batch["responses"], before)
+
+
+def test_a_streamed_request_is_interrupted_by_a_protocol_push_and_resumes(engine, tied_model, exporter, monkeypatch):
+    """Partial rollout on the protocol-built engine: ``stream_load_push`` aborts the request mid-generation,
+    loads through vLLM's three RPCs, and the request continues from its tokens; tokens after the push carry
+    the new version, and the whole response equals a greedy continuation computed in two plain parts."""
+    from hybrid_rl.workers.rollout.params import GenerationParams
+    from hybrid_rl.workers.rollout.streaming import StreamRequest
+
+    _, model = tied_model
+    params = GenerationParams(do_sample=False, temperature=0.0, top_p=1.0, top_k=-1, seed=None, eos_token_ids=(319,),
+                              pad_token_id=0, response_length=8)
+    try:
+        engine.stream_set_version(engine.stream_state()["version"])
+        base = engine.stream_state()["version"]
+        engine.stream_submit([StreamRequest("p", [5, 6, 7], 8, {})], params)
+        while not engine._streamer.in_flight["p"].response_ids:
+            assert engine.stream_step(0.01) == []
+        before = list(engine._streamer.in_flight["p"].response_ids)
+        calls = _spy_rpcs(engine, monkeypatch)
+        engine.stream_load_push(_export(exporter, model, _state(model, 0.1)), base + 1)
+        assert [name for name, _ in calls if name != "restore_released_parameters"] == PROTOCOL_RPCS
+        monkeypatch.undo()
+        samples = []
+        while not samples:
+            samples = engine.stream_step(0.05)
+        sample = samples[0]
+        assert sample.response_ids[:len(before)] == before and len(sample.response_ids) == 8
+        assert sample.versions == [base] * len(before) + [base + 1] * (8 - len(before))
+        engine.stream_submit([StreamRequest("q", [5, 6, 7] + before, 8 - len(before), {})], params)
+        rest = []
+        while not rest:
+            rest = engine.stream_step(0.05)
+        assert sample.response_ids[len(before):] == rest[0].response_ids  # resumed: prompt + partial, new weights
+    finally:
+        engine.update_weights(iter(_state(model).items()))

@@ -37,7 +37,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
 
 import torch
 
@@ -280,6 +280,10 @@ class AgentStreamer:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Interrupt the model turns in flight, load, tag later tokens with ``version``."""
         self.inner.update_weights(named_tensors, version)
+
+    def load(self, load: Callable[[], None], version: int) -> None:
+        """:meth:`update_weights` with the engine's own load (``Streamer.load``)."""
+        self.inner.load(load, version)
 
     def set_version(self, version: int) -> None:
         self.inner.set_version(version)

@@ -180,6 +180,11 @@ class BaseRollout(ABC):
         tag later tokens with ``version``; the requests resume from their partial responses."""
         self._stream().update_weights(named_tensors, version)
 
+    def stream_load_push(self, handle: Any, version: int) -> None:
+        """:meth:`stream_update_weights` for a trainer push (a ``WeightHandle``), loaded the engine's way
+        (:meth:`load_weight_push`: vLLM's weight-transfer protocol on a rollout-only vLLM engine)."""
+        self._stream().load(lambda: self.load_weight_push(handle), version)
+
     def stream_set_version(self, version: int) -> None:
         """The policy version of the weights the engine holds (the first sync's, or after a restore)."""
         self._stream().set_version(version)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
 
 import torch
 
@@ -223,9 +223,14 @@ class Streamer:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Interrupt, load the weights, and tag every later token with ``version``; the requests
         resume at the next step from the tokens already sampled."""
+        self.load(lambda: self.rollout.update_weights(named_tensors), version)
+
+    def load(self, load: Callable[[], None], version: int) -> None:
+        """:meth:`update_weights` with the engine's own load ``load()`` (e.g. a trainer push through
+        vLLM's weight-transfer protocol, ``BaseRollout.load_weight_push``)."""
         self._check_version(version, "stream_update_weights")
         self.interrupt()
-        self.rollout.update_weights(named_tensors)
+        load()
         self.version = int(version)
 
     def set_version(self, version: int) -> None:
