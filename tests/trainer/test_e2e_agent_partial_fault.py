@@ -2,7 +2,8 @@
 ``async_training.partial_rollout=true`` on the tiny model; the rollout worker is SIGKILLed while loading version 2
 with episodes in flight. The restarted run trains every group once, none twice, none lost; every buffered row keeps
 per-token versions (-1 on observations) and behaviour log-probs; no shared-memory segment is left; each step logs
-the batch path's ``agent/*`` metrics over the rows it trained."""
+the batch path's ``agent/*`` metrics over the rows it trained. (It covers every check of the former uninterrupted
+agent-row partial-rollout test as well.)"""
 
 import glob
 import json
@@ -60,7 +61,9 @@ def test_agent_rows_resume_after_a_rollout_sigkill_mid_partial_rollout(tmp_path,
     _assert_versions_and_log_probs(rows, eta=1)
     for e in rows:
         versions = e.token_versions or [e.policy_version if m else -1 for m in e.response_mask]
+        assert len(versions) == len(e.response_ids) == len(e.response_mask)
         assert all((v == -1) == (m == 0) for v, m in zip(versions, e.response_mask))  # -1 exactly on observations
+    assert any(0 in e.response_mask for e in rows)  # some episodes took several moves (observations between turns)
     logged = [r for r in _rows(tmp_path / "run") if "training/global_step" in r]
     assert logged[-1]["training/global_step"] == STEPS
     for r in logged:  # the batch path's agent/* keys over the step's rows (a row's turns: prompt + >= 1 model turn)

@@ -47,14 +47,20 @@ def _assert_groups_once(rows, steps):
 
 
 def _assert_versions_and_log_probs(rows, eta):
+    """Per-token versions ascend within a row; every row of a group carries the group's oldest first-token
+    version (stream_producer.group_versions); behaviour log-probs on model tokens; the staleness bound."""
+    firsts = {}
     for e in rows:
         model = [i for i, m in enumerate(e.response_mask) if m]
         versions = e.token_versions or [e.policy_version] * len(e.response_ids)
         tagged = [versions[i] for i in model]
-        assert tagged == sorted(tagged) and e.policy_version == tagged[0]
+        assert tagged == sorted(tagged) and e.policy_version <= tagged[0]
+        firsts.setdefault((e.extra["rollout_batch"], e.extra["rollout_group"]), []).append((e.policy_version, tagged[0]))
         assert e.rollout_log_probs is not None and all(e.rollout_log_probs[i] <= 0 for i in model)
         if e.status == "taken":
             assert (e.taken_step - 1) - e.policy_version <= eta
+    for group in firsts.values():
+        assert {v for v, _ in group} == {min(first for _, first in group)}
 
 
 def test_partial_rollout_resumes_after_sigkills_nothing_lost_nothing_twice(tmp_path, tiny_model_dir):
