@@ -31,7 +31,6 @@ so a streamed sampled run is not reproducible from the seed; greedy rows are.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import logging
 import threading
@@ -61,9 +60,6 @@ logger = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.005
 """Longest nap of :meth:`AgentStreamer.step` while every live row waits on its environment."""
 
-_BUILTIN_THREADS = 512
-"""Most built-in tool-loop rows running at once (a thread each, made as needed)."""
-
 
 @dataclass
 class _Row:
@@ -90,7 +86,6 @@ class AgentStreamer:
         self._servers: dict[GenerationParams, BatchingServer] = {}
         self._cond = threading.Condition()  # shared by every server: a parked turn or a finished row wakes step
         self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None  # built-in tool-loop rows
         self._next = 0
 
     @property
@@ -176,19 +171,25 @@ class AgentStreamer:
                 out = asyncio.run_coroutine_threadsafe(ask, loop).result()
                 return [(list(out.token_ids), list(out.log_probs or []))]
 
+            done = loop.create_future()
+
+            def work() -> None:  # a daemon thread: a row stuck on a turn never holds the process at exit
+                try:
+                    outcome = (agent.run([list(req.prompt_ids)], [context], turn, int(req.max_tokens))[0], None)
+                except BaseException as exc:  # noqa: BLE001 - handed to the row's coroutine
+                    outcome = (None, exc)
+                try:
+                    loop.call_soon_threadsafe(_settle, done, *outcome)
+                except RuntimeError:  # the event loop is gone (the engine shut down)
+                    pass
+
+            threading.Thread(target=work, name=f"hybrid_rl-tool-row-{serial}", daemon=True).start()
             try:
-                trajs = await loop.run_in_executor(self._threads(), agent.run, [list(req.prompt_ids)], [context],
-                                                   turn, int(req.max_tokens))
+                return await done
             except asyncio.CancelledError:
                 gone.set()
                 raise
-            return trajs[0]
         return run
-
-    def _threads(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(_BUILTIN_THREADS, thread_name_prefix="hybrid_rl-tool-row")
-        return self._pool
 
     def pending(self) -> int:
         return len(self.rows)
@@ -305,6 +306,16 @@ class AgentStreamer:
             p = state["params"][0]
             params = GenerationParams(**dict(p, eos_token_ids=tuple(p["eos_token_ids"])))
             self.submit([StreamRequest(**r) for r in rows], params)
+
+
+def _settle(future: "asyncio.Future", value: Any, error: Optional[BaseException]) -> None:
+    """Complete a built-in row's future on its event loop (unless its coroutine was cancelled meanwhile)."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
 
 
 def token_versions(mask: Sequence[int], turn_versions: Sequence[int], fallback: int) -> list[int]:
