@@ -17,7 +17,6 @@ from hybrid_rl.protocol import DataProto
 from hybrid_rl.workers.rollout import RolloutConfig, build_rollout, vllm_unavailable_reason
 from hybrid_rl.workers.rollout.params import GenerationParams
 from hybrid_rl.workers.rollout.streaming import StreamRequest
-from tests.rollout.test_agent_streaming import _until
 
 _VLLM_SKIP = vllm_unavailable_reason("cpu")
 ENGINES = ["hf", pytest.param("vllm", marks=[pytest.mark.vllm,
@@ -65,6 +64,17 @@ def _request(rid: str, prompt: list[int], talks: bool, gated: bool = False) -> S
 def _params() -> GenerationParams:
     return GenerationParams(do_sample=False, temperature=0.0, top_p=1.0, top_k=-1, seed=None,
                             eos_token_ids=ALL_IDS_EOS, pad_token_id=0, response_length=R)
+
+
+def _until(engine, done, steps=4000) -> dict:
+    """Step until ``done(samples)`` (kept here, not imported: importing a test module under a second name
+    would register its test loop twice, with a second copy of its gates)."""
+    samples = {}
+    for _ in range(steps):
+        samples.update({s.request_id: s for s in engine.stream_step(0.01)})
+        if done(samples):
+            return samples
+    raise AssertionError(f"never done; {engine.stream_pending()} rows pending, returned {sorted(samples)}")
 
 
 def test_a_streamed_greedy_builtin_row_equals_the_batch_path(engine):
