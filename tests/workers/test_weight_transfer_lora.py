@@ -9,13 +9,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hybrid_rl.protocol import DataProto
 from hybrid_rl.workers.config import ModelConfig
 from hybrid_rl.workers.lora import (apply_lora, lora_adapter_weights, lora_base_weights, lora_push_config,
                                     merged_lora_weights)
 from hybrid_rl.workers.model_loader import load_causal_lm
 from hybrid_rl.workers.rollout import RolloutConfig, build_rollout, vllm_unavailable_reason
 from hybrid_rl.workers.weight_transfer import WeightExporter, export_lora, open_weights, rollout_aliases
+from tests.workers.test_weight_transfer_engines import _greedy
 
 _VLLM_SKIP = vllm_unavailable_reason("cpu")
 ENGINES = ["hf", pytest.param("vllm", marks=[pytest.mark.vllm,
@@ -117,15 +117,6 @@ def test_bad_inputs_get_a_fix(tiny_model_dir, exporter):
 
     with pytest.raises(ValueError, match="lacks 4 LoRA factors"):
         list(apply_adapters(iter([]), {}, handle.lora))
-
-
-def _greedy(engine) -> DataProto:
-    ids = torch.tensor([[5, 6, 7], [9, 10, 11]])
-    batch = DataProto.from_dict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                                 "position_ids": torch.arange(3).expand(2, 3)},
-                                non_tensors={"uid": ["0", "1"]},
-                                meta_info={"eos_token_id": 2, "pad_token_id": 0, "do_sample": False})
-    return engine.generate_sequences(batch)
 
 
 @pytest.mark.parametrize("name", ENGINES)
