@@ -48,8 +48,9 @@ class ObservationEncoder:
                              "turns cannot be continued. Fix: use a chat template that renders assistant turns.")
         cut += len(_SENTINEL)
         candidates = [end_of_turn] if isinstance(end_of_turn, str) else list(end_of_turn)
-        cut += next((len(text) for text in candidates if text and rendered.startswith(text, cut)), 0)
-        self._prefix = rendered[:cut]
+        self.end_of_turn = next((text for text in candidates if text and rendered.startswith(text, cut)), "")
+        """The text the template puts right after an assistant's content (what a turn cut short lacks)."""
+        self._prefix = rendered[:cut + len(self.end_of_turn)]
 
     def check_roles(self, roles: list[str]) -> None:
         """Raise a one-line ValueError unless the template can render a ``role`` turn after an assistant

@@ -10,7 +10,9 @@ and records the prompt ids, the sampled ids and their log-probs as the engine re
 Prompt ids, no decode and re-encode of sampled tokens: a chat request whose messages are an earlier
 call's messages, then that call's reply (as the endpoint returned it), then new messages (tool results,
 user turns) is continued from the earlier call's exact ids: its prompt ids + its sampled ids + the chat
-template's delta for the new messages (``ObservationEncoder``). Any other request is templated afresh
+template's delta for the new messages (``ObservationEncoder``); a call cut by ``max_tokens`` (``finish_reason``
+``length``) is continued the same way, with the template's end-of-turn ids inserted after its sampled ids
+(never its reply's text re-encoded). Any other request is templated afresh
 (``apply_chat_template(messages, tools=...)``). Such a request *extends* the earlier call; the
 trajectory row is built from the chain of extensions (docs/agents.md, "Black-box agents").
 
@@ -81,6 +83,12 @@ class _Session:
     """``/v1/responses``: each response id's conversation in chat form (for ``previous_response_id``)."""
 
 
+_CONTINUED = ("completed", "length")
+"""Stop reasons of calls a later request may continue: ended by an end-of-turn id, or cut by ``max_tokens``
+(continued after the template's end-of-turn ids). A ``stop_sequence`` cut is not: its reply's text leaves the
+sequence out, so the agent's history is not what was sampled, and a later request starts a new chain."""
+
+
 class _RequestError(Exception):
     """A request the endpoint refuses (answered 400 with OpenAI's error shape)."""
 
@@ -142,6 +150,7 @@ class OpenAIEndpoint:
         self.tokenizer = tokenizer
         self.host = host
         self.encoder = ObservationEncoder(tokenizer, getattr(tokenizer, "eos_token", None) or "")
+        self._end_of_turn_ids = list(tokenizer(self.encoder.end_of_turn, add_special_tokens=False)["input_ids"])
         self._sessions: dict[str, _Session] = {}
         self.port = _free_port(host)
         self._server = self._start()
@@ -181,14 +190,17 @@ class OpenAIEndpoint:
         for index in range(len(session.calls) - 1, -1, -1):
             call = session.calls[index]
             n = len(call.messages or [])
-            if (call.messages is not None and call.stop_reason == "completed" and len(messages) > n + 1
+            if (call.messages is not None and call.stop_reason in _CONTINUED and len(messages) > n + 1
                     and messages[:n] == call.messages and _same_message(messages[n], call.reply)):
                 try:
                     delta = self.encoder.encode(messages[n + 1:])
                 except Exception as exc:
                     raise _RequestError(f"the chat template cannot render the new messages ({type(exc).__name__}: "
                                         f"{str(exc)[:200]})") from None
-                return call.prompt_ids + call.completion_ids + delta, index
+                # a reply cut by max_tokens has no end-of-turn id: the template's is inserted (mask 0 in
+                # the row), after the recorded ids, never after the reply's text re-encoded
+                closing = self._end_of_turn_ids if call.stop_reason == "length" else []
+                return call.prompt_ids + call.completion_ids + closing + delta, index
         try:
             rendered = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
                                                           tokenize=False)

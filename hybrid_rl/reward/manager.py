@@ -23,7 +23,9 @@ Failures never raise: they score 0.0 and are counted. The counts are in ``manage
 the manager runs in a remote process): ``reward/num_errors``, ``reward/num_timeouts``,
 ``reward/num_invalid``, ``reward/num_failed`` (their sum), ``reward/num_samples`` and
 ``reward/all_failed`` (1.0 when every row failed -- the trainer stops after K such steps). The first
-failure of each kind is logged once per manager with its (truncated) input.
+failure of each kind is logged once per manager with its (truncated) input. A scorer's numeric dict keys
+named ``reward/...`` are its own counters, summed over the rows into the same metrics (the code sandbox's
+``reward/sandbox/<reason>``); they never replace the keys above.
 
 Rows with a ``reward_score`` (an agent scored its own row; docs/agents.md) keep that score and skip
 the scorer, as veRL's reward loop does with ``AgentLoopOutput.reward_score``; rows whose
@@ -281,7 +283,7 @@ class _RewardManagerBase(abc.ABC):
         if self.uses_default_scorer:
             # Unknown source = a config error: fail loudly, not as N zero rewards.
             check_data_sources([d for i, d in enumerate(data_sources) if given is None or given[i] is None],
-                               warmup=True)
+                               warmup=True, agent_rows="agent_name" in data.non_tensor_batch)
         return _Rows(solution_strs, ground_truths, data_sources, extra_infos, last_index, score_index)
 
     @staticmethod
@@ -303,7 +305,13 @@ class _RewardManagerBase(abc.ABC):
     def _metrics(outcomes: list[ScoreOutcome]) -> dict[str, float]:
         counts = Counter(o.status for o in outcomes)
         failed = len(outcomes) - counts["ok"]
+        counters: Counter = Counter()  # a scorer's own counters: numeric extras named "reward/...", summed
+        for outcome in outcomes:
+            for key, value in outcome.extra.items():
+                if key.startswith("reward/") and finite_float(value) is not None:
+                    counters[key] += finite_float(value)
         return {
+            **counters,
             "reward/num_errors": counts["error"],
             "reward/num_timeouts": counts["timeout"],
             "reward/num_invalid": counts["invalid"],

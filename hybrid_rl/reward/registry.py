@@ -53,6 +53,8 @@ _REWARDS: Registry[EntryInfo] = Registry("reward function", "data_source (a row'
                                          may_replace=same_definition, duplicate_error=_duplicate_source)
 _WARMUPS: dict[ScoreFn, Callable[[], None]] = {}  # scorer -> its costly one-time initialisation
 _BOUNDED: set[ScoreFn] = set()  # built-in scorers that are linear-time pure Python (see thread_safe_sources)
+# Data sources routed by prefix when no exact name matches: "<hub>/<task>" -> one scorer for the hub's tasks.
+_PREFIX_ROUTES: dict[str, ScoreFn] = {}
 _SAMPLE_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 _BATCH_ARGS = ("data_sources", "solution_strs", "ground_truths", "extra_infos")
 _module_counter = itertools.count()
@@ -124,21 +126,30 @@ def registered_data_sources() -> list[str]:
     return _REWARDS.names()
 
 
-def _unknown_source_error(data_source: Any) -> ValueError:
+_AGENT_HINT = ("These rows run an agent loop (agent_name, or rollout.agent set): if the agent scores them (a "
+               "black-box agent's return value, an environment's return), mark them reward_model: {style: agent} "
+               "in the dataset so the reward function is skipped. Otherwise, to add a reward function, ")
+
+
+def _unknown_source_error(data_source: Any, agent_rows: bool = False) -> ValueError:
+    how = _AGENT_HINT if agent_rows else "To add it, "
     return ValueError(
         f"no reward function for data_source {data_source!r}. Known data sources: "
-        f"{registered_data_sources()}. To add it, " + _HOW_TO_ADD.format(name=data_source)
+        f"{registered_data_sources()}. {how}" + _HOW_TO_ADD.format(name=data_source)
     )
 
 
-def get_reward_fn(data_source: str) -> ScoreFn:
-    """The scorer registered for ``data_source``; ValueError naming the known ones otherwise."""
+def get_reward_fn(data_source: str, agent_rows: bool = False) -> ScoreFn:
+    """The scorer registered for ``data_source``; ValueError naming the known ones otherwise (and,
+    with ``agent_rows``, saying that rows an agent scores are marked ``reward_model.style: agent``)."""
     try:
         fn = _REWARDS.find(data_source)
     except TypeError:  # an unhashable data_source value
         fn = None
+    if fn is None and isinstance(data_source, str):
+        fn = next((route for prefix, route in _PREFIX_ROUTES.items() if data_source.startswith(prefix)), None)
     if fn is None:
-        raise _unknown_source_error(data_source)
+        raise _unknown_source_error(data_source, agent_rows)
     return fn
 
 
@@ -150,14 +161,16 @@ def thread_safe_sources(data_sources) -> bool:
     return all(_REWARDS.find(source) in _BOUNDED for source in dict.fromkeys(data_sources))
 
 
-def check_data_sources(data_sources, warmup: bool = False) -> None:
+def check_data_sources(data_sources, warmup: bool = False, agent_rows: bool = False) -> None:
     """Fail fast (before any scoring) if a data source in the batch has no scorer.
 
     ``warmup=True`` also runs the one-time initialisation of the built-in scorers involved, so it
-    happens once in this process rather than in every forked scoring child.
+    happens once in this process rather than in every forked scoring child. ``agent_rows``: the rows
+    run agent loops (they have an ``agent_name``, or the agent config is set), so the error says how
+    to mark rows their agent scores (``reward_model.style: agent``).
     """
     for source in dict.fromkeys(data_sources):
-        fn = get_reward_fn(source)
+        fn = get_reward_fn(source, agent_rows)
         if warmup and fn in _WARMUPS:
             _WARMUPS[fn]()
 
@@ -238,3 +251,29 @@ _WARMUPS[_score_math] = math.warmup
 register_reward("arithmetic", "calculator", description="Arithmetic: the last '#### <integer>' equals the "
                 "answer.")(_score_arithmetic)  # calculator: the tool task, same "#### N" answer
 _BOUNDED.update({_score_gsm8k, _score_arithmetic})
+
+
+def _score_code_exec(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    from hybrid_rl.reward.scorers import code_exec  # lazy: imports the sandbox only when code rows are scored
+
+    return code_exec.compute_score(solution_str, ground_truth, **kwargs)
+
+
+register_reward("code_exec", description="Code: the response's last code block passes the row's tests in the "
+                "sandbox (hybrid_rl.reward.sandbox).")(_score_code_exec)
+
+
+def _score_reasoning_gym(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    from hybrid_rl.hub import reasoning_gym  # lazy: the optional library loads only when such rows are scored
+
+    return reasoning_gym.compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
+
+
+def _warmup_reasoning_gym() -> None:
+    from hybrid_rl.hub import reasoning_gym
+
+    reasoning_gym.warmup()
+
+
+_PREFIX_ROUTES["reasoning_gym/"] = _score_reasoning_gym  # every reasoning-gym task: its own score_answer
+_WARMUPS[_score_reasoning_gym] = _warmup_reasoning_gym

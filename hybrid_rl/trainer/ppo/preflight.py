@@ -81,16 +81,19 @@ def check_reward_coverage(cfg: PPOConfig, *datasets: Any) -> None:
     A custom reward function (``custom_reward_function.path``) scores every source, so nothing is
     checked then; nor for datasets that cannot list their sources (not an ``RLHFDataset``).
     """
+    from hybrid_rl.agents.config import agent_rollout_enabled
     from hybrid_rl.reward import check_data_sources
 
     if cfg.custom_reward_function.path or cfg.data.reward_fn_key != "data_source":
         return
+    agents_on = agent_rollout_enabled(cfg.actor_rollout_ref.rollout)
     for dataset, where in zip(datasets, _describe_files(cfg)):
         if not hasattr(dataset, "data_sources"):
             continue
         sources = dataset.data_sources(scored_only=True)
+        agent_rows = agents_on or bool(getattr(dataset, "agent_names", list)())
         try:
-            check_data_sources(sources)
+            check_data_sources(sources, agent_rows=agent_rows)
         except ValueError as error:
             raise ValueError(f"{where}: {error}") from None
 
