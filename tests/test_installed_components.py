@@ -9,7 +9,7 @@ import pytest
 from installed import COMPONENTS, import_installed, require_installed
 
 MODULES = {"studio": ("fastapi", "uvicorn"), "test tools": ("httpx", "playwright.sync_api"),
-           "datasets": ("datasets",)}
+           "datasets": ("datasets",), "envs": ("reasoning_gym", "textarena")}
 """The Python modules a pip-installed component must import."""
 
 
