@@ -15,8 +15,9 @@ question) skipped, the first ``test_size`` distinct entries held out as ``test.p
 
 The reward (:func:`compute_score`) extracts the **last** ``<answer>...</answer>`` of the response
 (reasoning-gym's own ``utils.extract_answer``: inner text, whitespace stripped) and returns the
-dataset's ``score_answer(answer, entry)`` (1.0 exact; some tasks give partial credit). A response
-without the tags, or one that makes ``score_answer`` raise, scores 0.0.
+dataset's ``score_answer(answer, entry)`` as ``score`` (1.0 exact; some tasks give partial credit) and
+``acc`` (1.0 for a full score only). A response without the tags, or one that makes ``score_answer``
+raise, scores 0.0.
 
 CLI: ``python -m hybrid_rl.hub.reasoning_gym --dataset basic_arithmetic --out_dir data/rg
 --config min_terms=2 --config max_terms=2``; config values are JSON (``operators='["+","-"]'``) or
@@ -244,10 +245,12 @@ def _score(data_source: str, solution_str: Any, ground_truth: Any) -> float:
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
-                  **kwargs: Any) -> float:
-    """The reward of a ``reasoning_gym/<name>`` row: the dataset's ``score_answer`` on the response's last
-    ``<answer>...</answer>``; 0.0 without one or when ``score_answer`` raises."""
-    return _score(data_source, solution_str, ground_truth)
+                  **kwargs: Any) -> dict[str, float]:
+    """The reward of a ``reasoning_gym/<name>`` row: ``score`` is the dataset's ``score_answer`` on the
+    response's last ``<answer>...</answer>`` (0.0 without one or when ``score_answer`` raises); ``acc`` is
+    1.0 for a full score only (some tasks give partial credit), logged as ``val-core/<source>/acc/...``."""
+    score = _score(data_source, solution_str, ground_truth)
+    return {"score": score, "acc": 1.0 if score == 1.0 else 0.0}
 
 
 def warmup() -> None:

@@ -81,7 +81,8 @@ def test_train_and_test_share_no_question(tmp_path):
     (None, 0.0),                                                  # not even a string
 ])
 def test_scores_on_hand_made_responses(response, expected):
-    assert hub.compute_score("reasoning_gym/leg_counting", response, _truth("8")) == pytest.approx(expected)
+    result = hub.compute_score("reasoning_gym/leg_counting", response, _truth("8"))
+    assert result == {"score": pytest.approx(expected), "acc": 1.0 if expected == 1.0 else 0.0}
 
 
 def test_a_scorer_that_raises_scores_zero(monkeypatch):
@@ -89,13 +90,14 @@ def test_a_scorer_that_raises_scores_zero(monkeypatch):
         raise RuntimeError("the task's parser choked")
 
     monkeypatch.setattr(hub, "_scorer", lambda name, config: boom)
-    assert hub.compute_score("reasoning_gym/leg_counting", "<answer>8</answer>", _truth("8")) == 0.0
+    assert hub.compute_score("reasoning_gym/leg_counting", "<answer>8</answer>", _truth("8")) == {"score": 0.0, "acc": 0.0}
 
 
 def test_registry_routes_the_prefix_and_exact_names_win():
     route = get_reward_fn("reasoning_gym/leg_counting")
     assert get_reward_fn("reasoning_gym/basic_arithmetic") is route
-    assert default_compute_score("reasoning_gym/leg_counting", "<answer>8</answer>", _truth("8")) == 1.0
+    assert default_compute_score("reasoning_gym/leg_counting", "<answer>8</answer>", _truth("8")) == {"score": 1.0,
+                                                                                                   "acc": 1.0}
     check_data_sources(["reasoning_gym/leg_counting"], warmup=True)
     with pytest.raises(ValueError, match="no reward function for data_source 'reasoning_gymX/leg_counting'"):
         get_reward_fn("reasoning_gymX/leg_counting")
