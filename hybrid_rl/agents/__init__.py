@@ -15,6 +15,7 @@ and ``...multi_turn.tool_config_path=<yaml>``; docs/agents.md has the trajectory
 
 from hybrid_rl.agents.agent_loop import AgentLoopBase, AgentLoopOutput, register as register_agent_loop
 from hybrid_rl.agents.calculator import CalculatorTool
+from hybrid_rl.agents.code_tool import PythonExecTool  # registers python_exec
 from hybrid_rl.agents.config import MultiTurnConfig
 from hybrid_rl.agents.config_files import load_interactions, load_tools
 from hybrid_rl.agents.env import BaseTextEnv, register_env, registered_envs
@@ -29,7 +30,7 @@ from hybrid_rl.agents.tool import BaseTool, register_tool, registered_tools
 __all__ = [
     "END_REASONS", "AgentLoop", "AgentLoopBase", "AgentLoopOutput", "BaseInteraction", "BaseTextEnv", "BaseTool",
     "CalculatorTool", "EnvAgentLoop", "GuessNumberEnv", "MultiTurnConfig", "OpenAIFunctionToolSchema", "RowContext",
-    "ToolCall", "ToolResponse", "Trajectory", "load_interactions", "load_tools", "parse_hermes",
+    "PythonExecTool", "ToolCall", "ToolResponse", "Trajectory", "load_interactions", "load_tools", "parse_hermes",
     "register_agent_loop", "register_env", "register_interaction", "register_tool", "registered_envs",
     "registered_interactions", "registered_tools",
 ]
