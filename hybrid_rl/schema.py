@@ -149,6 +149,8 @@ BATCH_SCHEMA: tuple[BatchKey, ...] = (
     BatchKey("agent_metrics", _N, "object", "[B]", "rollout (multi-turn)",
              "dict[str, float]: per-row turns, tool calls/errors/timeouts, token counts, tool/<name>/<metric>, "
              "ended_by/<reason>"),
+    BatchKey("agent_failure", _N, "object", "[B]", "rollout (multi-turn agent loop)",
+             "str: why a custom agent loop's row failed (timeout, exception, bad_return); '' when it did not"),
     BatchKey("reward_score", _N, "object", "[B]", "rollout (multi-turn agent loop)",
              "float or None: the score an agent gave its own row; the reward manager keeps it"),
     BatchKey("rollout_batch", _N, "object", "[B]", "rollout producer (decoupled mode)",

@@ -3,24 +3,38 @@
 Each row runs its loop as a coroutine under a :class:`BatchingServer` (the engine serves all rows'
 model calls in batched rounds). A loop that raises, runs past ``agent.timeout_s`` or returns something
 that is not a valid :class:`AgentLoopOutput` never fails the step: its row gets an empty response, a
-score of 0 (``reward_score``) and ``end_reason="error"``, counted in ``agent/ended_by/error``; the
-first failure of a step is logged with its reason.
+score of 0 (``reward_score``), ``end_reason="error"`` and its failure kind (``Trajectory.failure``:
+``timeout``, ``exception`` or ``bad_return``), counted in ``agent/ended_by/error`` and
+``agent/failure/<kind>``; each kind that occurred is logged once per call, with its count and first reason.
+A failed loop that counts its model calls (``num_calls``, as ``OpenAIAgentLoop``) still reports them
+(``loop/calls``). While the loops run, :class:`~hybrid_rl.agents.progress.AgentProgress` prints the rows
+done / running / failed on the console every ``agent.progress_interval_s``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from hybrid_rl.agents.agent_loop import AgentLoopOutput, DictConfigWrap, resolve_agent_loop
 from hybrid_rl.agents.loop import Trajectory
+from hybrid_rl.agents.progress import AgentProgress
 from hybrid_rl.agents.server import BatchingServer, LLMServerManager
 from hybrid_rl.reward.guard import finite_float
 
-__all__ = ["AgentLoopContext", "run_agent_loops", "trajectory_from_output"]
+__all__ = ["AgentLoopContext", "AgentReturnError", "failed_trajectory", "row_trajectory", "run_agent_loops", "trajectory_from_output"]
 
 logger = logging.getLogger(__name__)
+
+class AgentReturnError(ValueError):
+    """Raised by a loop whose agent returned something unusable (``OpenAIAgentLoop``: a score that is not a
+    number, no model call): its row fails as ``bad_return``, not as ``exception``."""
+
+
+_KIND_OF_STATUS = {"timeout": "timeout", "error": "exception"}
+"""BatchingServer's status of a loop that did not return -> the row's failure kind."""
 
 
 @dataclass
@@ -33,6 +47,25 @@ class AgentLoopContext:
     """veRL's per-call sampling settings: temperature, top_p, top_k, repetition_penalty, logprobs."""
     timeout_s: float
     """Bound of one row's whole loop (``agent.timeout_s``)."""
+    progress_interval_s: Optional[float] = None
+    """Seconds between progress lines while the loops run (``agent.progress_interval_s``); None: none."""
+
+
+def failed_trajectory(prompt: list[int], kind: str) -> Trajectory:
+    """The row of a failed loop: an empty response scored 0, ``end_reason`` ``error``, its failure kind."""
+    return Trajectory(prompt_ids=list(prompt), end_reason="error", reward_score=0.0, failure=kind)
+
+
+def row_trajectory(status: str, value: Any, prompt: list[int], budget: int,
+                   prompt_width: int) -> tuple[Trajectory, Optional[str]]:
+    """(trajectory, None) of a loop that returned a valid output, else (its failed row, why): what
+    :meth:`BatchingServer.run` answered for one row (``status`` ok / timeout / error, ``value``)."""
+    if status != "ok":  # BatchingServer words a raised exception "<type>: <message>"
+        bad = status == "error" and str(value).startswith(f"{AgentReturnError.__name__}: ")
+        return failed_trajectory(prompt, "bad_return" if bad else _KIND_OF_STATUS.get(status, "exception")), \
+            f"{status}: {value}"
+    traj, problem = trajectory_from_output(value, budget, prompt_width)
+    return (traj, None) if traj is not None else (failed_trajectory(prompt, "bad_return"), problem)
 
 
 def run_agent_loops(names: list[str], row_kwargs: list[dict[str, Any]], prompts: list[list[int]],
@@ -40,28 +73,41 @@ def run_agent_loops(names: list[str], row_kwargs: list[dict[str, Any]], prompts:
     """One trajectory per row: row i runs the loop registered as ``names[i]`` with ``row_kwargs[i]``
     (its non-tensor columns); ``prompts[i]`` is the batch's prompt, kept for rows that fail. A loop's
     prompt may be at most ``prompt_width`` tokens (the batch's padded prompt width)."""
-    def agent(row: int, name: str, kwargs: dict[str, Any]):
-        async def run() -> Any:
-            manager = LLMServerManager(server, row=row)
-            loop = resolve_agent_loop(name, trainer_config=ctx.trainer_config, server_manager=manager,
-                                      tokenizer=ctx.tokenizer, processor=None, dataset_cls=None,
-                                      dataset_config=DictConfigWrap({}))
-            return await loop.run(dict(ctx.sampling_params), **kwargs)
-        return run
+    loops: dict[int, Any] = {}
+    progress = AgentProgress(len(names), ctx.progress_interval_s)
 
-    results = server.run([agent(i, n, k) for i, (n, k) in enumerate(zip(names, row_kwargs))], ctx.timeout_s)
-    trajs, failures = [], []
-    for name, prompt, (status, value) in zip(names, prompts, results):
-        traj, problem = (trajectory_from_output(value, budget, prompt_width) if status == "ok"
-                         else (None, f"{status}: {value}"))
-        if traj is None:
-            failures.append(f"agent loop {name!r}: {problem}")
-            traj = Trajectory(prompt_ids=list(prompt), end_reason="error", reward_score=0.0)
+    def agent(row: int, name: str, kwargs: dict[str, Any]):
+        async def body() -> Any:
+            manager = LLMServerManager(server, row=row)
+            loop = loops[row] = resolve_agent_loop(name, trainer_config=ctx.trainer_config, server_manager=manager,
+                                                   tokenizer=ctx.tokenizer, processor=None, dataset_cls=None,
+                                                   dataset_config=DictConfigWrap({}))
+            return await loop.run(dict(ctx.sampling_params), **kwargs)
+        return lambda: progress.track(body(), valid=lambda out: trajectory_from_output(out, budget, prompt_width)[0]
+                                      is not None)
+
+    with progress:
+        results = server.run([agent(i, n, k) for i, (n, k) in enumerate(zip(names, row_kwargs))], ctx.timeout_s)
+    trajs, failures = [], defaultdict(list)
+    for row, (name, prompt, (status, value)) in enumerate(zip(names, prompts, results)):
+        traj, problem = row_trajectory(status, value, prompt, budget, prompt_width)
+        if problem is not None:
+            failures[traj.failure].append(f"agent loop {name!r}: {problem}")
+            calls = getattr(loops.get(row), "num_calls", None)
+            if calls is not None:  # the model calls a failed agent made still count in agent/loop/calls
+                traj.tool_metrics["loop/calls"] = float(calls)
         trajs.append(traj)
-    if failures:
-        logger.warning("%d of %d agent-loop rows failed (scored 0, counted in agent/ended_by/error); first: %s",
-                       len(failures), len(names), failures[0])
+    num_failed = sum(len(p) for p in failures.values())
+    progress.finish(len(names) - num_failed, num_failed)
+    log_failures(failures, len(names))
     return trajs
+
+
+def log_failures(failures: dict[str, list[str]], num_rows: int) -> None:
+    """One warning per failure kind that occurred: its count and its first row's reason."""
+    for kind, problems in sorted(failures.items()):
+        logger.warning("%d of %d agent-loop rows failed by %s (scored 0, counted in agent/ended_by/error and "
+                       "agent/failure/%s); first: %s", len(problems), num_rows, kind, kind, problems[0])
 
 
 def trajectory_from_output(output: Any, budget: int,

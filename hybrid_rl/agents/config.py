@@ -93,6 +93,11 @@ class AgentLoopConfig:
     long per round, and the rounds depend on timing. null = no window: fully reproducible, but a hung
     agent holds every other row back until its timeout."""
 
+    progress_interval_s: Optional[float] = bounded(10.0, gt=0, fix="use null (no progress lines) or e.g. 10")
+    """Seconds between the console's progress lines while custom agent loops run (rows done / running /
+    failed; first after this long, then on a change, or every 6 intervals without one; hybrid_rl's own
+    key). null = none."""
+
     def __post_init__(self) -> None:
         prefix = "rollout.agent"  # completed by the loader, as _PREFIX
         check_bounds(self, prefix)

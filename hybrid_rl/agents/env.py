@@ -10,8 +10,10 @@ observations and actions: the action is the model's turn, decoded. Methods may b
 (an environment that waits on a sandbox or a web page). :class:`hybrid_rl.agents.env_loop.EnvAgentLoop`
 runs episodes as agent loops (docs/agents.md, "Environments").
 
-Register with ``@register_env("name")`` (or name a class by its dotted path); a class need not subclass
-:class:`BaseTextEnv`, any class with ``reset`` and ``step`` is accepted.
+Register with ``@register_env("name")`` and name it ``env: package.module:name`` in the YAML (the module
+is imported first, which registers it; a bare ``name`` works once some import ran the decorator), or
+name a class by its dotted path; a class need not subclass :class:`BaseTextEnv`, any class with
+``reset`` and ``step`` is accepted.
 """
 
 from __future__ import annotations
@@ -73,20 +75,37 @@ def _conforms(cls: Any) -> bool:
 
 
 def get_env_cls(name: str, where: str) -> type:
-    """A registered environment name or a dotted import path, resolved to the class; ValueError otherwise."""
+    """An environment named in YAML, resolved to its class; one-line ValueError otherwise. ``name`` is a
+    registered name, ``package.module:name`` (the module is imported first, so its ``@register_env``
+    runs, then ``name`` is a registered name or the module's attribute) or a dotted class path."""
     if name in _ENVS:
         return _ENVS.get(name)
     from hybrid_rl.agents.tool import import_object
 
-    fix = (f"Fix: use a registered environment ({', '.join(registered_envs()) or 'none registered'}) or the "
-           "dotted path of a class with reset() and step()")
+    module, colon, attr = str(name).partition(":")
+    fix = (f"Fix: use a registered environment ({', '.join(registered_envs()) or 'none registered'}), "
+           "package.module:name (the module that registers it, then its name) or the dotted path of a class with "
+           "reset() and step()")
+    if not colon and "." not in module:  # a bare name nobody registered (yet): its module was never imported
+        raise ValueError(f"{where}: {name!r} is not a registered environment; an @register_env name is known only "
+                         f"once its module is imported, so name the module too, e.g. env: my_pkg.envs:{name}. {fix}.")
     try:
-        cls = import_object(name)
+        cls = _import_module_attr(module, attr) if colon else import_object(name)
     except (ImportError, AttributeError, ValueError) as exc:
         raise ValueError(f"{where}: cannot import environment {name!r} ({type(exc).__name__}: {exc}). {fix}.") from None
     if not _conforms(cls):
         raise ValueError(f"{where}: {name!r} is not an environment. {fix}.")
     return cls
+
+
+def _import_module_attr(module: str, attr: str) -> Any:
+    """``module:attr``: import ``module``; ``attr`` registered by it, else the module's attribute."""
+    import importlib
+
+    if not module or not attr:
+        raise ValueError("expected package.module:name")
+    loaded = importlib.import_module(module)
+    return _ENVS.get(attr) if attr in _ENVS else getattr(loaded, attr)
 
 
 async def call_env(method: Callable, *args: Any, **kwargs: Any) -> Any:

@@ -21,8 +21,9 @@ Per row: ``extra_info.env_kwargs`` (merged over the entry's, the row's winning; 
    without EOS, or the next observation would overrun ``response_length``.
 
 The row's score is the discounted return ``sum_t gamma^t r_t`` (``reward_score``; rows marked
-``reward_model.style: agent`` skip the reward function). Per-row metrics: ``agent/loop/env_steps``,
-``agent/loop/env_return``, ``agent/loop/env_terminated``.
+``reward_model.style: agent`` skip the reward function). Per-row metrics: ``agent/loop/env_steps``
+(``step()`` calls), ``agent/loop/env_turns`` (model turns: one more than the steps when the last turn was
+cut by the budget, so it had no action to apply), ``agent/loop/env_return``, ``agent/loop/env_terminated``.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class EnvAgentLoop(AgentLoopBase):
         ids: list[int] = []
         mask: list[int] = []
         log_probs: list[float] = []
-        total, discount, steps, ended = 0.0, 1.0, 0, False
+        total, discount, steps, env_steps, ended = 0.0, 1.0, 0, 0, False
         while steps < self.max_steps and len(ids) < self.budget:
             out = await self.server_manager.generate(
                 "env", prompt_ids=prompt + ids, sampling_params={**sampling_params, "max_tokens": self.budget - len(ids)})
@@ -90,6 +91,7 @@ class EnvAgentLoop(AgentLoopBase):
                 break  # cut by the budget mid-turn: no action to apply
             action = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
             observation, reward, terminated, truncated, _ = await call_env(env.step, action)
+            env_steps += 1
             total += discount * float(reward)
             discount *= self.gamma
             if terminated or truncated or steps >= self.max_steps:
@@ -103,4 +105,5 @@ class EnvAgentLoop(AgentLoopBase):
             log_probs += [0.0] * len(delta)
         return AgentLoopOutput(prompt_ids=prompt, response_ids=ids, response_mask=mask, response_logprobs=log_probs,
                                reward_score=total, num_turns=2 * steps + 1,
-                               metrics={"env_steps": steps, "env_return": total, "env_terminated": float(ended)})
+                               metrics={"env_steps": env_steps, "env_turns": steps, "env_return": total,
+                                        "env_terminated": float(ended)})

@@ -32,7 +32,7 @@ from hybrid_rl.agents.parser import ToolCall, get_tool_parser
 from hybrid_rl.agents.tool import BaseTool, call_create, tool_method
 from hybrid_rl.reward.guard import finite_float  # the reward guard's rule for untrusted numbers
 
-__all__ = ["AgentLoop", "GenerateFn", "RowContext", "Trajectory", "END_REASONS"]
+__all__ = ["AgentLoop", "GenerateFn", "RowContext", "Trajectory", "END_REASONS", "FAILURE_KINDS"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,9 @@ GenerateFn = Callable[[list[list[int]], list[int], int], list[tuple[list[int], l
 
 END_REASONS = ("stop", "length", "max_assistant_turns", "max_user_turns", "interaction", "error")
 """``error``: a custom agent loop (or black-box agent) failed; its row is empty and scores 0."""
+FAILURE_KINDS = ("timeout", "exception", "bad_return")
+"""Why a custom agent loop's row failed (``end_reason`` ``error``): it ran past ``agent.timeout_s``, raised,
+or returned something that is not a valid ``AgentLoopOutput`` (the row's ``agent_failure`` column)."""
 SINGLE_TURN_AGENT = "single_turn_agent"
 
 
@@ -79,6 +82,8 @@ class Trajectory:
     end_reason: Optional[str] = None
     reward_score: Optional[float] = None
     """Set by agents that score their own row: the reward function is skipped for it."""
+    failure: str = ""
+    """One of :data:`FAILURE_KINDS` when a custom loop failed (``end_reason`` ``error``); ``""`` otherwise."""
     messages: list = field(default_factory=list)
     instances: dict[str, str] = field(default_factory=dict)  # tool name -> instance id
     interaction_name: Optional[str] = None

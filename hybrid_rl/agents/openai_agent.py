@@ -24,7 +24,8 @@ they are; the peers that train every call as its own row pay with variable batch
 **Scores.** A number returned is the row's score; a dict's ``reward`` (or ``score``) is, and its other
 numeric values are reported as ``agent/loop/<key>``; ``None`` leaves the score to the reward function
 (which then scores the decoded trajectory). An agent that raises, times out, returns anything else or
-never calls the model gives its row an empty response scored 0 (``agent/ended_by/error``).
+never calls the model gives its row an empty response scored 0 (``agent/ended_by/error``, its kind in
+``agent/failure/<kind>``); the calls it made still count in ``agent/loop/calls``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import inspect
 from typing import Any, Callable, Optional
 
 from hybrid_rl.agents.agent_loop import AgentLoopBase, AgentLoopOutput
+from hybrid_rl.agents.agent_runner import AgentReturnError
 from hybrid_rl.agents.openai_server import CallRecord, get_endpoint
 from hybrid_rl.agents.tool import import_object
 from hybrid_rl.reward.guard import finite_float
@@ -64,6 +66,7 @@ class OpenAIAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         self.agent = _import_agent(agent)
         self.client_timeout_s = float(client_timeout_s)
+        self.num_calls: Optional[int] = None  # the row's model calls, set when its agent ends (failed or not)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         import httpx
@@ -79,8 +82,9 @@ class OpenAIAgentLoop(AgentLoopBase):
         row = {k: v.tolist() if hasattr(v, "tolist") and not isinstance(v, (str, bytes)) else v for k, v in kwargs.items()}
         try:
             result = await self.agent(client, row)
-        finally:
+        finally:  # also when the agent raised or timed out: its calls still count in agent/loop/calls
             calls = endpoint.close(key)
+            self.num_calls = len(calls)
             await client.close()
         return output_from_calls(calls, result)
 
@@ -95,11 +99,11 @@ def _score(result: Any) -> tuple[Optional[float], dict[str, float]]:
                    if v is not None}
         score = finite_float(raw) if raw is not None else None
         if raw is not None and score is None:
-            raise ValueError(f"the agent returned reward={str(raw)[:40]}, not a finite number")
+            raise AgentReturnError(f"the agent returned reward={str(raw)[:40]}, not a finite number")
         return score, metrics
     score = finite_float(result) if not isinstance(result, (str, bytes)) else None
     if score is None:
-        raise ValueError(f"the agent returned {type(result).__name__} {str(result)[:40]!r}; expected a number, "
+        raise AgentReturnError(f"the agent returned {type(result).__name__} {str(result)[:40]!r}; expected a number, "
                          "a dict with 'reward', or None")
     return score, {}
 
@@ -116,7 +120,7 @@ def _chain(calls: list[CallRecord], last: int) -> list[CallRecord]:
 def output_from_calls(calls: list[CallRecord], result: Any) -> AgentLoopOutput:
     """The row of a finished agent: its longest chain of continued calls (module docstring)."""
     if not calls:
-        raise ValueError("the agent never called the model")
+        raise AgentReturnError("the agent never called the model")
     score, metrics = _score(result)
     chain = max((_chain(calls, i) for i in range(len(calls))),
                 key=lambda c: (len(c), sum(len(x.completion_ids) for x in c), c[-1].started))

@@ -102,9 +102,14 @@ def effective_level(configured: str = "info") -> str:
     return level
 
 
+PROGRESS_LOGGERS = ("hybrid_rl.agents.progress",)
+"""hybrid_rl loggers of a long phase's progress: shown from INFO up in every process (a rollout worker's
+own INFO lines go to its file only), throttled by their writers."""
+
+
 class QuietConsoleFilter(logging.Filter):
-    """Pass hybrid_rl's records from ``own_level`` up; other loggers' only from WARNING up and not
-    known-harmless."""
+    """Pass hybrid_rl's records from ``own_level`` up (:data:`PROGRESS_LOGGERS`' from INFO up); other
+    loggers' only from WARNING up and not known-harmless."""
 
     def __init__(self, own_level: int = logging.INFO):
         super().__init__()
@@ -113,6 +118,8 @@ class QuietConsoleFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == _OWN or record.name.startswith(_OWN + "."):
+            if record.name.startswith(PROGRESS_LOGGERS):
+                return record.levelno >= logging.INFO
             if record.name.startswith(self.worker_loggers):
                 return record.levelno >= logging.WARNING
             return record.levelno >= self.own_level

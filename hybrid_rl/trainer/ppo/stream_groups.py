@@ -18,7 +18,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from hybrid_rl.agents.loop import END_REASONS, Trajectory
+from hybrid_rl.agents.loop import END_REASONS, FAILURE_KINDS, Trajectory
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.trainer.core import generation
 from hybrid_rl.workers.rollout.multi_turn import _object_column, build_trajectory_output
@@ -118,7 +118,8 @@ def _assemble_agent_group(group: StreamGroup, samples: list[dict], params: Gener
         traj = Trajectory(prompt_ids=list(sample["prompt_ids"]), response_ids=list(sample["response_ids"]),
                           response_mask=list(info["response_mask"]), log_probs=list(sample["log_probs"]),
                           tool_rewards=list(info["tool_rewards"]), turn_scores=list(info["turn_scores"]),
-                          end_reason=sample["finish_reason"], reward_score=info["reward_score"])
+                          end_reason=sample["finish_reason"], reward_score=info["reward_score"],
+                          failure=info.get("failure", ""))
         trajs.append(traj)
     width = max(s["meta"]["trajectory"]["prompt_width"] for s in samples)
     output = build_trajectory_output(group.gen, trajs, params, with_log_probs, prompt_width=width)
@@ -155,4 +156,6 @@ def agent_batch_metrics(rows: Sequence[Optional[dict]]) -> dict[str, float]:
     # the indicators are 0/1, so their sum is the count the batch path divides by the row count
     out.update({f"agent/ended_by/{reason}": sum(float(r.get(f"ended_by/{reason}", 0.0)) for r in rows) / len(rows)
                 for reason in END_REASONS})
+    out.update({f"agent/failure/{kind}": sum(float(r.get(f"failure/{kind}", 0.0)) for r in rows) / len(rows)
+                for kind in FAILURE_KINDS})
     return out

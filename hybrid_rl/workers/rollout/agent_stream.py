@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
 import torch
 
 from hybrid_rl.agents.agent_loop import BUILTIN_AGENT_LOOPS, DictConfigWrap, resolve_agent_loop
-from hybrid_rl.agents.agent_runner import trajectory_from_output
+from hybrid_rl.agents.agent_runner import row_trajectory
 from hybrid_rl.agents.loop import AgentLoop, Trajectory
 from hybrid_rl.agents.server import BatchingServer, LLMServerManager, TokenOutput, _run_until_stopped
 from hybrid_rl.workers.rollout.multi_turn import (_object_column, _row_metrics, check_agent_name,
@@ -259,14 +259,13 @@ class AgentStreamer:
         if status == "ok" and isinstance(value, Trajectory):  # a built-in tool-loop row
             traj, problem = value, None
         else:
-            traj, problem = (trajectory_from_output(value, req.max_tokens, width) if status == "ok"
-                             else (None, f"{status}: {value}"))
-        if traj is None:
-            logger.warning("streamed agent row %r failed (scored 0, counted in agent/ended_by/error): %s",
-                           req.request_id, problem)
-            traj = Trajectory(prompt_ids=list(req.prompt_ids), end_reason="error", reward_score=0.0)
+            traj, problem = row_trajectory(status, value, req.prompt_ids, req.max_tokens, width)
+        if problem is not None:
+            logger.warning("streamed agent row %r failed by %s (scored 0, counted in agent/ended_by/error): %s",
+                           req.request_id, traj.failure, problem)
         meta = dict(req.meta)
-        meta["trajectory"] = {"response_mask": list(traj.response_mask), "num_turns": traj.num_turns,
+        meta["trajectory"] = {"failure": traj.failure, "response_mask": list(traj.response_mask),
+                              "num_turns": traj.num_turns,
                               "tool_rewards": list(traj.tool_rewards), "turn_scores": list(traj.turn_scores),
                               "agent_metrics": _row_metrics(traj), "reward_score": traj.reward_score,
                               "prompt_width": width}

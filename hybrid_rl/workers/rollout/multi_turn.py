@@ -23,7 +23,7 @@ import torch
 from hybrid_rl.agents import AgentLoop, RowContext, Trajectory, load_interactions, load_tools
 from hybrid_rl.agents.agent_loop import BUILTIN_AGENT_LOOPS, DictConfigWrap, agent_loop_names, load_agent_loop_config
 from hybrid_rl.agents.agent_runner import AgentLoopContext, run_agent_loops
-from hybrid_rl.agents.loop import END_REASONS
+from hybrid_rl.agents.loop import END_REASONS, FAILURE_KINDS
 from hybrid_rl.agents.server import TURN_SEED_STRIDE, BatchingServer
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.workers.rollout.params import GenerationParams
@@ -89,6 +89,7 @@ def build_trajectory_output(prompts: DataProto, trajs: list[Trajectory], params:
                        turn_scores=_object_column([list(t.turn_scores) for t in trajs]),
                        agent_metrics=_object_column([_row_metrics(t) for t in trajs]))
     non_tensors["reward_score"] = _object_column([t.reward_score for t in trajs])
+    non_tensors["agent_failure"] = _object_column([t.failure for t in trajs])
     return DataProto.from_dict(tensors, non_tensors=non_tensors, meta_info=dict(prompts.meta_info))
 
 
@@ -116,7 +117,8 @@ def _prompt_tensors(prompts: DataProto, trajs: list[Trajectory], pad_token_id: i
 
 
 def _row_metrics(t: Trajectory) -> dict[str, float]:
-    return {**t.metrics(), **{f"ended_by/{r}": float(t.end_reason == r) for r in END_REASONS}}
+    return {**t.metrics(), **{f"ended_by/{r}": float(t.end_reason == r) for r in END_REASONS},
+            **{f"failure/{k}": float(t.failure == k) for k in FAILURE_KINDS}}
 
 
 def batch_metrics(trajs: list[Trajectory]) -> dict[str, float]:
@@ -133,6 +135,8 @@ def batch_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         out[f"agent/{key}"] = float(np.mean([r.get(key, 0.0) for r in rows]))  # a row without the call counts 0
     ends = Counter(t.end_reason for t in trajs)
     out.update({f"agent/ended_by/{r}": ends[r] / len(trajs) for r in END_REASONS})
+    failures = Counter(t.failure for t in trajs)  # shares of rows, as ended_by (the driver averages workers)
+    out.update({f"agent/failure/{k}": failures[k] / len(trajs) for k in FAILURE_KINDS})
     return out
 
 
@@ -219,7 +223,7 @@ class MultiTurnGenerator:
                                 batch_window_s=agent.batch_window_s)
         ctx = AgentLoopContext(trainer_config=DictConfigWrap(rollout_config_tree(self.config)), tokenizer=self.tokenizer,
                                sampling_params=verl_sampling_params(params, self.config.calculate_log_probs),
-                               timeout_s=agent.timeout_s)
+                               timeout_s=agent.timeout_s, progress_interval_s=agent.progress_interval_s)
         kwargs = [row_kwargs(prompts.non_tensor_batch, i) for i in rows]
         return run_agent_loops([names[i] for i in rows], kwargs, [prompt_lists[i] for i in rows], server, ctx,
                                budget=params.response_length, prompt_width=width)
