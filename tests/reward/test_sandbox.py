@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 
 from hybrid_rl.reward import NaiveRewardManager, default_compute_score
@@ -193,7 +192,7 @@ def test_bad_ground_truth_and_config_name_the_fix():
         SandboxConfig(env_allow="HOME")
 
 
-def test_manager_counts_reasons_and_other_rows_keep_their_scores(tmp_path, group_reaper):
+def test_manager_counts_reasons_and_other_rows_keep_their_scores(tmp_path):
     tokenizer = build_byte_tokenizer()
     escape = f"open({str(tmp_path / 'x')!r}, 'w')"
     responses = [REVERSE, _fenced(MISBEHAVIOURS["timeout"]), _fenced(MISBEHAVIOURS["memory"]), _fenced(FORK_BOMB),
@@ -201,13 +200,19 @@ def test_manager_counts_reasons_and_other_rows_keep_their_scores(tmp_path, group
     sources = ["code_exec"] * 5 + ["arithmetic", "code_exec"]
     gts = [json.dumps(TESTS)] * 5 + [7, json.dumps(TESTS)]
     data = make_batch(tokenizer, responses, gts, sources=sources, resp_len=400)
-    out = NaiveRewardManager(tokenizer, num_examine=0)(data, return_dict=True)
+
+    def score(data_source, solution_str, ground_truth, extra_info=None):  # the test's limits, else as built in
+        if data_source != "code_exec":
+            return default_compute_score(data_source, solution_str, ground_truth, extra_info)
+        return code_exec.compute_score(solution_str, ground_truth, sandbox=FAST, max_total_s=60)
+
+    out = NaiveRewardManager(tokenizer, num_examine=0, compute_score=score, timeout_s=120)(data, return_dict=True)
+    assert out["reward_extra_info"]["reason"][:5] == ["ok", "timeout", "memory", "processes", "forbidden_write"]
     assert out["reward_tensor"].sum(-1).tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0]
     metrics = out["reward_metrics"]
     for reason in ("timeout", "memory", "processes", "forbidden_write"):
         assert metrics[f"reward/sandbox/{reason}"] == 1, reason
     assert metrics["reward/sandbox/error"] == metrics["reward/sandbox/wrong_answer"] == 0
     assert metrics["reward/num_failed"] == 0  # every row was scored: the misbehaviour is the program's
-    assert out["reward_extra_info"]["reason"][:5] == ["ok", "timeout", "memory", "processes", "forbidden_write"]
-    assert not np.any([(tmp_path / "x").exists()])
+    assert not (tmp_path / "x").exists()
     assert set(FAILURE_REASONS) < set(code_exec.ROW_REASONS)
