@@ -60,13 +60,21 @@ def _libc():
     return ctypes, libc
 
 
+def _limit(which, soft, hard):
+    """Lower a limit, never above the hard limit this process inherited (raising it needs root)."""
+    inherited = resource.getrlimit(which)[1]
+    if inherited != resource.RLIM_INFINITY:
+        soft, hard = min(soft, inherited), min(hard, inherited)
+    resource.setrlimit(which, (soft, hard))
+
+
 def _set_limits(cfg):
     cpu = int(cfg["cpu_s"])
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (cfg["memory_bytes"], cfg["memory_bytes"]))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (cfg["file_bytes"], cfg["file_bytes"]))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    _limit(resource.RLIMIT_CPU, cpu, cpu + 1)
+    _limit(resource.RLIMIT_AS, cfg["memory_bytes"], cfg["memory_bytes"])
+    _limit(resource.RLIMIT_FSIZE, cfg["file_bytes"], cfg["file_bytes"])
+    _limit(resource.RLIMIT_CORE, 0, 0)
+    _limit(resource.RLIMIT_NOFILE, 256, 256)
 
 
 def _bpf(code, jt, jf, k):

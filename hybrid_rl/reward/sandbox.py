@@ -204,20 +204,23 @@ def _classify(returncode: int, timed_out: bool, overflow: bool, reported: list[s
     return "ok" if returncode == 0 else "error"
 
 
-def _reached_file_limit(folder: str, limit: int, max_entries: int = 10_000) -> bool:
-    """A file in ``folder`` stopped at exactly ``RLIMIT_FSIZE`` (the error may have been swallowed,
-    e.g. by a file closed during garbage collection, where Python only prints it)."""
+def _reached_file_limit(folder: str, limit: int, placed: dict[str, int], max_entries: int = 10_000) -> bool:
+    """A file the program wrote in ``folder`` stopped at ``RLIMIT_FSIZE`` (the error may have been
+    swallowed, e.g. by a file closed during garbage collection, where Python only prints it).
+    ``placed``: path -> size of the files the sandbox put there (main.py may exceed the limit)."""
     seen = 0
     for root, _, names in os.walk(folder):
         for name in names:
             seen += 1
             if seen > max_entries:
                 return False
+            path = os.path.join(root, name)
             try:
-                if os.lstat(os.path.join(root, name)).st_size >= limit:
-                    return True
+                size = os.lstat(path).st_size
             except OSError:
                 continue
+            if size >= limit > 0 and placed.get(path) != size:
+                return True
     return False
 
 
@@ -246,6 +249,19 @@ def _launch(folder: str, config: SandboxConfig, report_w: int) -> subprocess.Pop
         stderr=subprocess.PIPE, pass_fds=(report_w,), start_new_session=True, close_fds=True)
 
 
+def _place_files(folder: str, files: dict[str, str]) -> dict[str, int]:
+    """Write ``files`` (name -> text) into ``folder``; returns path -> size."""
+    placed = {}
+    for name, text in files.items():
+        target = os.path.join(folder, name)
+        if os.path.dirname(os.path.realpath(target)) != os.path.realpath(folder):
+            raise ValueError(f"sandbox files key {name!r} must be a plain file name (no folders, no '..')")
+        with open(target, "w", encoding="utf-8") as f:
+            f.write(text)
+        placed[target] = os.path.getsize(target)
+    return placed
+
+
 def run_python(source: str, stdin: str = "", config: SandboxConfig | dict | None = None,
                files: Optional[dict[str, str]] = None) -> SandboxResult:
     """Run ``source`` as ``main.py`` in a fresh folder under the limits of ``config``.
@@ -261,12 +277,7 @@ def run_python(source: str, stdin: str = "", config: SandboxConfig | dict | None
     report_r, report_w = os.pipe()
     proc = None
     try:
-        for name, text in {**(files or {}), "main.py": source}.items():
-            target = os.path.join(folder, name)
-            if os.path.dirname(os.path.realpath(target)) != os.path.realpath(folder):
-                raise ValueError(f"sandbox files key {name!r} must be a plain file name (no folders, no '..')")
-            with open(target, "w", encoding="utf-8") as f:
-                f.write(text)
+        placed = _place_files(folder, {**(files or {}), "main.py": source})
         start = time.monotonic()
         proc = _launch(folder, config, report_w)
         os.close(report_w)
@@ -286,7 +297,7 @@ def run_python(source: str, stdin: str = "", config: SandboxConfig | dict | None
         stdout, stderr = capture.text("stdout"), capture.text("stderr")
         reported = _read_report(report_r)
         reason = _classify(proc.returncode, timed_out, capture.overflow, reported)
-        if reason in ("ok", "error") and _reached_file_limit(folder, config.max_file_bytes):
+        if reason in ("ok", "error") and _reached_file_limit(folder, config.max_file_bytes, placed):
             reason = "file_size"
         layers = tuple(line.split(":", 1)[1] for line in reported if line.startswith("layer:"))
         _warn_missing_layers(layers)

@@ -79,22 +79,9 @@ def test_correct_solution_scores_one():
     assert default_compute_score("code_exec", REVERSE, json.dumps(TESTS))["score"] == 1.0
 
 
-@pytest.mark.parametrize("reason", sorted(MISBEHAVIOURS))
-def test_misbehaviour_scores_zero_with_its_reason(reason):
-    out = code_exec.compute_score(_fenced(MISBEHAVIOURS[reason]), TESTS, sandbox=FAST)
-    assert (out["score"], out["reason"], out["tests_passed"]) == (0.0, reason, 0)
-    assert out[f"reward/sandbox/{reason}"] == 1
-    assert sum(out[f"reward/sandbox/{r}"] for r in code_exec.ROW_REASONS) == 1
-
-
-def test_write_outside_the_folder_scores_zero_and_writes_nothing(tmp_path):
-    target = tmp_path / "escaped.txt"
-    program = f"open({str(target)!r}, 'w').write('x')\nprint(input()[::-1])"
-    out = code_exec.compute_score(_fenced(program), TESTS, sandbox=FAST)
-    assert (out["score"], out["reason"], out["reward/sandbox/forbidden_write"]) == (0.0, "forbidden_write", 1)
-    assert not target.exists()
+def test_own_folder_is_writable():
     inside = run_python("open('mine.txt', 'w').write('ok')\nprint(open('mine.txt').read())", config=FAST)
-    assert (inside.reason, inside.stdout) == ("ok", "ok\n")  # its own folder stays writable
+    assert (inside.reason, inside.stdout) == ("ok", "ok\n")
 
 
 def test_fork_bomb_leaves_no_process(group_reaper):
@@ -157,6 +144,15 @@ def test_file_size_and_output_caps():
     assert len(chatty.stdout) + len(chatty.stderr) <= 1000
 
 
+def test_placed_files_are_importable_and_not_counted_as_written():
+    program = "from helper import seven\nprint(seven())  # " + "p" * 2000  # main.py past max_file_bytes
+    result = run_python(program, config={**FAST, "max_file_bytes": 1024},
+                        files={"helper.py": "def seven():\n    return 7\n"})
+    assert (result.reason, result.stdout) == ("ok", "7\n")
+    with pytest.raises(ValueError, match="'../x' must be a plain file name"):
+        run_python("print(1)", files={"../x": ""})
+
+
 def test_no_secret_reaches_the_child(monkeypatch):
     monkeypatch.setenv("HYBRID_RL_TEST_SECRET", "hunter2")
     monkeypatch.setenv("HYBRID_RL_TEST_ALLOWED", "shown")
@@ -207,7 +203,11 @@ def test_manager_counts_reasons_and_other_rows_keep_their_scores(tmp_path):
         return code_exec.compute_score(solution_str, ground_truth, sandbox=FAST, max_total_s=60)
 
     out = NaiveRewardManager(tokenizer, num_examine=0, compute_score=score, timeout_s=120)(data, return_dict=True)
-    assert out["reward_extra_info"]["reason"][:5] == ["ok", "timeout", "memory", "processes", "forbidden_write"]
+    info = out["reward_extra_info"]
+    assert info["reason"][:5] == ["ok", "timeout", "memory", "processes", "forbidden_write"]
+    for row, reason in enumerate(info["reason"][:5]):  # one counter per failed row, on its own reason
+        counters = {r: info[f"reward/sandbox/{r}"][row] for r in code_exec.ROW_REASONS}
+        assert counters == {r: int(r == reason) for r in code_exec.ROW_REASONS}
     assert out["reward_tensor"].sum(-1).tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0]
     metrics = out["reward_metrics"]
     for reason in ("timeout", "memory", "processes", "forbidden_write"):
