@@ -108,22 +108,14 @@ def _score(result: Any) -> tuple[Optional[float], dict[str, float]]:
     return score, {}
 
 
-def _chain(calls: list[CallRecord], last: int) -> list[CallRecord]:
-    """The calls from the first one of ``last``'s chain to ``last``, in order."""
-    chain, index = [], last
-    while index is not None:
-        chain.append(calls[index])
-        index = calls[index].parent
-    return chain[::-1]
+def _longest(calls: list[CallRecord], chains: list[list[int]]) -> list[int]:
+    """The chain (call indices) with the most calls, then the most sampled tokens, then requested last."""
+    return max(chains, key=lambda c: (len(c), sum(len(calls[i].completion_ids) for i in c), calls[c[-1]].started))
 
 
-def output_from_calls(calls: list[CallRecord], result: Any) -> AgentLoopOutput:
-    """The row of a finished agent: its longest chain of continued calls (module docstring)."""
-    if not calls:
-        raise AgentReturnError("the agent never called the model")
-    score, metrics = _score(result)
-    chain = max((_chain(calls, i) for i in range(len(calls))),
-                key=lambda c: (len(c), sum(len(x.completion_ids) for x in c), c[-1].started))
+def _row(chain: list[CallRecord], score: Optional[float], metrics: dict[str, float]) -> AgentLoopOutput:
+    """A chain of continued calls as one row: the first call's prompt, each call's sampled ids (mask 1) and,
+    between them, the ids the next call added (mask 0)."""
     ids: list[int] = []
     mask: list[int] = []
     log_probs: list[float] = []
@@ -136,7 +128,54 @@ def output_from_calls(calls: list[CallRecord], result: Any) -> AgentLoopOutput:
         mask += [1] * len(call.completion_ids)
         log_probs += call.log_probs if call.log_probs is not None else [0.0] * len(call.completion_ids)
         previous = call
-    metrics.update(calls=float(len(calls)), calls_off_row=float(len(calls) - len(chain)))
     return AgentLoopOutput(prompt_ids=chain[0].prompt_ids, response_ids=ids, response_mask=mask,
                            response_logprobs=log_probs, reward_score=score, num_turns=2 * len(chain) + 1,
                            metrics=metrics)
+
+
+def output_from_calls(calls: list[CallRecord], result: Any) -> AgentLoopOutput:
+    """The row of a finished agent: its longest chain of continued calls (module docstring)."""
+    if not calls:
+        raise AgentReturnError("the agent never called the model")
+    score, metrics = _score(result)
+    chain = _longest(calls, [_indices(calls, i) for i in range(len(calls))])
+    metrics.update(calls=float(len(calls)), calls_off_row=float(len(calls) - len(chain)))
+    return _row([calls[i] for i in chain], score, metrics)
+
+
+def _indices(calls: list[CallRecord], last: int) -> list[int]:
+    """The indices of the calls from the first one of ``last``'s chain to ``last``, in order."""
+    chain, index = [], last
+    while index is not None:
+        chain.append(index)
+        index = calls[index].parent
+    return chain[::-1]
+
+
+def rows_from_calls(calls: list[CallRecord], result: Any) -> list[AgentLoopOutput]:
+    """Every call's tokens as training rows (``agent.rows: every_call``, docs/harness_plan.md item 2): each
+    call that continues no earlier call roots a row, its longest chain of continuations (the chain mode's
+    rule, per root); a call on a branch left out of its parent's row roots a row of its own (its prompt is
+    its full prompt ids, the parent's tokens included as context). Every sampled token is in exactly one
+    row; every row carries the rollout's score and metrics (``rows``: how many rows the rollout gave)."""
+    if not calls:
+        raise AgentReturnError("the agent never called the model")
+    score, metrics = _score(result)
+    children: dict[Optional[int], list[int]] = {}
+    for index, call in enumerate(calls):
+        children.setdefault(call.parent, []).append(index)
+    covered: set[int] = set()
+    chains = []
+    for start in sorted(range(len(calls)), key=lambda i: calls[i].started):  # a parent starts before its children
+        if start not in covered:
+            chain = _longest(calls, _paths(children, start, covered))
+            covered.update(chain)
+            chains.append(chain)
+    metrics.update(calls=float(len(calls)), calls_off_row=0.0, rows=float(len(chains)))
+    return [_row([calls[i] for i in chain], score, dict(metrics)) for chain in chains]
+
+
+def _paths(children: dict[Optional[int], list[int]], start: int, covered: set[int]) -> list[list[int]]:
+    """Every path from ``start`` down its not yet covered continuations."""
+    below = [c for c in children.get(start, []) if c not in covered]
+    return [[start]] if not below else [[start] + path for c in below for path in _paths(children, c, covered)]
