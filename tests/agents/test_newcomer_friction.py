@@ -234,3 +234,22 @@ def test_progress_counts_and_throttles():
     asyncio.run(run())
     assert (progress.done, progress.failed) == (1, 2)
     assert progress.line().startswith("agent rows: 1/3 done, 0 running, 2 failed (")
+
+
+def test_a_streamed_rows_failure_kind_reaches_its_column_and_the_metrics():
+    from hybrid_rl.agents.agent_runner import row_trajectory
+    from hybrid_rl.trainer.ppo.stream_groups import agent_batch_metrics, assemble_group
+    from hybrid_rl.workers.rollout.multi_turn import _row_metrics
+    from tests.trainer.test_stream_agent_groups import PARAMS, _group, _sample
+
+    failed, problem = row_trajectory("timeout", "no answer within 3 s", [7, 8], 6, 4)
+    assert (failed.failure, failed.end_reason, failed.reward_score, problem) == (
+        "timeout", "error", 0.0, "timeout: no answer within 3 s")
+    group = _group()
+    group.samples = {0: _sample("1:0:0", [7, 8], [4, 2], [1, 1], [0, 0], 1.0),
+                     1: _sample("1:0:1", [7, 8], [], [], [], 0.0)}
+    group.samples[1]["meta"]["trajectory"]["failure"] = failed.failure  # as agent_stream._to_sample writes it
+    out = assemble_group(group, PARAMS, with_log_probs=True)
+    assert list(out.non_tensor_batch["agent_failure"]) == ["", "timeout"]
+    metrics = agent_batch_metrics([_row_metrics(t) for t in (failed, failed.__class__(prompt_ids=[1]))])
+    assert metrics["agent/failure/timeout"] == 0.5 and metrics["agent/failure/exception"] == 0.0
