@@ -141,6 +141,11 @@ def test_recipe_composes(path):
 
         loops = load_agent_loop_config(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)
         assert loops["guess_number"]["env"] == "guess_number" and cfg.trainer.device == "auto"
+    elif "/reasoning_gym/" in path:  # a reasoning-gym task's rows, scored through the registry's prefix route
+        from hybrid_rl.reward import get_reward_fn
+
+        assert str(cfg.data.val_files).endswith("/test.parquet") and cfg.trainer.device == "auto"
+        assert get_reward_fn("reasoning_gym/basic_arithmetic") is get_reward_fn("reasoning_gym/leg_counting")
     elif "verl_quickstart" in path:  # veRL's command verbatim, then the CPU-sized additions win
         assert cfg.algorithm.adv_estimator == "gae" and cfg.trainer.logger == "console"
         assert cfg.data.train_batch_size == 16 and cfg.actor_rollout_ref.rollout.name == "vllm"
