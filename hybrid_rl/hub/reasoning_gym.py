@@ -106,9 +106,11 @@ def make_dataset(name: str, config: dict[str, Any], *, seed: int = 0, size: int 
     try:
         return library.create_dataset(name, seed=seed, size=size, **config)
     except (TypeError, AssertionError, ValueError) as exc:  # unknown field / the config's own validate()
-        fields = [f.name for f in dataclasses.fields(library.factory.DATASETS[name][1]) if f.name not in ("seed", "size")]
+        config_cls = library.factory.DATASETS[name][1]
+        fields = [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
+        reason = str(exc).splitlines()[0] if str(exc) else "invalid"
         raise ValueError(f"reasoning-gym dataset {name!r} rejected config {config}: {type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0] if str(exc) else 'invalid'}; its config fields are {fields}") from exc
+                         f"{reason}; its config fields are {fields}") from exc
 
 
 def parse_config_items(items: Sequence[str]) -> dict[str, Any]:
@@ -160,8 +162,9 @@ def _user_turn(question: str) -> dict[str, str]:
 def make_rows(cfg: ReasoningGymDataConfig, entries: Sequence[tuple[int, dict]], split: str,
               demos: Sequence[dict] = ()) -> list[dict]:
     """veRL-schema rows for ``(dataset index, entry)`` pairs, each after the ``demos`` turns."""
-    shots = [turn for demo in demos for turn in (_user_turn(demo["question"]),
-                                                 {"role": "assistant", "content": f"<answer>{demo['answer']}</answer>"})]
+    shots = []
+    for demo in demos:
+        shots += [_user_turn(demo["question"]), {"role": "assistant", "content": f"<answer>{demo['answer']}</answer>"}]
     rows = []
     for i, (index, entry) in enumerate(entries):
         truth = {"dataset": cfg.dataset, "config": cfg.config,
@@ -180,10 +183,14 @@ def make_rows(cfg: ReasoningGymDataConfig, entries: Sequence[tuple[int, dict]], 
 def _check_oracle(rows: Sequence[dict]) -> None:
     """Log how many stored entries do not give their own answer a full score once reloaded from JSON
     (a task whose metadata does not survive JSON, or with several valid answers)."""
-    misses = sum(_score(row["data_source"], f"<answer>{json.loads(row['reward_model']['ground_truth'])['entry']['answer']}"
-                               "</answer>", row["reward_model"]["ground_truth"]) < 1.0 for row in rows)
+    misses = 0
+    for row in rows:
+        truth = row["reward_model"]["ground_truth"]
+        oracle = json.loads(truth)["entry"]["answer"]
+        misses += _score(row["data_source"], f"<answer>{oracle}</answer>", truth) < 1.0
     if misses:
-        logger.warning("%d of %d rows do not score 1.0 with their own answer after a JSON round trip", misses, len(rows))
+        logger.warning("%d of %d rows do not score 1.0 with their own answer after a JSON round trip",
+                       misses, len(rows))
 
 
 def _write_parquet(rows: list[dict], path: Path) -> None:
@@ -231,7 +238,8 @@ def _score(data_source: str, solution_str: Any, ground_truth: Any) -> float:
         name, config, entry = truth["dataset"], truth["config"], truth["entry"]
     except (TypeError, ValueError, KeyError) as exc:  # the row is broken, not the model's answer
         raise ValueError(f"data_source {data_source!r}: reward_model.ground_truth is not this adapter's JSON "
-                         f"({type(exc).__name__}); regenerate the rows with python -m hybrid_rl.hub.reasoning_gym") from exc
+                         f"({type(exc).__name__}); regenerate the rows with "
+                         f"python -m hybrid_rl.hub.reasoning_gym") from exc
     score_answer = _scorer(name, json.dumps(config, sort_keys=True))
     answer = extract_response_answer(solution_str)
     if answer is None:
@@ -270,9 +278,12 @@ def main(argv: Sequence[str] | None = None) -> tuple[str, str]:
                         help="a field of the dataset's config (repeatable); the value is JSON or a string")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    return generate(ReasoningGymDataConfig(dataset=args.dataset, out_dir=args.out_dir, size=args.size,
-                                           test_size=args.test_size, seed=args.seed, num_shots=args.num_shots,
-                                           config=parse_config_items(args.config)))
+    try:
+        return generate(ReasoningGymDataConfig(dataset=args.dataset, out_dir=args.out_dir, size=args.size,
+                                               test_size=args.test_size, seed=args.seed, num_shots=args.num_shots,
+                                               config=parse_config_items(args.config)))
+    except (ValueError, ImportError) as exc:  # bad input: its one line, no traceback
+        raise SystemExit(f"error: {exc}") from exc
 
 
 if __name__ == "__main__":

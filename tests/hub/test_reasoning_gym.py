@@ -18,7 +18,8 @@ LEGS = {"min_animals": 1, "max_animals": 2, "max_instances": 3}
 
 
 def _generate(tmp_path, name="leg_counting", config=None, **kwargs):
-    cfg = hub.ReasoningGymDataConfig(dataset=name, out_dir=str(tmp_path), config=dict(LEGS if config is None else config),
+    config = dict(LEGS if config is None else config)
+    cfg = hub.ReasoningGymDataConfig(dataset=name, out_dir=str(tmp_path), config=config,
                                      **{"size": 6, "test_size": 4, **kwargs})
     train, test = hub.generate(cfg)
     return pq.read_table(train).to_pylist(), pq.read_table(test).to_pylist()
@@ -90,7 +91,8 @@ def test_a_scorer_that_raises_scores_zero(monkeypatch):
         raise RuntimeError("the task's parser choked")
 
     monkeypatch.setattr(hub, "_scorer", lambda name, config: boom)
-    assert hub.compute_score("reasoning_gym/leg_counting", "<answer>8</answer>", _truth("8")) == {"score": 0.0, "acc": 0.0}
+    result = hub.compute_score("reasoning_gym/leg_counting", "<answer>8</answer>", _truth("8"))
+    assert result == {"score": 0.0, "acc": 0.0}
 
 
 def test_registry_routes_the_prefix_and_exact_names_win():
@@ -116,10 +118,9 @@ def test_unknown_dataset_is_one_line_naming_the_source_and_the_fix():
     with pytest.raises(ValueError) as err:
         hub.check_dataset_name("leg_countin")
     n = len(rg.factory.DATASETS)
-    assert str(err.value) == (f"unknown reasoning-gym dataset 'leg_countin': did you mean ['leg_counting', 'letter_counting', "
-                              f"'rectangle_count']? valid names "
-                              f"are the {n} keys of reasoning_gym.factory.DATASETS (e.g. basic_arithmetic, "
-                              f"leg_counting); pick one of them")
+    assert str(err.value) == (f"unknown reasoning-gym dataset 'leg_countin': did you mean ['leg_counting', "
+                              f"'letter_counting', 'rectangle_count']? valid names are the {n} keys of "
+                              f"reasoning_gym.factory.DATASETS (e.g. basic_arithmetic, leg_counting); pick one of them")
 
 
 def test_library_missing_says_how_to_install(monkeypatch):
@@ -148,10 +149,17 @@ def test_bad_config_and_bad_rows_are_one_line_errors(tmp_path):
 
 
 def test_cli_writes_both_splits(tmp_path):
-    train, test = hub.main(["--dataset", "leg_counting", "--out_dir", str(tmp_path), "--size", "5", "--test_size", "3",
-                            "--num_shots", "0", "--config", "min_animals=1", "--config", "max_animals=2", "--config", "max_instances=3"])
+    train, test = hub.main(["--dataset", "leg_counting", "--out_dir", str(tmp_path), "--size", "5",
+                            "--test_size", "3", "--num_shots", "0", "--config", "min_animals=1",
+                            "--config", "max_animals=2", "--config", "max_instances=3"])
     rows = pq.read_table(test).to_pylist()
     assert len(pq.read_table(train).to_pylist()) == 5 and len(rows) == 3
     assert [t["role"] for t in rows[0]["prompt"]] == ["user"]
     assert json.loads(rows[0]["reward_model"]["ground_truth"])["config"] == {"min_animals": 1, "max_animals": 2,
                                                                            "max_instances": 3}
+
+
+def test_cli_bad_input_exits_with_its_one_line(tmp_path):
+    with pytest.raises(SystemExit) as err:
+        hub.main(["--dataset", "leg_counting", "--out_dir", str(tmp_path), "--config", "max_terms"])
+    assert str(err.value) == "error: --config 'max_terms' is not key=value; write e.g. --config max_terms=2"
