@@ -286,4 +286,7 @@ def main(argv: Optional[Sequence[str]] = None) -> tuple[str, str]:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ValueError as exc:  # bad input: its one line, no traceback
+        raise SystemExit(f"error: {exc}") from None

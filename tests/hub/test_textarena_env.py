@@ -3,6 +3,7 @@ returns, TextArena's invalid-move rule, seeding, the one-line errors, the rows, 
 over a scripted engine with exact masks."""
 
 import random
+import subprocess
 import sys
 
 import pytest
@@ -114,6 +115,10 @@ def test_one_line_errors(monkeypatch):
         TextArenaEnv("GuessTheNumber-v0", observation="all")
     with pytest.raises(ValueError, match="--game_kwargs '{max: 3}' is not JSON"):
         hub.main(["--env_id", "GuessTheNumber-v0", "--out_dir", "x", "--game_kwargs", "{max: 3}"])
+    cli = subprocess.run([sys.executable, "-m", "hybrid_rl.hub.textarena", "--env_id", "Nope-v0", "--out_dir", "x"],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 1 and cli.stderr.strip().splitlines()[-1].startswith("error: textarena: unknown env_id")
+    assert "Traceback" not in cli.stderr
     monkeypatch.setitem(sys.modules, "textarena", None)  # as if not installed
     with pytest.raises(ValueError, match=r"Fix: pip install -e \.\[envs\]"):
         TextArenaEnv("GuessTheNumber-v0")
