@@ -24,7 +24,8 @@ from hybrid_rl.agents.progress import AgentProgress
 from hybrid_rl.agents.server import BatchingServer, LLMServerManager
 from hybrid_rl.reward.guard import finite_float
 
-__all__ = ["AgentLoopContext", "AgentReturnError", "failed_trajectory", "row_trajectory", "run_agent_loops", "trajectory_from_output"]
+__all__ = ["AgentLoopContext", "AgentReturnError", "failed_trajectory", "row_trajectories", "row_trajectory",
+           "run_agent_loops", "trajectory_from_output"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ class AgentLoopContext:
     """Bound of one row's whole loop (``agent.timeout_s``)."""
     progress_interval_s: Optional[float] = None
     """Seconds between progress lines while the loops run (``agent.progress_interval_s``); None: none."""
+    several_rows: bool = False
+    """A loop may return a list of outputs, one training row each (``agent.rows: every_call``); else a
+    list is a bad return."""
 
 
 def failed_trajectory(prompt: list[int], kind: str) -> Trajectory:
@@ -68,11 +72,31 @@ def row_trajectory(status: str, value: Any, prompt: list[int], budget: int,
     return (traj, None) if traj is not None else (failed_trajectory(prompt, "bad_return"), problem)
 
 
+def row_trajectories(status: str, value: Any, prompt: list[int], budget: int, prompt_width: int,
+                     several_rows: bool) -> tuple[list[Trajectory], Optional[str]]:
+    """:func:`row_trajectory` of a loop that may return several rows (``several_rows``): a non-empty list
+    of outputs gives one trajectory each; one invalid output fails the whole rollout (one failed row)."""
+    if not (several_rows and status == "ok" and isinstance(value, list)):
+        traj, problem = row_trajectory(status, value, prompt, budget, prompt_width)
+        return [traj], problem
+    if not value:
+        return [failed_trajectory(prompt, "bad_return")], "returned an empty list of rows"
+    trajs = []
+    for k, output in enumerate(value):
+        traj, problem = trajectory_from_output(output, budget, prompt_width)
+        if traj is None:
+            return [failed_trajectory(prompt, "bad_return")], f"row {k} of {len(value)}: {problem}"
+        trajs.append(traj)
+    return trajs, None
+
+
 def run_agent_loops(names: list[str], row_kwargs: list[dict[str, Any]], prompts: list[list[int]],
-                    server: BatchingServer, ctx: AgentLoopContext, budget: int, prompt_width: int) -> list[Trajectory]:
-    """One trajectory per row: row i runs the loop registered as ``names[i]`` with ``row_kwargs[i]``
-    (its non-tensor columns); ``prompts[i]`` is the batch's prompt, kept for rows that fail. A loop's
-    prompt may be at most ``prompt_width`` tokens (the batch's padded prompt width)."""
+                    server: BatchingServer, ctx: AgentLoopContext, budget: int,
+                    prompt_width: int) -> list[list[Trajectory]]:
+    """The trajectories of each row (one, or several under ``ctx.several_rows``): row i runs the loop
+    registered as ``names[i]`` with ``row_kwargs[i]`` (its non-tensor columns); ``prompts[i]`` is the
+    batch's prompt, kept for rows that fail. A loop's prompt may be at most ``prompt_width`` tokens (the
+    batch's padded prompt width)."""
     loops: dict[int, Any] = {}
     progress = AgentProgress(len(names), ctx.progress_interval_s)
 
@@ -83,20 +107,21 @@ def run_agent_loops(names: list[str], row_kwargs: list[dict[str, Any]], prompts:
                                                    tokenizer=ctx.tokenizer, processor=None, dataset_cls=None,
                                                    dataset_config=DictConfigWrap({}))
             return await loop.run(dict(ctx.sampling_params), **kwargs)
-        return lambda: progress.track(body(), valid=lambda out: trajectory_from_output(out, budget, prompt_width)[0]
-                                      is not None)
+        return lambda: progress.track(body(), valid=lambda out: row_trajectories(
+            "ok", out, [0], budget, prompt_width, ctx.several_rows)[1] is None)
 
     with progress:
         results = server.run([agent(i, n, k) for i, (n, k) in enumerate(zip(names, row_kwargs))], ctx.timeout_s)
     trajs, failures = [], defaultdict(list)
     for row, (name, prompt, (status, value)) in enumerate(zip(names, prompts, results)):
-        traj, problem = row_trajectory(status, value, prompt, budget, prompt_width)
+        row_trajs, problem = row_trajectories(status, value, prompt, budget, prompt_width, ctx.several_rows)
         if problem is not None:
+            traj = row_trajs[0]
             failures[traj.failure].append(f"agent loop {name!r}: {problem}")
             calls = getattr(loops.get(row), "num_calls", None)
             if calls is not None:  # the model calls a failed agent made still count in agent/loop/calls
                 traj.tool_metrics["loop/calls"] = float(calls)
-        trajs.append(traj)
+        trajs.append(row_trajs)
     num_failed = sum(len(p) for p in failures.values())
     progress.finish(len(names) - num_failed, num_failed)
     log_failures(failures, len(names))

@@ -12,9 +12,10 @@ from typing import Any, Optional
 from hybrid_rl.agents.parser import TOOL_CALL_FORMATS
 from hybrid_rl.utils.bounds import bounded, check_bounds
 
-__all__ = ["AgentLoopConfig", "MultiTurnConfig", "TRUNCATE_SIDES", "agent_rollout_enabled"]
+__all__ = ["AGENT_ROWS", "AgentLoopConfig", "MultiTurnConfig", "TRUNCATE_SIDES", "agent_rollout_enabled"]
 
 TRUNCATE_SIDES = ("left", "middle", "right")
+AGENT_ROWS = ("chain", "every_call")
 _PREFIX = "rollout.multi_turn"  # the loader completes it (actor_rollout_ref. under PPO)
 
 
@@ -97,6 +98,13 @@ class AgentLoopConfig:
     """Seconds between the console's progress lines while custom agent loops run (rows done / running /
     failed; first after this long, then on a change, or every 6 intervals without one; hybrid_rl's own
     key). null = none."""
+    rows: str = "chain"
+    """Training rows per rollout of a black-box agent (``OpenAIAgentLoop``; hybrid_rl's own key):
+    ``chain`` = one row, the longest chain of continued calls (calls off it are counted in
+    ``agent/loop/calls_off_row`` and not trained); ``every_call`` = every call that continues no
+    earlier call roots a row of its own (a sub-agent, a compacted context), all carrying the rollout's
+    score; the advantage is computed once per rollout and shared by its rows (docs/agents.md,
+    "Several rows per rollout")."""
 
     def __post_init__(self) -> None:
         prefix = "rollout.agent"  # completed by the loader, as _PREFIX
@@ -104,6 +112,9 @@ class AgentLoopConfig:
         if not isinstance(self.timeout_s, (int, float)):
             raise ValueError(f"{prefix}.timeout_s={self.timeout_s!r} is invalid: must be a number of seconds. "
                              "Fix: use e.g. 600 (or 0 for no bound).")
+        if self.rows not in AGENT_ROWS:
+            raise ValueError(f"{prefix}.rows={self.rows!r} is invalid: must be one of {AGENT_ROWS}. "
+                             "Fix: use chain (one row per rollout) or every_call.")
 
 
 def agent_rollout_enabled(rollout: Any) -> bool:

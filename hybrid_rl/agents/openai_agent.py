@@ -19,7 +19,8 @@ of extensions (most calls, then most sampled tokens, then the one requested last
 prompt, then each call's sampled ids (mask 1) and, between them, the ids the next call added (tool
 results, user turns: mask 0). Calls off that chain (an independent sub-agent, a judge call, a
 discarded branch) are not trained on; they are counted in ``agent/loop/calls_off_row``. (One row per prompt keeps GRPO's groups and the trainer's batch sizes as
-they are; the peers that train every call as its own row pay with variable batch sizes.)
+they are.) With ``agent.rows: every_call`` the loop returns :func:`rows_from_calls`' list instead:
+every call's tokens in exactly one row, each row with the rollout's score (docs/agents.md).
 
 **Scores.** A number returned is the row's score; a dict's ``reward`` (or ``score``) is, and its other
 numeric values are reported as ``agent/loop/<key>``; ``None`` leaves the score to the reward function
@@ -39,7 +40,7 @@ from hybrid_rl.agents.openai_server import CallRecord, get_endpoint
 from hybrid_rl.agents.tool import import_object
 from hybrid_rl.reward.guard import finite_float
 
-__all__ = ["OpenAIAgentLoop", "output_from_calls"]
+__all__ = ["OpenAIAgentLoop", "output_from_calls", "rows_from_calls"]
 
 
 def _import_agent(path: str) -> Callable:
@@ -68,7 +69,7 @@ class OpenAIAgentLoop(AgentLoopBase):
         self.client_timeout_s = float(client_timeout_s)
         self.num_calls: Optional[int] = None  # the row's model calls, set when its agent ends (failed or not)
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
         import httpx
         import openai
 
@@ -86,6 +87,8 @@ class OpenAIAgentLoop(AgentLoopBase):
             calls = endpoint.close(key)
             self.num_calls = len(calls)
             await client.close()
+        if rollout.agent.rows == "every_call":
+            return rows_from_calls(calls, result)
         return output_from_calls(calls, result)
 
 

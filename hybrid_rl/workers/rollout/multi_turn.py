@@ -175,13 +175,16 @@ class MultiTurnGenerator:
         names = self._agent_names(prompts.non_tensor_batch, len(prompt_lists))
         custom = [i for i, name in enumerate(names) if name not in BUILTIN_AGENT_LOOPS]
         builtin = [i for i, name in enumerate(names) if name in BUILTIN_AGENT_LOOPS]
-        trajs: list[Trajectory] = [None] * len(prompt_lists)  # type: ignore[list-item]
+        per_row: list[list[Trajectory]] = [[] for _ in prompt_lists]
         if builtin:
             for i, t in zip(builtin, self._run_builtin(prompts, prompt_lists, builtin, names, params, turn_fn)):
-                trajs[i] = t
+                per_row[i] = [t]
         if custom:
-            for i, t in zip(custom, self._run_custom(prompts, prompt_lists, custom, names, params, turn_fn)):
-                trajs[i] = t
+            for i, ts in zip(custom, self._run_custom(prompts, prompt_lists, custom, names, params, turn_fn)):
+                per_row[i] = ts
+        if self.config.agent.rows == "every_call":
+            prompts, per_row = expand_rollout_rows(prompts, per_row, bool(prompts.meta_info.get("validate")))
+        trajs = [t for ts in per_row for t in ts]
         output = build_trajectory_output(prompts, trajs, params, self.config.calculate_log_probs,
                                          prompt_width=self._prompt_width(prompts))
         output.meta_info["metrics"] = {**output.meta_info.get("metrics", {}), **batch_metrics(trajs)}
@@ -216,17 +219,35 @@ class MultiTurnGenerator:
             [prompt_lists[i] for i in rows], [contexts[i] for i in rows], generate_turn, budget=params.response_length)
 
     def _run_custom(self, prompts: DataProto, prompt_lists: list[list[int]], rows: list[int], names: list[str],
-                    params: GenerationParams, turn_fn: TurnFn) -> list[Trajectory]:
+                    params: GenerationParams, turn_fn: TurnFn) -> list[list[Trajectory]]:
         agent = self.config.agent
         width = self._prompt_width(prompts)
         server = BatchingServer(turn_fn, params, max_model_len=width + params.response_length,
                                 batch_window_s=agent.batch_window_s)
         ctx = AgentLoopContext(trainer_config=DictConfigWrap(rollout_config_tree(self.config)), tokenizer=self.tokenizer,
                                sampling_params=verl_sampling_params(params, self.config.calculate_log_probs),
-                               timeout_s=agent.timeout_s, progress_interval_s=agent.progress_interval_s)
+                               timeout_s=agent.timeout_s, progress_interval_s=agent.progress_interval_s,
+                               several_rows=agent.rows == "every_call")
         kwargs = [row_kwargs(prompts.non_tensor_batch, i) for i in rows]
         return run_agent_loops([names[i] for i in rows], kwargs, [prompt_lists[i] for i in rows], server, ctx,
                                budget=params.response_length, prompt_width=width)
+
+
+def expand_rollout_rows(prompts: DataProto, per_row: list[list[Trajectory]],
+                        validate: bool) -> tuple[DataProto, list[list[Trajectory]]]:
+    """``agent.rows: every_call``: input row i's ``k_i`` trajectories become ``k_i`` rows, each a copy of
+    the input row's columns with ``rollout_row`` (the input row it came from: the driver's batch index
+    when it set one, else i) and ``rollout_rows`` (``k_i``). Validation keeps each rollout's first row, so
+    held-out metrics count rollouts, not rows."""
+    if validate:
+        per_row = [ts[:1] for ts in per_row]
+    origin = np.repeat(np.arange(len(per_row)), [len(ts) for ts in per_row])  # [B'] the input row of each row
+    given = prompts.non_tensor_batch.get("rollout_row")
+    rollout_row = np.asarray(given, dtype=object) if given is not None else _object_column(list(range(len(per_row))))
+    expanded = prompts.select_idxs(origin)
+    expanded.non_tensor_batch["rollout_row"] = rollout_row[origin]
+    expanded.non_tensor_batch["rollout_rows"] = _object_column([len(per_row[i]) for i in origin])
+    return expanded, per_row
 
 
 def check_agent_name(name: str, where: str) -> None:
