@@ -41,6 +41,9 @@ class AdvEstimatorInfo:
     needs_greedy_baseline: bool = False
     """It reads ``reward_baselines``: the driver generates and scores one greedy response per prompt
     each step (a synchronous-mode step; the decoupled mode refuses it)."""
+    per_token: bool = False
+    """Its advantage varies along a response (a return-to-go, a critic's values), so one rollout's
+    advantage cannot be shared by several rows (``rollout.agent.rows=every_call`` refuses it)."""
     requires: tuple[str, ...] = ()
     """Config keys it cannot run without (not null, not empty), e.g. gdpo's ``algorithm.gdpo_reward_keys``;
     the config checks name them."""
@@ -68,7 +71,7 @@ _REQUIRED_INPUTS = ("token_level_rewards", "response_mask")
 
 def register_adv_est(name: str, *, needs_critic: bool = False, needs_groups: bool = False,
                      needs_greedy_baseline: bool = False, requires: tuple[str, ...] = (),
-                     description: Optional[str] = None) -> Callable:
+                     description: Optional[str] = None, per_token: bool = False) -> Callable:
     """Decorator registering an advantage estimator under ``name`` (duplicate names raise ValueError).
 
     The function must accept the keywords of :data:`ADV_ESTIMATOR_INPUTS` plus
@@ -79,7 +82,8 @@ def register_adv_est(name: str, *, needs_critic: bool = False, needs_groups: boo
 
     def decorator(fn: Callable) -> Callable:
         info = AdvEstimatorInfo(needs_critic=needs_critic, needs_groups=needs_groups,
-                                needs_greedy_baseline=needs_greedy_baseline, requires=tuple(requires),
+                                needs_greedy_baseline=needs_greedy_baseline, per_token=per_token,
+                                requires=tuple(requires),
                                 description=first_doc_line(fn) if description is None else description)
         return _ADV_REGISTRY.register(name, info)(fn)
 
@@ -207,7 +211,7 @@ def group_mean_std(scores: torch.Tensor, ids: torch.Tensor, num_groups: int) -> 
 # ----------------------------------------------------------------------------- estimators
 
 
-@register_adv_est("gae", needs_critic=True)
+@register_adv_est("gae", needs_critic=True, per_token=True)
 @torch.no_grad()
 def compute_gae_advantage_return(
     token_level_rewards: torch.Tensor,
@@ -310,7 +314,7 @@ def compute_rloo_outcome_advantage(
     return adv, adv
 
 
-@register_adv_est("reinforce_plus_plus")
+@register_adv_est("reinforce_plus_plus", per_token=True)
 @torch.no_grad()
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0, **kwargs: Any
@@ -370,7 +374,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     return adv, adv
 
 
-@register_adv_est("remax", needs_greedy_baseline=True)
+@register_adv_est("remax", needs_greedy_baseline=True, per_token=True)
 @torch.no_grad()
 def compute_remax_outcome_advantage(
     token_level_rewards: torch.Tensor, reward_baselines: torch.Tensor, response_mask: torch.Tensor, **kwargs: Any

@@ -32,6 +32,16 @@ def _representatives(rollout_ids: torch.Tensor, num_rollouts: int, mask: torch.T
     return reps
 
 
+def _rows(value: Any, reps: torch.Tensor, num_rows: int) -> Any:
+    """An estimator input at the representative rows: per-row tensors (``[B, ...]``) and dicts of them
+    (``reward_components``) are indexed, anything else (``epsilon``, ``gamma``, None) passes as is."""
+    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == num_rows:
+        return value[reps]
+    if isinstance(value, dict):
+        return {key: _rows(v, reps, num_rows) for key, v in value.items()}
+    return value
+
+
 @torch.no_grad()
 def broadcast_rollout_advantage(adv_estimator: str, token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
                                 index: Any, rollout: Any, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,7 +53,8 @@ def broadcast_rollout_advantage(adv_estimator: str, token_level_rewards: torch.T
         response_mask: ``[B, R]``.
         index: length-B prompt group ids (``uid``).
         rollout: length-B rollout ids (rows of one rollout share it).
-        **inputs: the estimator's other uniform inputs (``epsilon``, ``norm_adv_by_std_in_grpo``, ...).
+        **inputs: the estimator's other uniform inputs (``epsilon``, ``norm_adv_by_std_in_grpo``,
+            ``reward_components``, ...); per-row tensors among them are taken at the representative rows.
 
     Returns:
         ``(advantages, returns)``, identical ``[B, R]`` tensors, zero outside the mask.
@@ -53,8 +64,9 @@ def broadcast_rollout_advantage(adv_estimator: str, token_level_rewards: torch.T
     k = torch.zeros(num_rollouts, dtype=token_level_rewards.dtype).index_add_(
         0, rollout_ids, torch.ones(len(rollout_ids), dtype=token_level_rewards.dtype))  # [num_rollouts]
     rep_index = np.asarray(index, dtype=object)[reps.numpy()]
+    rep_inputs = {key: _rows(value, reps, len(rollout_ids)) for key, value in inputs.items()}
     adv, _ = compute_advantage(adv_estimator, token_level_rewards=token_level_rewards[reps],
-                               response_mask=response_mask[reps], index=rep_index, **inputs)  # [num_rollouts, R]
+                               response_mask=response_mask[reps], index=rep_index, **rep_inputs)  # [num_rollouts, R]
     mask = response_mask[reps].to(adv.dtype)
     scalar = (adv * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [num_rollouts]
     if ((adv - scalar.unsqueeze(-1)) * mask).abs().max() > 1e-5 * (1 + scalar.abs().max()):

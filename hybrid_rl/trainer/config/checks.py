@@ -14,6 +14,7 @@ import math
 import os
 from typing import TYPE_CHECKING, Any, Callable
 
+from hybrid_rl.trainer.config.agent_rows_checks import check_agent_rows
 from hybrid_rl.trainer.config.paired_checks import check_paired_objective, objective_needs_reference, paired_objective
 from hybrid_rl.trainer.config.reward_model import is_remote
 from hybrid_rl.trainer.config.run_checks import (RunPlan, as_file_list, check_data_files, check_devices,
@@ -80,7 +81,7 @@ def validate_config(cfg: PPOConfig, *, training: bool = True) -> None:
     point are the runtime's (:mod:`hybrid_rl.trainer.core.runtime_checks`, with :func:`resume_point_problems`)."""
     errors = bound_problems(cfg)  # every field's declared range (hybrid_rl.utils.bounds)
     checks = [_check_devices, _check_lengths, _check_algorithm, _check_dapo, _check_files, _check_trainer,
-              _check_reward, _check_async, _check_distillation, check_paired_objective]
+              _check_reward, _check_async, _check_distillation, check_paired_objective, check_agent_rows]
     checks += [_check_batch_sizes] if training else []
     for check in checks:
         errors.extend(check(cfg))

@@ -13,7 +13,9 @@ import numpy as np
 import torch
 
 from hybrid_rl import algorithms
+from hybrid_rl.algorithms.rollout_rows import broadcast_rollout_advantage
 from hybrid_rl.protocol import DataProto
+from hybrid_rl.trainer.ppo import agent_rows
 
 
 def apply_kl_penalty(data: DataProto, kl_ctrl: Any, kl_penalty: str) -> tuple[DataProto, dict[str, float]]:
@@ -83,18 +85,23 @@ def compute_advantage(
     greedy baseline; hybrid_rl/trainer/ppo/contracts.py)."""
     tensors = data.batch
     planned = set(inputs)
-    advantages, returns = algorithms.compute_advantage(
+    estimate = algorithms.compute_advantage
+    grouping: dict[str, Any] = {"index": data.non_tensor_batch.get("uid")}
+    if agent_rows.has_rollout_rows(data):  # several rows per rollout: one advantage per rollout, shared
+        estimate = broadcast_rollout_advantage
+        grouping = agent_rows.rollout_advantage_inputs(data)
+    advantages, returns = estimate(
         adv_estimator,
         token_level_rewards=tensors["token_level_rewards"],
         response_mask=tensors["response_mask"],
         values=tensors["values"] if "values" in planned else None,
-        index=data.non_tensor_batch.get("uid"),
         reward_baselines=tensors["reward_baselines"] if "reward_baselines" in planned else None,
         gamma=gamma,
         lam=lam,
         norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
         reward_components=components,
         reward_weights=component_weights,
+        **grouping,
     )
     data.batch["advantages"] = advantages.to(torch.float32)
     data.batch["returns"] = returns.to(torch.float32)

@@ -46,7 +46,7 @@ from hybrid_rl.trainer.core.checkpoints import estimate_checkpoint_bytes
 from hybrid_rl.trainer.core.batch_contract import BatchPlan
 from hybrid_rl.trainer.core.loop import TrainerCore
 from hybrid_rl.trainer.core.validation import dataset_batches, run_validation
-from hybrid_rl.trainer.ppo import contracts as ppo_contracts, learned_reward as reward_model, ops as ppo_ops
+from hybrid_rl.trainer.ppo import agent_rows, contracts as ppo_contracts, learned_reward as reward_model, ops as ppo_ops
 from hybrid_rl.trainer.ppo import inputs as ppo_inputs, paired as online_dpo, workers as ppo_workers
 from hybrid_rl.trainer.ppo.dynamic_sampling import fill_with_informative_groups
 
@@ -194,9 +194,11 @@ class RayPPOTrainer(TrainerCore):
         gen, rest = generation.split_generation_inputs(batch)
         gen.meta_info.update(self._generation_meta(validate=False, step=step))
         gen.meta_info["seed"] += extra * 1_000_003  # a step's extra batches sample with seeds of their own
+        if self.config.actor_rollout_ref.rollout.agent.rows == "every_call":
+            agent_rows.number_rollouts(gen)  # a rollout's rows name their input row (agent_rows.py)
         output = self.rollout_wg.generate_sequences(gen)
         metrics.update(metric_fns.reduce_metrics(output.meta_info.get("metrics", {})))
-        return generation.merge_generation_output(rest, output)
+        return generation.merge_generation_output(agent_rows.expand_to_rollout_rows(rest, output), output)
 
     def compute_reward_baseline(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         """``reward_baselines`` (an estimator's ``needs_greedy_baseline``, e.g. ReMax): score one greedy
@@ -331,6 +333,11 @@ class RayPPOTrainer(TrainerCore):
             return self._update_on_pairs(batch, metrics)
         if self.rollout_correction.bypass_mode:  # the actor's loss recomputes weights and rejections
             batch.meta_info["rollout_correction"] = asdict(self.rollout_correction)
+        if agent_rows.has_rollout_rows(batch):  # a varying number of rows: one mini-batch, zero-mask padding
+            padded = agent_rows.pad_for_update(batch, self.plan.world_size)
+            padded.meta_info[online_dpo.ONE_OPTIMIZER_STEP] = True
+            self._update(self.actor_rollout_wg.update_actor, padded, metrics)
+            return batch
         return self._update(self.actor_rollout_wg.update_actor, batch, metrics)
 
     def _update_on_pairs(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
