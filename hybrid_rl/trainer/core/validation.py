@@ -7,7 +7,8 @@ as solved when the scorer reports ``acc`` truthy, or otherwise when its score is
 scorers give 0 to wrong answers). With n > 1, veRL's ``std@n``, ``best@k``, ``worst@k`` and (when
 the scorer returns its answer as ``pred``) ``maj@k`` of the reward and of each numeric key the scorer
 returns come too (:mod:`.val_metrics`). A few decoded samples are logged and kept in
-``val_generations.jsonl`` in the run folder.
+``val_generations.jsonl`` in the run folder; with ``trainer.validation_data_dir`` every row is dumped
+in veRL's layout with our sidecar (:mod:`.dumps`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.trainer.core import generation, val_metrics
+from hybrid_rl.trainer.core.dumps import DumpPart, StepDumps
 
 logger = logging.getLogger(__name__)
 
@@ -112,12 +114,15 @@ def run_validation(
     step: int,
     num_logged: int = 3,
     run_dir: str | None = None,
+    dumps: StepDumps | None = None,
 ) -> dict[str, float]:
     """Generate ``n`` responses per validation prompt with ``generate`` and score them.
 
     ``generate`` gets the prompt tensors (and non-tensor columns) and returns the rollout output;
-    the caller sets ``meta_info`` (validate flag, seed, eos/pad ids).
+    the caller sets ``meta_info`` (validate flag, seed, eos/pad ids). ``dumps``: write every row as
+    step ``step`` (``trainer.validation_data_dir``).
     """
+    parts: list[DumpPart] = []
     sources, uids, scores, solved, lengths, samples, agent_rows = [], [], [], [], [], [], []
     extras: dict[str, list[Any]] = defaultdict(list)  # the scorers' other keys, one entry per sample
     for b, batch in enumerate(batches):
@@ -134,6 +139,10 @@ def run_validation(
         lengths += batch.batch["response_mask"].sum(-1).tolist()
         agent_rows += list(batch.non_tensor_batch.get("agent_metrics", [None] * len(batch)))
         samples += _samples(batch, tokenizer, row_scores, num_logged - len(samples))
+        if dumps is not None:  # veRL's validation rows carry the score as ``reward`` too
+            info = result.get("reward_extra_info", {})
+            parts.append(DumpPart(batch, row_scores, {"reward": row_scores,
+                                                      **{k: v for k, v in info.items() if k != "reward"}}))
     metrics = summarize(sources, uids, scores, solved, n)
     for key in extras:
         extras[key] += [None] * (len(uids) - len(extras[key]))
@@ -143,6 +152,8 @@ def run_validation(
     metrics["val-aux/response_length/mean"] = float(np.mean(lengths)) if lengths else 0.0
     metrics.update(agent_summary(sources, agent_rows))
     _log_samples(samples, step, run_dir)
+    if dumps is not None:
+        dumps.write(step, parts)
     return metrics
 
 

@@ -126,6 +126,15 @@ def _update_steps(cfg: Any, plan: RunPlan, old_log_probs: bool, correction: Any)
     return steps + [actor_update_contract(cfg, old_log_probs, correction)]
 
 
+def _dump_steps(cfg: Any) -> list[StepContract]:
+    """``dump_rollout`` (``trainer.rollout_data_dir``): the step's rows, scored, with their
+    log-probs and advantages, in veRL's JSONL and our sidecar (:mod:`hybrid_rl.trainer.core.dumps`)."""
+    if cfg.trainer.rollout_data_dir is None:
+        return []
+    return [StepContract("dump_rollout", ("prompts", "responses", "attention_mask", "response_mask",
+                                          "token_level_scores"))]
+
+
 def paired_update_steps(objective: Objective) -> list[StepContract]:
     """``build_pairs -> [compute_ref_log_prob] -> update_actor`` for a paired actor objective: the
     pairs batch holds the rollout's keys, re-ordered (rows 2i chosen, 2i+1 rejected)."""
@@ -143,11 +152,12 @@ def ppo_batch_plan(cfg: Any, plan: RunPlan, correction: Any) -> BatchPlan:
     resolved ``algorithm.rollout_correction``)."""
     paired = paired_objective(cfg)
     if paired is not None:  # online DPO: no old log-probs, advantages or critic
-        steps = _scoring_steps(cfg, plan) + paired_update_steps(paired)
+        steps = _scoring_steps(cfg, plan) + paired_update_steps(paired) + _dump_steps(cfg)
         return BatchPlan(StepContract("dataset collate", writes=PROMPT_INPUTS), tuple(steps), OWNER)
     log_prob_steps = _log_prob_steps(cfg, plan, correction)
     old_log_probs = any("old_log_probs" in step.writes for step in log_prob_steps)
-    steps = _scoring_steps(cfg, plan) + log_prob_steps + _update_steps(cfg, plan, old_log_probs, correction)
+    steps = (_scoring_steps(cfg, plan) + log_prob_steps + _update_steps(cfg, plan, old_log_probs, correction)
+             + _dump_steps(cfg))
     return BatchPlan(StepContract("dataset collate", writes=PROMPT_INPUTS), tuple(steps), OWNER)
 
 

@@ -7,7 +7,7 @@ into ``timing_s/<step>``::
     -> [compute_old_log_prob | use_rollout_log_probs] -> [compute_ref_log_prob] -> [compute_teacher_log_prob]
     -> [compute_values]
     -> [compute_rollout_correction] -> compute_advantage -> [update_critic] -> update_actor
-    -> [validate] -> [save_checkpoint] -> log
+    -> [dump_rollout] -> [validate] -> [save_checkpoint] -> log
 
 An actor objective whose rows come in pairs (online DPO: ``actor.objective={name: dpo}``) trains on
 best-vs-worst pairs of each prompt group instead (:mod:`hybrid_rl.trainer.ppo.paired`)::
@@ -43,6 +43,7 @@ from hybrid_rl.trainer.config.loader import to_ppo_config
 from hybrid_rl.trainer.config.paired_checks import paired_notices
 from hybrid_rl.trainer.core import generation, inputs, metrics as metric_fns, model_facts, worker_groups
 from hybrid_rl.trainer.core.checkpoints import estimate_checkpoint_bytes
+from hybrid_rl.trainer.core.dumps import build_dumps, training_part
 from hybrid_rl.trainer.core.batch_contract import BatchPlan
 from hybrid_rl.trainer.core.loop import TrainerCore
 from hybrid_rl.trainer.core.validation import dataset_batches, run_validation
@@ -92,6 +93,8 @@ class RayPPOTrainer(TrainerCore):
         self._flops: Optional[tuple[tuple[int, int], Optional[float]]] = None
         self._paired: Optional[online_dpo.PairedStep] = None  # this step's rollout when the objective is paired
         self._skips_logged = False  # a step without pairs is logged once
+        # trainer.rollout_data_dir / validation_data_dir (None = off); a bad folder stops here in one line
+        self.rollout_dumps, self.val_dumps = build_dumps(cfg.trainer, self.tokenizer)
 
     # ------------------------------------------------------------------ set-up
     def _typed_config(self, config: Any) -> PPOConfig:
@@ -353,6 +356,14 @@ class RayPPOTrainer(TrainerCore):
         batch.meta_info[online_dpo.ONE_OPTIMIZER_STEP] = True
         return self._update(self.actor_rollout_wg.update_actor, batch, metrics)
 
+    def dump_rollout(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+        """``trainer.rollout_data_dir``: the step's scored rows with their log-probs and advantages, in
+        veRL's ``{step}.jsonl`` and our sidecar (:mod:`hybrid_rl.trainer.core.dumps`); online DPO dumps
+        the whole rollout, as it logs it."""
+        rows = self._paired.rollout if self._paired is not None else batch
+        self.rollout_dumps.write(self.global_steps, [training_part(rows)])
+        return batch
+
     # ------------------------------------------------------------------ validation
     def run_validation(self) -> dict[str, float]:
         """Generate with ``rollout.val_kwargs`` on the validation set and score (see validation.py)."""
@@ -365,7 +376,8 @@ class RayPPOTrainer(TrainerCore):
 
         return run_validation(dataset_batches(self.val_dataset, self.config.data.val_batch_size), generate, self.val_reward_fn, self.tokenizer,
                               n=self.config.actor_rollout_ref.rollout.val_kwargs.n, step=self.global_steps,
-                              num_logged=self.config.trainer.log_val_generations, run_dir=self.run_dir)
+                              num_logged=self.config.trainer.log_val_generations, run_dir=self.run_dir,
+                              dumps=self.val_dumps)
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_parts(self) -> list[tuple[str, Any]]:
