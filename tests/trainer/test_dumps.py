@@ -12,6 +12,7 @@ import stat
 import pytest
 import torch
 
+from hybrid_rl.agents import BaseInteraction, register_interaction
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.trainer.config.loader import get_config
 from hybrid_rl.trainer.core.dumps import DumpPart, StepDumps, sidecar_rows
@@ -201,3 +202,74 @@ def test_row_bound_below_one_is_refused(tmp_path, tiny_model_dir):
     cfg = get_config(_overrides(tmp_path, tiny_model_dir, "trainer.dump_max_rows_per_step=0"))
     with pytest.raises(ValueError, match=r"trainer.dump_max_rows_per_step"):
         RayPPOTrainer(cfg)
+
+
+@register_interaction("test_dumps_go_on_twice")
+class GoOnTwice(BaseInteraction):
+    """Answers the model "go on" twice, then ends the trajectory (tests/rollout/test_multi_turn_engines.py's)."""
+
+    async def generate_response(self, instance_id, messages, **kwargs):
+        turns = sum(m["role"] == "assistant" for m in messages)
+        return turns >= 3, "go on", float(turns), {}
+
+
+def test_a_real_multi_turn_rollout_dumps_its_observations_with_mask_zero(tmp_path, tiny_model_dir):
+    """The hf engine's multi-turn loop (every token an EOS: each model turn is one token) with an
+    interaction that answers twice: the sidecar's turns are model 1 / observation 0 / 1 / 0 / 1, the
+    observations decode to the encoded reply, and the rollout log-probs are 0 on them."""
+    from hybrid_rl.agents.chat import ObservationEncoder
+    from hybrid_rl.workers.model_loader import load_tokenizer
+    from hybrid_rl.workers.rollout import RolloutConfig, build_rollout
+
+    config = tmp_path / "interactions.yaml"
+    config.write_text("interaction:\n  - name: go\n    class_name: test_dumps_go_on_twice\n")
+    tok = load_tokenizer(tiny_model_dir)
+    engine = build_rollout(RolloutConfig(name="hf", dtype="float32", response_length=64, prompt_length=8,
+                                         calculate_log_probs=True, seed=0,
+                                         multi_turn={"enable": True, "interaction_config_path": str(config)}),
+                           tiny_model_dir, tok, "cpu")
+    prompts = DataProto.from_dict(
+        {"input_ids": torch.tensor([[5, 6, 7]]), "attention_mask": torch.ones(1, 3, dtype=torch.long),
+         "position_ids": torch.arange(3)[None]},
+        non_tensors={"extra_info": [{"interaction_kwargs": {"name": "go"}}],
+                     "raw_prompt": [[{"role": "user", "content": "q"}]]},
+        meta_info={"eos_token_id": list(range(320)), "pad_token_id": 0, "do_sample": False, "global_steps": 1})
+    try:
+        out = engine.generate_sequences(prompts)
+    finally:
+        engine.shutdown()
+    verl_path, side_path = StepDumps(str(tmp_path / "d"), tok).write(1, [DumpPart(out, [1.0], {})])
+    (row,), (line,) = _lines(side_path), _lines(verl_path)
+    reply = ObservationEncoder(tok, "<|im_end|>").encode([{"role": "user", "content": "go on"}])
+    k = len(reply)
+    assert [(t["start"], t["end"], t["mask"]) for t in row["turns"]] == [
+        (0, 1, 1), (1, 1 + k, 0), (1 + k, 2 + k, 1), (2 + k, 2 + 2 * k, 0), (2 + 2 * k, 3 + 2 * k, 1)]
+    assert row["turns"][1]["text"] == row["turns"][3]["text"] == tok.decode(reply)
+    assert row["rollout_log_probs"][1:1 + k] == [0.0] * k and row["rollout_log_probs"][0] < 0
+    assert row["num_turns"] == 6 and row["turn_scores"] == [1.0, 2.0, 3.0]
+    assert row["agent_metrics"]["ended_by/interaction"] == 1.0
+    assert line["output"] == tok.decode(row["response_ids"], skip_special_tokens=True)
+
+
+def test_the_decoupled_mode_dumps_its_buffer_rows_with_their_policy_version(tmp_path, tiny_model_dir):
+    """The decoupled plan keeps dump_rollout (after the update, before the weight sync), and a batch
+    taken from the experience buffer dumps each row's own policy version."""
+    from hybrid_rl.algorithms.rollout_correction import resolve_preset
+    from hybrid_rl.buffer import MemoryBuffer
+    from hybrid_rl.trainer.config.checks import make_run_plan
+    from hybrid_rl.trainer.config.loader import to_ppo_config
+    from hybrid_rl.trainer.ppo.contracts import decoupled_batch_plan, ppo_batch_plan
+
+    from test_take_experiences import _group, _trainer as buffer_trainer
+
+    cfg = to_ppo_config(get_config(_overrides(tmp_path, tiny_model_dir, f"trainer.rollout_data_dir={tmp_path}/r")))
+    plan = decoupled_batch_plan(ppo_batch_plan(cfg, make_run_plan(cfg), resolve_preset(cfg.algorithm.rollout_correction)), cfg)
+    plan.check()
+    names = [s.name for s in plan.steps]
+    assert names[-3:] == ["update_actor", "dump_rollout", "sync_rollout_weights"]
+    buffer = MemoryBuffer()
+    buffer.put(_group(5, "a") + _group(6, "b"))
+    batch = buffer_trainer(buffer).take_experiences(None, {})
+    rows = sidecar_rows(batch, step=7, rows=len(batch))
+    assert [r["policy_version"] for r in rows] == [int(v) for v in batch.non_tensor_batch["policy_version"]]
+    assert sorted(r["policy_version"] for r in rows) == [5, 5, 6, 6]
