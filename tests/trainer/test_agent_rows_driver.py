@@ -98,5 +98,8 @@ def test_every_call_refuses_what_needs_fixed_rows_or_per_token_advantages_in_one
         f"{key} makes the step's rows one mini-batch (their number varies), but "
         "actor_rollout_ref.actor.ppo_mini_batch_size=2 != data.train_batch_size=4. Fix: set them equal "
         "(ppo_epochs repeats the update), or agent.rows=chain."]
+    assert _problems("actor_rollout_ref.actor.objective={name: dpo, beta: 0.1}") == [
+        f"{key} gives a prompt group a varying number of rows, but actor_rollout_ref.actor.objective.name=dpo trains "
+        "best-vs-worst pairs of rollouts. Fix: use PPO's objective, or agent.rows=chain."]
     chain = to_ppo_config(get_config(["algorithm.adv_estimator=gae", "async_training.enable=true"]))
     assert check_agent_rows(chain) == []  # rows=chain: nothing changes

@@ -21,6 +21,7 @@ _KEY = "actor_rollout_ref.rollout.agent.rows=every_call"
 def check_agent_rows(cfg: "PPOConfig") -> list[str]:
     """One line per setting that cannot run with several rows per rollout; [] under ``rows: chain``."""
     from hybrid_rl.algorithms import adv_estimator_info, registered_adv_estimators
+    from hybrid_rl.trainer.config.paired_checks import paired_objective
 
     if cfg.actor_rollout_ref.rollout.agent.rows != "every_call":
         return []
@@ -41,6 +42,11 @@ def check_agent_rows(cfg: "PPOConfig") -> list[str]:
                       "selects groups of rollout.n rows. Fix: set algorithm.filter_groups.enable=false, or "
                       "agent.rows=chain.")
     actor = cfg.actor_rollout_ref.actor
+    if paired_objective(cfg) is not None:
+        name = actor.objective.get("name")
+        errors.append(f"{_KEY} gives a prompt group a varying number of rows, but actor_rollout_ref.actor.objective."
+                      f"name={name} trains best-vs-worst pairs of rollouts. Fix: use PPO's objective, or "
+                      "agent.rows=chain.")
     if actor.ppo_mini_batch_size != cfg.data.train_batch_size:
         errors.append(f"{_KEY} makes the step's rows one mini-batch (their number varies), but "
                       f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} != "
