@@ -200,7 +200,8 @@ def test_a_dump_folder_that_cannot_be_written_stops_at_start(tmp_path, tiny_mode
 
 def test_row_bound_below_one_is_refused(tmp_path, tiny_model_dir):
     cfg = get_config(_overrides(tmp_path, tiny_model_dir, "trainer.dump_max_rows_per_step=0"))
-    with pytest.raises(ValueError, match=r"trainer.dump_max_rows_per_step"):
+    with pytest.raises(ValueError, match=r"trainer\.dump_max_rows_per_step=0 is invalid: must be >= 1 or null\. "
+                                         r"Fix: use e\.g\. 64, or null \(every row\)\."):
         RayPPOTrainer(cfg)
 
 
