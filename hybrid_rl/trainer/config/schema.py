@@ -349,20 +349,13 @@ class TrainerConfig(BaseTrainerConfig):
     """Stop with an error after this many consecutive steps in which *every* sample's reward failed
     (raised, timed out or was not a number): the scorer is broken, not the model. null = never stop."""
     rollout_data_dir: Optional[str] = None
-    """Folder for the training rows of every step (veRL's key and layout): ``{global_step}.jsonl``
-    with one line per row (``input``, ``output``, ``gts``, ``score``, ``step`` and the scorer's extra
-    keys), and beside it our ``{global_step}.sidecar.jsonl`` in the same row order (token ids,
-    response mask, rollout and training log-probs, advantages, policy version, turns). Written after
-    the update (step ``dump_rollout``); created if missing, files 0600. null = off (docs/observability.md)."""
+    """Folder for veRL's ``{step}.jsonl`` of the training rows and our sidecar (docs/observability.md); null = off."""
     validation_data_dir: Optional[str] = None
-    """Folder for the validation rows of every validation, in the same layout as rollout_data_dir
-    (``0.jsonl`` is the validation before training). null = off."""
+    """Folder for the validation rows in the same layout (``0.jsonl``: before training); null = off."""
     dump_max_rows_per_step: Optional[int] = bounded(None, ge=1, fix="use e.g. 64, or null (every row)")
-    """Keep only the first N rows of a step in the dumps (whole prompt groups when N is a multiple
-    of rollout.n); null = every row. Not a veRL key."""
+    """Dump only the first N rows of a step (whole groups when N is a multiple of rollout.n); null = all."""
     dump_gzip: bool = False
-    """Gzip the dumps: ``{global_step}.jsonl.gz`` and ``{global_step}.sidecar.jsonl.gz`` (about 4x
-    smaller sidecars); false keeps veRL's plain ``{global_step}.jsonl``. Not a veRL key."""
+    """Write the dumps as ``{step}.jsonl.gz`` / ``{step}.sidecar.jsonl.gz``; false = veRL's plain ``.jsonl``."""
 
 
 @dataclass
