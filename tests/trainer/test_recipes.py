@@ -136,6 +136,24 @@ def test_recipe_composes(path):
         loops = load_agent_loop_config(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)
         assert loops["calculator_openai"]["agent"] == "calculator_openai_agent.solve"
         assert cfg.trainer.device == "auto" and not cfg.actor_rollout_ref.rollout.multi_turn.enable
+    elif "calculator_anthropic" in path:  # the calculator task, the agent an anthropic-client harness (/v1/messages)
+        import importlib.util
+
+        from hybrid_rl.agents.agent_loop import load_agent_loop_config
+        from hybrid_rl.agents.anthropic_route import chat_messages
+        from hybrid_rl.data.calculator import make_row
+
+        loops = load_agent_loop_config(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)
+        assert loops["calculator_anthropic"]["agent"] == "calculator_anthropic_agent.solve"
+        assert cfg.trainer.device == "auto" and not cfg.actor_rollout_ref.rollout.multi_turn.enable
+        file = os.path.join(os.path.dirname(path), "calculator_anthropic_agent.py")
+        spec = importlib.util.spec_from_file_location("calculator_anthropic_agent", file)
+        agent = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(agent)
+        prompt = make_row(317, 46, "test", 0, (12, 34))["prompt"]  # the model sees the openai recipe's prompt
+        system, messages = agent.to_messages_api(prompt)
+        assert [{k: v for k, v in m.items() if k != "tool_call_id"} for m in chat_messages(
+            {"system": system, "messages": messages})] == prompt
     elif "guess_number_env" in path:  # the environment recipe: an EnvAgentLoop entry, CPU-sized
         from hybrid_rl.agents.agent_loop import load_agent_loop_config
 
