@@ -159,6 +159,12 @@ def test_recipe_composes(path):
 
         loops = load_agent_loop_config(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)
         assert loops["guess_number"]["env"] == "guess_number" and cfg.trainer.device == "auto"
+    elif "textarena_env" in path:  # a hub environment: TextArena's game through its adapter, CPU-sized
+        from hybrid_rl.agents.agent_loop import load_agent_loop_config
+        from hybrid_rl.agents.env import get_env_cls
+        loops = load_agent_loop_config(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)
+        assert get_env_cls(loops["textarena"]["env"], "recipe").__name__ == "TextArenaEnv"
+        assert cfg.trainer.device == "auto"
     elif "/reasoning_gym/" in path:  # a reasoning-gym task's rows, scored through the registry's prefix route
         from hybrid_rl.reward import get_reward_fn
 
