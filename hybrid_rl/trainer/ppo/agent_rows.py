@@ -18,9 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
-from hybrid_rl.protocol import DataProto
+from hybrid_rl.protocol import DataProto, pad_dataproto_to_divisor
 
 __all__ = ["ROLLOUT_ROW", "ROLLOUT_ROWS", "expand_to_rollout_rows", "has_rollout_rows", "number_rollouts",
            "pad_for_update", "rollout_ids"]
@@ -59,18 +58,17 @@ def rollout_ids(batch: DataProto) -> np.ndarray:
 
 
 def pad_for_update(batch: DataProto, world_size: int) -> DataProto:
-    """A copy of ``batch`` with rows appended up to a multiple of ``world_size``: copies of row 0 whose
-    ``response_mask`` (and ``advantages``) are all 0, so each data-parallel rank gets as many rows and
-    the padding adds nothing to any loss term or denominator."""
-    pad = (-len(batch)) % max(1, world_size)
+    """A copy of ``batch`` padded to a multiple of ``world_size`` rows (``pad_dataproto_to_divisor``: its
+    leading rows repeated) whose padding rows have ``response_mask`` (and ``advantages``, ``returns``) all
+    0, so each data-parallel rank gets as many rows and the padding adds nothing to any loss term or
+    denominator."""
+    padded, pad = pad_dataproto_to_divisor(batch, max(1, world_size))
     if pad == 0:
         return batch
-    filler = batch.select_idxs(np.zeros(pad, dtype=np.int64))
-    for key in ("response_mask", "advantages", "returns"):
-        if key in filler.batch.keys():
-            filler.batch[key] = torch.zeros_like(filler.batch[key])
-    padded = DataProto.concat([batch, filler])
     padded.meta_info = dict(batch.meta_info)
+    for key in ("response_mask", "advantages", "returns"):
+        if key in padded.batch.keys():
+            padded.batch[key][-pad:] = 0
     return padded
 
 
