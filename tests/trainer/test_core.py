@@ -132,7 +132,7 @@ def test_a_mode_gets_the_loop_cadence_checkpoints_and_resume(tmp_path):
     # 12 rows in batches of 4 = 3 per epoch, 5 steps cycle into epoch 2; shuffled, so compare sums only
     assert straight.global_steps == 5 and last["training/global_step"] == 5
     assert sorted(os.listdir(tmp_path / "a")) == ["global_step_4", "global_step_5", "latest_checkpointed_iteration.txt",
-                                                  "metrics.jsonl"]
+                                                  "metrics.jsonl", "timeline.jsonl"]
     # a run cut after step 2 resumes from its checkpoint and ends where the straight run ended
     cut = SumMode(_cfg(tmp_path / "b", total_training_steps=2))
     cut.fit()

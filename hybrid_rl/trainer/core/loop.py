@@ -21,8 +21,9 @@ from __future__ import annotations
 import abc
 import logging
 import os
+import time
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from codetiming import Timer
@@ -38,6 +39,7 @@ from hybrid_rl.trainer.core.checkpoints import CheckpointManager, capture_rng_st
 from hybrid_rl.trainer.core.health import HealthMonitor
 from hybrid_rl.trainer.core.plotting import PLOT_FILE, plot_run
 from hybrid_rl.trainer.core.runtime_checks import check_run_state
+from hybrid_rl.trainer.core.timeline import NULL_TIMELINE, TIMELINE_FILE, Timeline
 from hybrid_rl.trainer.core.tracking import ProgressBar, Tracking, as_backend_list
 from hybrid_rl.utils import faults
 from hybrid_rl.utils.seeding import seed_everything
@@ -48,11 +50,16 @@ logger = logging.getLogger(__name__)
 
 
 @contextmanager
-def timed(name: str, timing: dict[str, float]) -> Iterator[None]:
-    """Add the seconds the block takes to ``timing[name]``."""
+def timed(name: str, timing: dict[str, float],
+          record: Optional[Callable[[str, float, float], None]] = None) -> Iterator[None]:
+    """Add the seconds the block takes to ``timing[name]``; with ``record``, also call
+    ``record(name, start, start + seconds)``, ``start`` the block's wall-clock start (:func:`time.time`)."""
+    start = time.time()
     with Timer(name=None, text="", logger=None) as timer:
         yield
     timing[name] = timing.get(name, 0.0) + timer.last
+    if record is not None:
+        record(name, start, start + timer.last)
 
 
 class TrainerCore(abc.ABC):
@@ -75,6 +82,9 @@ class TrainerCore(abc.ABC):
         for_training: false for a trainer that only generates and scores (``eval``, ``debug``): the
             update's batch sizes and the checkpoint to resume from are not checked, no disk probe.
     """
+
+    #: where :meth:`fit` records its spans (``timeline.jsonl`` while fitting with the jsonl logger)
+    timeline: Timeline = NULL_TIMELINE
 
     def __init__(self, config, tokenizer=None, *, train_dataset=None, val_dataset=None,
                  worker_classes: tuple[Optional[type], ...] = (), for_training: bool = True):
@@ -245,18 +255,24 @@ class TrainerCore(abc.ABC):
         metrics: dict[str, Any] = {}
         timing: dict[str, float] = {}
         plan = self.batch_plan if check_batch_enabled(self.config.trainer.check_batch) else None
-        with timed("step", timing):
+        self.timeline.step = self.global_steps
+        record = self._trainer_span if self.timeline.enabled else None
+        with timed("step", timing, record):
             if plan is not None:
                 check_batch(batch, plan.inputs.writes, step=plan.inputs.name)
             for name in self.step_plan():
                 faults.inject(f"driver.{name}", self.global_steps)  # no-op unless HYBRID_RL_FAULT (tests)
                 if plan is not None:
                     check_before(plan, name, batch)
-                with timed(name, timing):
+                with timed(name, timing, record):
                     batch = self._run_step(name, batch, metrics)
                 if plan is not None:
                     check_after(plan, name, batch)
         return self.log(batch, metrics, timing)
+
+    def _trainer_span(self, name: str, start: float, end: float) -> None:
+        """A named step's span on the trainer's lane of the timeline."""
+        self.timeline.record("trainer", name, start, end)
 
     def _run_step(self, name: str, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
         try:
@@ -350,13 +366,17 @@ class TrainerCore(abc.ABC):
         os.makedirs(self.run_dir, exist_ok=True)
         self.tracker = Tracking(t.project_name, t.experiment_name, as_backend_list(t.logger), self.run_dir,
                                 config=to_container(self.config))
+        # the step timeline beside metrics.jsonl, with the jsonl logger (docs/observability.md, "Step timeline")
+        self.timeline = Timeline(os.path.join(self.run_dir, TIMELINE_FILE)
+                                 if "jsonl" in as_backend_list(t.logger) else None)
         # Seed the driver's RNGs like a fresh process; a resumed run then restores the saved state.
         seed_everything(t.seed)
         self.load_checkpoint()
+        self.timeline.step = self.global_steps  # a resumed run's producer spans before its first step
         metrics: dict[str, float] = {}
         if t.val_before_train and self.global_steps == 0 and self._has_validation_data():
             timing: dict[str, float] = {}
-            with timed("validate", timing):
+            with timed("validate", timing, self._trainer_span):
                 metrics = self.run_validation()
             metrics["timing_s/validate"] = timing["validate"]
             self.tracker.log(metrics, step=0)
@@ -367,6 +387,8 @@ class TrainerCore(abc.ABC):
         return metrics
 
     def _end_fit(self) -> None:
+        self.timeline.close()
+        self.timeline = NULL_TIMELINE
         if self.progress is not None:
             self.progress.close()
         if self.tracker is not None:

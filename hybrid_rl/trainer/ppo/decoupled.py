@@ -79,7 +79,7 @@ class DecoupledPPOTrainer(RayPPOTrainer):
         metrics = super()._begin_fit()  # resume (load_checkpoint), validation before training
         common = dict(loader=self.train_dataloader, state=self._producer_state, score=self.score_rollout,
                       buffer=self.buffer, tokenizer=self.tokenizer, eta=self.eta, taken_batches=self.global_steps,
-                      ready_batches=-(-self.buffer.count("ready") // self.rows_per_batch))
+                      ready_batches=-(-self.buffer.count("ready") // self.rows_per_batch), timeline=self.timeline)
         if self.config.async_training.partial_rollout:
             self.producer = streaming_producer(self, common)
         else:
@@ -163,7 +163,7 @@ class DecoupledPPOTrainer(RayPPOTrainer):
         self.producer.check()  # a dead rollout is noticed at the next step, even with rows still buffered
         version = self.global_steps - 1  # the weights this step trains
         dropped = self._drop_stale(version)
-        start = time.perf_counter()
+        start, wall_start = time.perf_counter(), time.time()
         while True:
             if self.buffer.count("ready") >= self.rows_per_batch:
                 late = self._drop_stale(version)  # a stale group that streamed in while the trainer waited
@@ -184,6 +184,7 @@ class DecoupledPPOTrainer(RayPPOTrainer):
         if self.config.trainer.save_freq <= 0 and isinstance(self.buffer, MemoryBuffer):
             self.buffer.forget_taken(self.global_steps)  # nothing can resume: no row needs keeping
         metrics["timing_s/trainer_idle"] = time.perf_counter() - start
+        self.timeline.record("trainer", "wait_batch", wall_start, wall_start + metrics["timing_s/trainer_idle"])
         response_length = max([self.config.actor_rollout_ref.rollout.response_length]
                               + [len(e.response_ids) for e in experiences])
         batch = batch_from_experiences(experiences, self.tokenizer.pad_token_id, response_length)
@@ -227,7 +228,7 @@ class DecoupledPPOTrainer(RayPPOTrainer):
             self._load_rollout_weights(exported)
             return super().run_validation()
         self.producer.offer_weights(exported, self.global_steps)
-        return self.producer.call(super().run_validation)
+        return self.producer.call(super().run_validation, name="validate")
 
     # ------------------------------------------------------------------ checkpoints
     def _driver_state(self) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from hybrid_rl.buffer import ExperienceBuffer, experiences_from_batch
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.protocol_utils import to_object_array
 from hybrid_rl.single_controller import WorkerGroupError
+from hybrid_rl.trainer.core.timeline import NULL_TIMELINE, SpanRun, Timeline, thread_lane
 
 __all__ = ["ProducerState", "RolloutProducer", "may_start_batch"]
 
@@ -81,12 +82,15 @@ class RolloutProducer:
         buffer / tokenizer: where experiences go and how their text is decoded.
         eta: ``max_head_offpolicyness``.
         taken_batches / ready_batches: the trainer's consumed batches and the buffer's ready ones at start.
+        timeline: where the stages record their spans (lanes ``rollout`` and ``reward/<i>``;
+            :mod:`hybrid_rl.trainer.core.timeline`); default: nowhere.
     """
 
     def __init__(self, *, loader: Any, state: ProducerState, generate: Callable, score: Callable,
                  load_weights: Callable, buffer: ExperienceBuffer, tokenizer: Any, eta: int,
-                 taken_batches: int, ready_batches: int):
+                 taken_batches: int, ready_batches: int, timeline: Timeline = NULL_TIMELINE):
         self.loader, self.buffer, self.tokenizer = loader, buffer, tokenizer
+        self.timeline = timeline
         self._generate, self._score, self._load_weights = generate, score, load_weights
         self.eta = eta
         self._lock = threading.Condition()
@@ -98,7 +102,7 @@ class RolloutProducer:
         self._version: Optional[int] = None  # the weights the rollout pool holds
         self._pending: Optional[tuple[Any, int]] = None  # (exported weights ref/future, version)
         self._loading = False  # offered weights are being loaded (the version is about to change)
-        self._jobs: list[tuple[Callable[[], Any], "queue.Queue"]] = []
+        self._jobs: list[tuple[Callable[[], Any], "queue.Queue", str]] = []
         self._metrics: dict[int, dict] = {}  # batch index -> its generation and reward metrics
         self._idle_s = 0.0
         self._load_metrics: dict[str, float] = {}  # of the last weight load, reported with the next batch
@@ -141,16 +145,17 @@ class RolloutProducer:
             self._pending = (weights, version)
             self._lock.notify_all()
 
-    def call(self, job: Callable[[], Any]) -> Any:
+    def call(self, job: Callable[[], Any], name: str = "job") -> Any:
         """Run ``job`` in the generation stage between two generations (after loading offered
-        weights) and return its result; inline when the producer is not running."""
+        weights) and return its result; inline when the producer is not running. ``name``: the job's
+        span on the timeline's ``rollout`` lane."""
         if not self._threads or self._stop.is_set():  # not running (or stopped): run it here
             self.check()
             self._apply_pending()
             return job()
         answer: "queue.Queue" = queue.Queue(maxsize=1)
         with self._lock:
-            self._jobs.append((job, answer))
+            self._jobs.append((job, answer, name))
             self._lock.notify_all()
         while True:
             self.check()
@@ -265,36 +270,49 @@ class RolloutProducer:
     def _wait_for_turn(self) -> bool:
         """Run jobs and load offered weights until a new batch may start; False when stopping."""
         start = time.perf_counter()
-        while not self._stop.is_set():
-            self._run_jobs()
-            self._apply_pending()
-            with self._lock:
-                if may_start_batch(self._taken, self._ready, self._running, self._version, self.eta):
-                    self._idle_s += time.perf_counter() - start
-                    return True
-                if not (self._jobs or self._pending):
-                    self._lock.wait(_POLL_S * 5)
-        return False
+        waiting = SpanRun(self.timeline, "rollout", "wait_capacity")
+        try:
+            while not self._stop.is_set():
+                ran, loaded = self._run_jobs(), self._apply_pending()
+                if ran or loaded:
+                    waiting.flush()  # a job or a load ran: the wait before it ends there
+                with self._lock:
+                    if may_start_batch(self._taken, self._ready, self._running, self._version, self.eta):
+                        self._idle_s += time.perf_counter() - start
+                        return True
+                    if not (self._jobs or self._pending):
+                        began = time.time()
+                        self._lock.wait(_POLL_S * 5)
+                        waiting.add(began, time.time())
+            return False
+        finally:
+            waiting.flush()
 
-    def _run_jobs(self) -> None:
+    def _run_jobs(self) -> bool:
+        """Run the trainer's queued jobs (validation); whether there was any."""
         with self._lock:
             jobs, self._jobs = self._jobs, []
-        for job, answer in jobs:
+        for job, answer, name in jobs:
             self._apply_pending()
             try:
-                answer.put((True, job()))
+                with self.timeline.span("rollout", name):
+                    result = job()
+                answer.put((True, result))
             except Exception as error:  # noqa: BLE001 - re-raised in the caller
                 answer.put((False, error))
+        return bool(jobs)
 
-    def _apply_pending(self) -> None:
+    def _apply_pending(self) -> bool:
+        """Load the offered weights, if any; whether there were."""
         with self._lock:
             pending, self._pending = self._pending, None
             self._loading = pending is not None
         if pending is None:
-            return
+            return False
         weights, version = pending
         try:
-            metrics = self._load(weights, version)
+            with self.timeline.span("rollout", "load_weights", version=version):
+                metrics = self._load(weights, version)
         except BaseException:
             with self._lock:
                 self._loading = False
@@ -303,6 +321,7 @@ class RolloutProducer:
             self._loading = False
             self._version = version
             self._load_metrics = dict(metrics or {})
+        return True
 
     def _load(self, weights: Any, version: int) -> dict:
         """Load offered weights into the rollout pool (the streaming producer also passes the version)."""
@@ -314,15 +333,25 @@ class RolloutProducer:
             with self._lock:
                 metrics, self._load_metrics = dict(self._load_metrics), {}
             version = self._version
-            start = time.perf_counter()
+            start, wall_start = time.perf_counter(), time.time()
             batch = self._generate(DataProto.from_single_dict(batch_dict), index, metrics)
             metrics["timing_s/rollout_generate"] = time.perf_counter() - start
-            while not self._stop.is_set():
-                try:
-                    self._scored.put(_Generated(index, version, batch, metrics), timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
+            self.timeline.record("rollout", "generate", wall_start, wall_start + metrics["timing_s/rollout_generate"],
+                                 batch=index)
+            self._hand_to_reward(_Generated(index, version, batch, metrics))
+
+    def _hand_to_reward(self, item: _Generated) -> None:
+        """Queue a generated item for the reward stage; the time it waits for room is ``wait_reward``."""
+        began = time.time()
+        waited = False
+        while not self._stop.is_set():
+            try:
+                self._scored.put(item, timeout=0.1)
+                break
+            except queue.Full:
+                waited = True
+        if waited:
+            self.timeline.record("rollout", "wait_reward", began, time.time())
 
     def _reward_loop(self) -> None:
         """Score up to eta + 1 batches at once (a latency-bound reward or service overlaps itself
@@ -353,9 +382,11 @@ class RolloutProducer:
         return out
 
     def _score_batch(self, item: _Generated) -> DataProto:
-        start = time.perf_counter()
+        start, wall_start = time.perf_counter(), time.time()
         batch = self._score(item.batch, item.metrics)
         item.metrics["timing_s/rollout_reward"] = time.perf_counter() - start
+        self.timeline.record(thread_lane("reward"), "reward", wall_start,
+                             wall_start + item.metrics["timing_s/rollout_reward"], batch=item.index)
         return batch
 
     def _put(self, item: _Generated, batch: DataProto) -> None:

@@ -28,7 +28,6 @@ died are generated again from their prompt.
 from __future__ import annotations
 
 import logging
-import queue
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -38,6 +37,7 @@ from typing import Any, Callable, Optional
 from hybrid_rl.buffer import Experience, experiences_from_batch
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.protocol_utils import to_object_array
+from hybrid_rl.trainer.core.timeline import SpanRun
 from hybrid_rl.trainer.ppo.producer import ProducerState, RolloutProducer, _Generated
 from hybrid_rl.trainer.ppo.stream_groups import StreamGroup, group_requests, parse_request_id
 
@@ -156,22 +156,39 @@ class StreamingProducer(RolloutProducer):
             self._submit(requests)
 
     def _generation_loop(self) -> None:
+        """Pump the engines while groups are in flight; the timeline's ``generate`` span is a run of
+        pumps, ``wait_capacity`` a run of idle waits (nothing in flight, no room for a group)."""
         start_idle = time.perf_counter()
-        while not self._stop.is_set():
-            self._run_jobs()
-            self._apply_pending()
-            self._submit_ready_groups()
-            with self._lock:
-                busy = bool(self._groups)
-                if not busy and not (self._jobs or self._pending):
-                    self._lock.wait(0.1)
-            if not busy:
-                continue
-            with self._lock:
-                self._idle_s += time.perf_counter() - start_idle
-            finished = self._step(self.step_wall_s)
-            start_idle = time.perf_counter()
-            self._collect(finished)
+        pumping = SpanRun(self.timeline, "rollout", "generate")
+        waiting = SpanRun(self.timeline, "rollout", "wait_capacity")
+        try:
+            while not self._stop.is_set():
+                if self._jobs or self._pending:  # a job or a load comes next: the runs before it end
+                    pumping.flush()
+                    waiting.flush()
+                self._run_jobs()
+                self._apply_pending()
+                self._submit_ready_groups()
+                with self._lock:
+                    busy = bool(self._groups)
+                    if not busy and not (self._jobs or self._pending):
+                        pumping.flush()
+                        began = time.time()
+                        self._lock.wait(0.1)
+                        waiting.add(began, time.time())
+                if not busy:
+                    continue
+                waiting.flush()
+                with self._lock:
+                    self._idle_s += time.perf_counter() - start_idle
+                began = time.time()
+                finished = self._step(self.step_wall_s)
+                pumping.add(began, time.time())
+                start_idle = time.perf_counter()
+                self._collect(finished)
+        finally:
+            pumping.flush()
+            waiting.flush()
 
     def _collect(self, finished: list[dict]) -> None:
         """File each finished sample under its group; hand complete groups to the reward stage."""
@@ -188,13 +205,7 @@ class StreamingProducer(RolloutProducer):
                     metrics, self._load_metrics = dict(self._load_metrics), {}
                 metrics["timing_s/rollout_generate"] = time.perf_counter() - self._submitted_at.pop(group.key)
                 first = min(v for s in group.samples.values() for v in (s["versions"][:1] or [self._version]))
-                item = _GroupGenerated(batch, first, self._assemble(group), metrics, position=position)
-                while not self._stop.is_set():
-                    try:
-                        self._scored.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
+                self._hand_to_reward(_GroupGenerated(batch, first, self._assemble(group), metrics, position=position))
 
     # ------------------------------------------------------------------ the reward stage
     def _reward_workers(self) -> int:
