@@ -40,7 +40,7 @@ DUMP_DIR_KEYS = ("rollout_data_dir", "validation_data_dir")
 """The ``trainer.*`` keys naming a dump folder (veRL's names)."""
 
 TOKEN_KEYS = ("rollout_log_probs", "old_log_probs", "ref_log_prob", "values", "advantages", "returns",
-              "rollout_is_weights", "rollout_versions")
+              "rollout_is_weights", "rollout_versions", "entropys")
 """Per-token batch keys ([B, R]) the sidecar keeps, over the row's valid response tokens."""
 
 ROW_KEYS = ("uid", "data_source", "policy_version", "min_global_steps", "max_global_steps", "num_turns",

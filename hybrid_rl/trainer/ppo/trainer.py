@@ -257,6 +257,8 @@ class RayPPOTrainer(TrainerCore):
         if "entropys" in output.batch.keys():
             entropys = output.batch.pop("entropys")
             metrics["actor/entropy"] = float(masked_mean(entropys, batch.batch["response_mask"].float()))
+            if self.rollout_dumps is not None:  # the dump keeps them: the trajectory viewer colours by entropy
+                output.batch["entropys"] = entropys
         return self._absorb(batch, output, metrics)
 
     def filter_groups(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
