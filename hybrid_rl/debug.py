@@ -2,6 +2,7 @@
 
     python -m hybrid_rl.debug rollout [--prompts 4] [--output exp.jsonl|exp.db] [key=value ...]
     python -m hybrid_rl.debug reward --input samples.jsonl [--output scored.jsonl] [key=value ...]
+    python -m hybrid_rl.debug replay RUN_DIR --step K [--device cpu|cuda] [--json out.json] [key=value ...]
 
 ``rollout`` builds the trainer of the config (the same components: dataset, tokenizer, workers,
 rollout engine with its tools, reward manager), generates for the first ``--prompts`` training
@@ -12,6 +13,10 @@ connects, with a table this user can write), so a wrong one fails in one line be
 generated. ``reward`` scores the rows of a JSONL file (``data_source``,
 ``response`` or ``solution_str``, ``ground_truth``, optional ``extra_info``) with the config's reward
 function (custom or built-in), under the same guard as training, and prints / writes them.
+``replay`` re-runs the steps after generation and reward of step K of a finished run, from the
+checkpoint before K and the batch the run dumped (``trainer.dump_replay_batch``), with the run's
+key=value overrides, and sets each metric and the final weights beside the run's
+(:mod:`hybrid_rl.trainer.core.replay`); exit status 1 when a replay on the recording device differs.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import os
 import sys
 from typing import Any, Optional, Sequence
 
-__all__ = ["debug_reward", "debug_rollout", "main"]
+__all__ = ["debug_replay", "debug_reward", "debug_rollout", "main"]
 
 _SHOWN_CHARS = 80
 CONFIG_KEYS_EPILOG = ("key=value: any key of the trainer's config (python -m hybrid_rl.trainer.main_ppo --help lists "
@@ -114,6 +119,21 @@ def debug_reward(overrides: Sequence[str], input_path: str, output: Optional[str
     return scored
 
 
+def debug_replay(overrides: Sequence[str], run_dir: str, step: int, device: Optional[str] = None,
+                 json_path: Optional[str] = None) -> dict:
+    """Replay ``step`` of the run in ``run_dir``; prints the comparison, returns the report."""
+    from hybrid_rl.trainer.core.replay import format_report, replay_step
+
+    report = replay_step(run_dir, step, overrides, device)
+    print(format_report(report))
+    if json_path:
+        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+        with open(json_path, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+        print(f"report written to {json_path}")
+    return report
+
+
 def _read_samples(path: str) -> tuple[list[int], list[dict]]:
     """The row numbers and rows of a JSONL (or parquet) file, each row with ``solution_str`` set from
     ``response``; numbered as every data message (from 1; in JSON Lines the line, blank lines counted)."""
@@ -144,6 +164,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     reward = sub.add_parser("reward", help="score a JSONL file with the config's reward")
     reward.add_argument("--input", required=True, help="JSONL: data_source, response, ground_truth per line")
     reward.add_argument("--output", help="scored rows to this .jsonl file")
+    replay = sub.add_parser("replay", help="re-run step K's updates from its checkpoint and dumped batch")
+    replay.add_argument("run_dir", help="the run's folder (trainer.default_local_dir): checkpoints, metrics.jsonl")
+    replay.add_argument("--step", type=int, required=True, help="the step to replay (needs global_step_{K-1})")
+    replay.add_argument("--device", choices=("cpu", "cuda"), help="where to replay (default: the config's)")
+    replay.add_argument("--json", dest="json_path", help="also write the report to this JSON file")
     args, overrides = parser.parse_known_args(argv)
     unknown = [a for a in overrides if "=" not in a]
     if unknown:
@@ -155,6 +180,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         check_override_keys(overrides)
         if args.command == "rollout":
             debug_rollout(overrides, args.prompts, args.output)
+        elif args.command == "replay":
+            from hybrid_rl.trainer.core.replay import replay_differs, same_device
+
+            report = debug_replay(overrides, args.run_dir, args.step, args.device, args.json_path)
+            if same_device(report) and replay_differs(report):
+                sys.exit(1)
         else:
             debug_reward(overrides, args.input, args.output)
     except ValueError as error:

@@ -356,6 +356,9 @@ class TrainerConfig(BaseTrainerConfig):
     """Dump only the first N rows of a step (whole groups when N is a multiple of rollout.n); null = all."""
     dump_gzip: bool = False
     """Write the dumps as ``{step}.jsonl.gz`` / ``{step}.sidecar.jsonl.gz``; false = veRL's plain ``.jsonl``."""
+    dump_replay_batch: bool = False
+    """With ``rollout_data_dir``: also write each step's whole padded batch (``{step}.batch.pt``, every row)
+    and ``meta.json`` (config, device, code commit), what ``python -m hybrid_rl.debug replay`` needs."""
 
 
 @dataclass

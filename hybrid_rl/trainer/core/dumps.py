@@ -13,7 +13,9 @@ mask, the per-token rollout (behaviour) and training log-probs, reference log-pr
 advantages where the batch has them, the policy version, the prompt group's ``uid``, the turns
 (runs of the response mask: model tokens 1, tool and environment observations 0) and a multi-turn
 row's agent columns. ``trainer.dump_max_rows_per_step`` keeps a step's first rows only and
-``trainer.dump_gzip`` writes ``.jsonl.gz``. Files are created 0600.
+``trainer.dump_gzip`` writes ``.jsonl.gz``. ``trainer.dump_replay_batch`` adds, for replay, each
+step's whole batch (``{global_step}.batch.pt``, every row whatever the row limit) and the run's
+``meta.json`` (:mod:`hybrid_rl.trainer.core.batch_file`). Files are created 0600.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.trainer.config.run_checks import unwritable
+from hybrid_rl.trainer.core import batch_file
 
 __all__ = ["DUMP_DIR_KEYS", "DumpPart", "StepDumps", "build_dumps", "dump_folder_problems", "dump_paths",
            "sidecar_rows", "training_part", "verl_rows"]
@@ -86,9 +89,11 @@ def dump_folder_problems(trainer_cfg: Any) -> list[str]:
 class StepDumps:
     """Writes one step's rows into ``folder`` (veRL's JSONL and the sidecar)."""
 
-    def __init__(self, folder: str, tokenizer: Any, max_rows: Optional[int] = None, compress: bool = False):
+    def __init__(self, folder: str, tokenizer: Any, max_rows: Optional[int] = None, compress: bool = False,
+                 replay_batch: bool = False):
         os.makedirs(folder, mode=0o700, exist_ok=True)
         self.folder, self.tokenizer, self.max_rows, self.compress = folder, tokenizer, max_rows, compress
+        self.replay_batch = replay_batch  # also {step}.batch.pt: every row of the parts, for replay
 
     def write(self, step: int, parts: Sequence[DumpPart]) -> tuple[str, str]:
         """Dump ``parts`` (in order, cut at ``max_rows``) as step ``step``; returns the two paths."""
@@ -103,21 +108,32 @@ class StepDumps:
         paths = dump_paths(self.folder, step, self.compress)
         for path, lines in zip(paths, (verl, side)):
             _write_private(path, lines, self.compress)
+        if self.replay_batch:  # never cut by max_rows: replay needs the batch the update consumed
+            whole = parts[0].batch if len(parts) == 1 else DataProto.concat([p.batch for p in parts])
+            batch_file.save_batch(batch_file.batch_path(self.folder, step), whole)
         logger.debug("dumped %d rows of step %d to %s", len(verl), step, paths[0])
         return paths
 
 
-def build_dumps(trainer_cfg: Any, tokenizer: Any) -> tuple[Optional[StepDumps], Optional[StepDumps]]:
+def build_dumps(trainer_cfg: Any, tokenizer: Any, config: Any = None,
+                device: Optional[str] = None) -> tuple[Optional[StepDumps], Optional[StepDumps]]:
     """``(training dumps, validation dumps)`` from ``trainer.*`` (None where the key is null); one
-    ValueError naming every bad folder first."""
+    ValueError naming every bad folder first. With ``trainer.dump_replay_batch`` the training dumps
+    write each step's batch too, and ``meta.json`` is written now from ``config`` (the run's whole
+    typed config) and ``device`` (where the run computes)."""
     problems = dump_folder_problems(trainer_cfg)
     if problems:
         raise ValueError(" ".join(problems))
     made = []
     for key in DUMP_DIR_KEYS:
         folder = getattr(trainer_cfg, key)
+        replay = key == "rollout_data_dir" and trainer_cfg.dump_replay_batch
         made.append(None if folder is None else StepDumps(
-            str(folder), tokenizer, trainer_cfg.dump_max_rows_per_step, trainer_cfg.dump_gzip))
+            str(folder), tokenizer, trainer_cfg.dump_max_rows_per_step, trainer_cfg.dump_gzip, replay_batch=replay))
+    if made[0] is not None and made[0].replay_batch and config is not None:
+        from hybrid_rl.trainer.config.loader import to_container
+
+        batch_file.write_meta(made[0].folder, to_container(config), device or str(trainer_cfg.device))
     return made[0], made[1]
 
 

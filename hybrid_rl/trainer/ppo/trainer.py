@@ -94,7 +94,7 @@ class RayPPOTrainer(TrainerCore):
         self._paired: Optional[online_dpo.PairedStep] = None  # this step's rollout when the objective is paired
         self._skips_logged = False  # a step without pairs is logged once
         # trainer.rollout_data_dir / validation_data_dir (None = off); a bad folder stops here in one line
-        self.rollout_dumps, self.val_dumps = build_dumps(cfg.trainer, self.tokenizer)
+        self.rollout_dumps, self.val_dumps = build_dumps(cfg.trainer, self.tokenizer, config=cfg, device=self.plan.device)
 
     # ------------------------------------------------------------------ set-up
     def _typed_config(self, config: Any) -> PPOConfig:
