@@ -4,7 +4,10 @@ Builds the default run's training batch (data.train_batch_size x rollout.n rows 
 prompts, max_response_length responses, rollout log-probs, advantages, scores) and its validation
 batch (every held-out prompt, one response), then times :class:`~hybrid_rl.trainer.core.dumps.StepDumps`
 writing them (plain and gzip). The run's dump cost is ``steps x train dump + validations x val
-dump``, to compare with the run's wall time (docs/observability.md)::
+dump``, to compare with the run's wall time (docs/observability.md). ``trainer.dump_replay_batch`` adds
+the step's whole batch (``{step}.batch.pt``, the padded tensors the update consumed, for replay):
+timed and sized on the same training batch, with the keys the default run's batch has when it is
+dumped::
 
     python benchmarks/bench_dumps.py [--repeats 5]
 """
@@ -12,6 +15,7 @@ dump``, to compare with the run's wall time (docs/observability.md)::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -21,7 +25,7 @@ import torch
 
 from hybrid_rl.protocol import DataProto
 from hybrid_rl.trainer.config import PPOConfig
-from hybrid_rl.trainer.core import inputs
+from hybrid_rl.trainer.core import batch_file, inputs
 from hybrid_rl.trainer.core.dumps import DumpPart, StepDumps, training_part
 from hybrid_rl.trainer.core.validation import dataset_batches
 from hybrid_rl.trainer.ppo import inputs as ppo_inputs
@@ -47,6 +51,28 @@ def rollout_batch(prompts: DataProto, n: int, response_length: int, seed: int = 
     batch.batch["token_level_scores"] = scores
     batch.non_tensor_batch["uid"] = np.array([f"1_{i // n}" for i in range(rows)], dtype=object)
     return batch
+
+
+def replay_batch(batch: DataProto) -> DataProto:
+    """``batch`` as the default run's step holds it at the dump: the whole sequence's ``input_ids`` and
+    ``position_ids`` [B, P + R], the rewards and returns of GRPO's advantage step."""
+    batch = DataProto.from_dict(dict(batch.batch.items()), dict(batch.non_tensor_batch), dict(batch.meta_info))
+    tensors = batch.batch
+    tensors["input_ids"] = torch.cat([tensors["prompts"], tensors["responses"]], 1)  # [B, P + R]
+    tensors["position_ids"] = (tensors["attention_mask"].cumsum(-1) - 1).clamp(min=0)  # [B, P + R]
+    tensors["token_level_rewards"] = tensors["token_level_scores"]
+    tensors["returns"] = tensors["advantages"]
+    return batch
+
+
+def time_batch_file(batch: DataProto, folder: str, repeats: int) -> tuple[float, int]:
+    """Median seconds of one ``{step}.batch.pt`` write, and its bytes."""
+    path, seconds = batch_file.batch_path(folder, 0), []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        batch_file.save_batch(path, batch)
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds), os.path.getsize(path)
 
 
 def time_write(dumps: StepDumps, parts: list[DumpPart], repeats: int) -> float:
@@ -78,6 +104,9 @@ def main() -> None:
             t_train, t_val = time_write(dumps, [step], args.repeats), time_write(dumps, [val_part], args.repeats)
             print(f"gzip={compress}: train step ({len(step.batch)} rows) {t_train * 1000:.1f} ms, "
                   f"validation ({len(held_out)} rows) {t_val * 1000:.1f} ms")
+        t_batch, size = time_batch_file(replay_batch(step.batch), folder, args.repeats)
+        print(f"replay batch ({len(step.batch)} rows, trainer.dump_replay_batch): {t_batch * 1000:.1f} ms, "
+              f"{size / 2**20:.2f} MiB per step")
 
 
 if __name__ == "__main__":

@@ -97,6 +97,22 @@ def test_replay_of_step_1_starts_from_the_model_and_a_changed_batch_differs(reco
     assert format_report(changed).endswith("NOT bit-identical to the run on the recording device")
 
 
+@pytest.mark.slow
+def test_gae_replays_values_the_critic_update_and_the_kl_controller(tmp_path, tiny_model_dir, pinned_code):
+    overrides = recorded_overrides(tmp_path, tiny_model_dir, "algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.n=1",
+                                   "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
+                                   "actor_rollout_ref.actor.use_kl_loss=false", "trainer.critic_warmup=1")
+    run_ppo(get_config(overrides))
+    report = replay_step(str(tmp_path / "run"), 2, overrides)
+    assert report["steps"] == ["compute_old_log_prob", "compute_ref_log_prob", "compute_values", "compute_advantage",
+                               "update_critic", "update_actor"]
+    row = _rows(tmp_path / "run")[2]
+    for key in ("critic/vf_loss", "critic/grad_norm", "actor/reward_kl_penalty", "actor/grad_norm"):
+        assert report["metrics"][key]["replayed"] == row[key], key
+    assert all(m["equal"] for m in report["metrics"].values()), format_report(report)
+    assert report["weights"]["actor"]["equal"] and report["weights"]["critic"]["equal"]
+
+
 def _one_line_error(run_dir, step, overrides):
     with pytest.raises(ValueError) as info:
         replay_step(run_dir, step, overrides)
