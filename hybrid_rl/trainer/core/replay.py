@@ -10,7 +10,7 @@ values, advantages, critic and actor updates). Then it sets each metric the step
 one ``metrics.jsonl`` recorded for step K, and the updated weights beside ``global_step_K``'s.
 
 Why it is bit-exact on the recording device and dtype: the update draws nothing from a global RNG
-(the model is in eval mode outside the update and its dropout is 0 in the configs we ship; the
+(the model is in eval mode outside the update, and the default model's dropout is 0; the
 mini-batch shuffle, ``actor.shuffle``, is seeded by the step and the epoch, and the step rides in
 ``meta_info["global_steps"]``, set here as the run set it). A model whose config has a dropout above
 0 trains with random masks the checkpoint does not fix: replay says so in a note.
