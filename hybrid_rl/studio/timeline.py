@@ -95,7 +95,8 @@ def _timeline_path(folder: Path, inside: Inside) -> Optional[Path]:
 
 def read_timeline(run_dir: str, first: Optional[int] = None, last: Optional[int] = None,
                   inside: Inside = None) -> dict[str, Any]:
-    """``{"run_dir", "run", "spans", "lanes", "names", "steps", "first", "last", "max_step", "message"}``:
+    """``{"run_dir", "run", "spans", "lanes", "names", "steps", "first", "last", "max_step", "message"}``
+    (``run``: the sub-folder shown when ``run_dir`` is a folder of runs, else None):
     the spans whose ``step`` is in ``first..last`` (default the last :data:`DEFAULT_STEPS`), the lanes and
     the span names in order of first appearance (``trainer`` first), each shown step's ``[start, end]``
     (its ``step`` span; a step still going ends at its latest span) and ``max_step`` (the latest step)."""
@@ -118,7 +119,8 @@ def read_timeline(run_dir: str, first: Optional[int] = None, last: Optional[int]
     lanes = list(dict.fromkeys(["trainer"] + [s["worker"] for s in shown]))
     if not any(s["worker"] == "trainer" for s in shown):
         lanes.remove("trainer")
-    return {"run_dir": str(folder.resolve()), "run": path.parent.name, "spans": shown, "lanes": lanes,
+    run = None if path.parent == folder else path.parent.name  # a folder of runs: which one is shown
+    return {"run_dir": str(folder.resolve()), "run": run, "spans": shown, "lanes": lanes,
             "names": list(dict.fromkeys(s["name"] for s in shown)), "steps": _step_bounds(shown),
             "first": first, "last": last, "max_step": max_step, "message": message}
 

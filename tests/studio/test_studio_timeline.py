@@ -47,6 +47,7 @@ def test_the_last_steps_by_default_a_range_when_asked(work, local_client):
     out = client.get("/api/timeline", params={"run_dir": "run"}).json()
     assert (out["first"], out["last"], out["max_step"]) == (12 - studio_timeline.DEFAULT_STEPS + 1, 12, 12)
     assert out["lanes"] == ["trainer", "rollout"] and out["names"] == ["generate", "update_actor", "step"]
+    assert out["run"] is None  # the folder's own timeline (a folder of runs names the run it shows)
     assert [b["step"] for b in out["steps"]] == list(range(5, 13))
     assert out["steps"][0] == {"step": 5, "start": 140.0, "end": 149.5, "done": True}
     out = client.get("/api/timeline", params={"run_dir": "run", "first": "0", "last": "1"}).json()

@@ -101,6 +101,7 @@ async function poll() {
   const out = runId ? await get(`/api/runs/${runId}`) : await get(`/api/watch?run_dir=${encodeURIComponent(watchDir)}`);
   if (out.error) { byId("run-state").textContent = out.error; return; }
   showRun(out);
+  if (window.studioTimeline) studioTimeline.poll(out.run_dir);  // the step timeline (timeline.js)
 }
 
 function startPolling() { clearInterval(poller); poll(); poller = setInterval(poll, 2000); }
