@@ -27,8 +27,8 @@ import torch
 
 from hybrid_rl.protocol import DataProto
 
-__all__ = ["BATCH_FORMAT", "META_FILE", "batch_path", "code_identity", "load_batch", "read_meta", "save_batch",
-           "write_meta"]
+__all__ = ["BATCH_FORMAT", "META_FILE", "batch_path", "code_identity", "config_digest", "load_batch", "read_meta",
+           "save_batch", "write_meta"]
 
 BATCH_FORMAT = 1
 """Version of the ``{step}.batch.pt`` layout."""
@@ -59,7 +59,8 @@ def _private(path: str) -> Any:
 
 def save_batch(path: str, batch: DataProto) -> None:
     """Write ``batch`` (tensors, non-tensor columns, meta_info) to ``path``, 0600."""
-    tensors = {key: value.detach().cpu().contiguous() for key, value in batch.batch.items()} if batch.batch is not None else {}
+    items = batch.batch.items() if batch.batch is not None else ()
+    tensors = {key: value.detach().cpu().contiguous() for key, value in items}
     columns = {key: {"dtype": column.dtype.str if column.dtype != object else "object", "values": column.tolist()}
                for key, column in batch.non_tensor_batch.items()}
     text = json.dumps({"non_tensor_batch": columns, "meta_info": batch.meta_info}, default=_plain)

@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 FREE_KEYS = ("trainer.default_local_dir", "trainer.rollout_data_dir", "trainer.validation_data_dir",
              "trainer.resume_mode", "trainer.resume_from_path", "trainer.device", "trainer.single_process",
              "trainer.logger", "trainer.progress_bar", "trainer.log_level", "trainer.plot", "trainer.check_batch",
-             "ray_init.num_cpus", "ray_init.address")
+             "ray_init.num_cpus", "ray_init.address", "data.arithmetic.cache_dir")
 """Config keys a replay may set differently from the run: where files are, which device, how the
 workers are hosted, the console. Every other key must equal the run's."""
 SCORING_STEPS = ("generate", "compute_reward_baseline", "compute_rm_score", "compute_reward", "filter_groups")
