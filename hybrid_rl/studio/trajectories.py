@@ -73,6 +73,10 @@ class RunDumps:
     """One line per thing the page should know (a folder outside the studio's folders, no tokenizer)."""
 
 
+_COMPOSING = threading.Lock()
+"""Hydra composes through one global state: two requests of this viewer never compose at once."""
+
+
 @functools.lru_cache(maxsize=16)
 def _composed(config_file: str, mtime_ns: int) -> dict[str, Any]:
     """The run's config, composed from its studio YAML as the run composed it (cached per file version)."""
@@ -81,7 +85,7 @@ def _composed(config_file: str, mtime_ns: int) -> dict[str, Any]:
     from hybrid_rl.utils.log_setup import recorded_config_notices
 
     values = values_from_yaml(Path(config_file).read_text(encoding="utf-8"))
-    with recorded_config_notices():
+    with _COMPOSING, recorded_config_notices():
         return dataclasses.asdict(to_ppo_config(get_config(to_overrides(values))))
 
 
@@ -202,9 +206,14 @@ def _run(run_dir: str, workspace: Workspace) -> RunDumps:
 
 
 def steps_json(run_dir: str, workspace: Workspace) -> dict[str, Any]:
-    """``{run_dir, folders: [{name, path, steps}], notes}``."""
+    """``{run_dir, folders: [{name, path, steps, updated}], notes}`` (``updated``: the newest step file's
+    modification time, in ns: the page reloads a step still being written when it changes)."""
     found = _run(run_dir, workspace)
-    folders = [{"name": name, "path": str(path), "steps": list(step_files(path))} for name, path in found.folders.items()]
+    folders = []
+    for name, path in found.folders.items():
+        files = step_files(path)
+        updated = max((p.stat().st_mtime_ns for pair in files.values() for p in pair), default=0)
+        folders.append({"name": name, "path": str(path), "steps": list(files), "updated": updated})
     if not folders:
         found.notes.append(f"{found.run_dir} holds no dumps. Fix: run with trainer.rollout_data_dir and/or "
                            "trainer.validation_data_dir set (docs/observability.md)")

@@ -13,6 +13,7 @@ it as a user turn (an interaction's reply), else ``tool``.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import zlib
@@ -32,6 +33,8 @@ _VALUE_KEYS = {"log_prob": ("old_log_probs", "rollout_log_probs"), "rollout_log_
                "old_log_prob": ("old_log_probs",), "ref_log_prob": ("ref_log_prob",), "entropy": ("entropys",),
                "advantage": ("advantages",)}
 """The per-token values a row's detail carries, each from the first sidecar key present (None if none)."""
+DIGITS = 5
+"""Decimals of the per-token values the token view gets."""
 
 
 def step_files(folder: Path) -> dict[int, tuple[Path, Path]]:
@@ -48,9 +51,17 @@ def step_files(folder: Path) -> dict[int, tuple[Path, Path]]:
 
 def _complete_lines(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of ``path``'s complete lines; a line still being written (no newline yet, or
-    not parseable) ends the list. A ``.gz`` file gives what decompresses so far."""
-    data = path.read_bytes()
-    if path.name.endswith(".gz"):
+    not parseable) ends the list. A ``.gz`` file gives what decompresses so far. Kept per file version
+    (size, modification time): the page asks for one step's groups one by one."""
+    stat = path.stat()
+    return _parsed(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(path: str, size: int, mtime_ns: int) -> list[dict[str, Any]]:
+    """:func:`_complete_lines` of one version of a file (callers never change what it returns)."""
+    data = Path(path).read_bytes()
+    if path.endswith(".gz"):
         data = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data)  # a cut stream: what it holds so far
     rows = []
     for line in data.split(b"\n")[:-1]:  # the text after the last newline is incomplete
@@ -184,6 +195,8 @@ def row_detail(row: dict[str, Any], decode: Optional[Callable[[list[int]], str]]
     values = {name: next((row[k] for k in keys if row.get(k)), None) for name, keys in _VALUE_KEYS.items()}
     gap = _gap(row)
     values["gap"] = gap if any(g is not None for g in gap) else None
+    values = {name: None if column is None else [None if v is None else round(v, DIGITS) for v in column]
+              for name, column in values.items()}  # what a colour and a tooltip show: a third of the bytes
     agent = {k: row[k] for k in ("num_turns", "turn_scores", "tool_rewards", "agent_metrics", "agent_failure")
              if row.get(k) is not None}
     return {**row_summary(row), "verl": row.get("verl", {}), "ids": ids, "pieces": pieces,
