@@ -28,8 +28,8 @@ from hybrid_rl.studio.presets import load_presets
 from hybrid_rl.studio.access import Access, add_guard, add_page, new_token
 from hybrid_rl.studio.runs import CHARTS, LaunchPlan, RunLauncher, read_runs
 from hybrid_rl.studio.schema import BEGINNER_KEYS, FieldSpec, config_schema
-from hybrid_rl.studio.trajectories import add_trajectory_routes
 from hybrid_rl.studio.timeline import add_timeline_routes
+from hybrid_rl.studio.trajectories import add_trajectory_routes
 from hybrid_rl.studio.workspace import Workspace, _leaves as _tree_leaves, code_paths, path_refusals
 
 STATIC_DIR = Path(__file__).with_name("static")
@@ -230,8 +230,8 @@ def create_app(token: Optional[str] = None, bind_host: str = "127.0.0.1", allow_
         return import_json(text, kind)
 
     _add_run_routes(app, launcher, workspace)
-    add_trajectory_routes(app, workspace)  # the trajectory viewer (hybrid_rl/studio/trajectories.py)
     add_timeline_routes(app, workspace)  # a run's step timeline (hybrid_rl/studio/timeline.py)
+    add_trajectory_routes(app, workspace)  # the trajectory viewer (hybrid_rl/studio/trajectories.py)
     app.router.on_shutdown.append(launcher.stop_all)
     return app
 
