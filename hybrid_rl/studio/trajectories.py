@@ -104,7 +104,8 @@ def _scanned(run_dir: Path, workspace: Workspace) -> dict[str, Path]:
         for folder in level:
             if workspace.inside(folder.resolve()) and step_files(folder):
                 found[str(folder.relative_to(run_dir)) if folder != run_dir else "."] = folder.resolve()
-        level = sorted(p for folder in level for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+        level = sorted(p for folder in level for p in folder.iterdir()  # a link out of the folders is not listed
+                       if p.is_dir() and not p.name.startswith(".") and workspace.inside(p.resolve()))
     return found
 
 
@@ -129,16 +130,17 @@ def find_dumps(run_dir: Path, workspace: Workspace) -> RunDumps:
                 found.notes.append(f"trainer.{key}={refusal}")
     if not config:
         found.folders = _scanned(run_dir, workspace)
-    found.tokenizer, found.tool_format = _config_tokenizer(config) if config else (_meta_tokenizer(found), "hermes")
+    found.tokenizer, found.tool_format = _config_tokenizer(config) if config else (_meta_tokenizer(found, workspace), "hermes")
     return found
 
 
-def _meta_tokenizer(found: RunDumps) -> Optional[str]:
+def _meta_tokenizer(found: RunDumps, workspace: Workspace) -> Optional[str]:
     """The tokenizer a dump folder's ``meta.json`` names in its ``config``, if any."""
     for folder in found.folders.values():
         meta = folder / META_FILE
         try:
-            config = json.loads(meta.read_text(encoding="utf-8")).get("config") if meta.is_file() else None
+            readable = meta.is_file() and workspace.inside(meta.resolve())
+            config = json.loads(meta.read_text(encoding="utf-8")).get("config") if readable else None
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(config, dict):

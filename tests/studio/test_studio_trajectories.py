@@ -167,8 +167,11 @@ def test_nothing_outside_the_studios_folders_is_read(client, run, tmp_path_facto
     assert local_client(create_app(TOKEN), token=None).get("/api/trajectories", params={"run_dir": "run"}).status_code == 401
 
 
-def test_a_command_line_run_is_scanned_and_its_meta_names_the_tokenizer(client, run, tmp_path):
+def test_a_command_line_run_is_scanned_and_its_meta_names_the_tokenizer(client, run, tmp_path_factory, tokenizer):
     (run / "studio_config.yaml").unlink()  # a run started from the command line
+    outside = tmp_path_factory.mktemp("outside_scan")
+    write_step(outside / "dumps", tokenizer, 4)
+    (run / "elsewhere").symlink_to(outside)  # a link out of the studio's folders: not looked into
     out = _get(client, "", run_dir="run")
     assert [(f["name"], f["steps"]) for f in out["folders"]] == [("dumps/train", [1, 3])]
     group = _get(client, "/group", run_dir="run", folder="dumps/train", step="1", uid="calc")
