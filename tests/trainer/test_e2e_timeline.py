@@ -44,3 +44,22 @@ def test_a_decoupled_runs_producer_and_trainer_lanes_overlap_in_time(tmp_path, t
     # decoupled: batch 2 is generated while step 1 trains
     work = [s for s in trainer if s["name"] not in ("step", "wait_batch")]
     assert any(_overlap(g, t) > 0 for g in rollout if g["name"] == "generate" for t in work)
+
+
+def test_a_streaming_runs_rollout_lane_is_runs_of_pumps_and_waits_never_overlapping(tmp_path, tiny_model_dir):
+    """``async_training.partial_rollout=true``: ``generate`` is a run of engine pumps, a group's ``reward``
+    is scored on a ``reward/<i>`` lane, the weights' loads interrupt the runs."""
+    _assert_ok(_run_cli(tmp_path, tiny_model_dir, *_reward_args(tmp_path),
+                        *_async_args("async_training.partial_rollout=true", *DECOUPLED_LOSS),
+                        "trainer.total_training_steps=2", "trainer.save_freq=-1"))
+    spans = [json.loads(line) for line in open(tmp_path / "run" / TIMELINE_FILE, encoding="utf-8")]
+    rollout = sorted((s for s in spans if s["worker"] == "rollout"), key=lambda s: s["start"])
+    assert {"generate", "load_weights", "validate"} <= {s["name"] for s in rollout}, spans
+    assert [s["version"] for s in rollout if s["name"] == "load_weights"][:2] == [0, 1]
+    for a, b in zip(rollout, rollout[1:]):  # one stage, one thing at a time
+        assert a["end"] <= b["start"] + 1e-6, (a, b)
+    rewards = [s for s in spans if s["worker"].startswith("reward/")]
+    groups = {s["batch"] for s in rewards}
+    assert {1, 2} <= groups and len(rewards) >= 8  # data.train_batch_size=4 groups per batch, each scored
+    work = [s for s in spans if s["worker"] == "trainer" and s["name"] not in ("step", "wait_batch")]
+    assert any(_overlap(g, t) > 0 for g in rollout if g["name"] == "generate" for t in work)

@@ -157,7 +157,8 @@ class StreamingProducer(RolloutProducer):
 
     def _generation_loop(self) -> None:
         """Pump the engines while groups are in flight; the timeline's ``generate`` span is a run of
-        pumps, ``wait_capacity`` a run of idle waits (nothing in flight, no room for a group)."""
+        pumps (with the assembly of the groups they finished), ``wait_capacity`` a run of idle waits
+        (nothing in flight, no room for a group)."""
         start_idle = time.perf_counter()
         pumping = SpanRun(self.timeline, "rollout", "generate")
         waiting = SpanRun(self.timeline, "rollout", "wait_capacity")
@@ -183,9 +184,9 @@ class StreamingProducer(RolloutProducer):
                     self._idle_s += time.perf_counter() - start_idle
                 began = time.time()
                 finished = self._step(self.step_wall_s)
-                pumping.add(began, time.time())
                 start_idle = time.perf_counter()
                 self._collect(finished)
+                pumping.add(began, time.time())  # the pump and the assembly of the groups it finished
         finally:
             pumping.flush()
             waiting.flush()
