@@ -73,10 +73,6 @@ class RunDumps:
     """One line per thing the page should know (a folder outside the studio's folders, no tokenizer)."""
 
 
-_COMPOSING = threading.Lock()
-"""Hydra composes through one global state: two requests of this viewer never compose at once."""
-
-
 @functools.lru_cache(maxsize=16)
 def _composed(config_file: str, mtime_ns: int) -> dict[str, Any]:
     """The run's config, composed from its studio YAML as the run composed it (cached per file version)."""
@@ -85,7 +81,7 @@ def _composed(config_file: str, mtime_ns: int) -> dict[str, Any]:
     from hybrid_rl.utils.log_setup import recorded_config_notices
 
     values = values_from_yaml(Path(config_file).read_text(encoding="utf-8"))
-    with _COMPOSING, recorded_config_notices():
+    with recorded_config_notices():
         return dataclasses.asdict(to_ppo_config(get_config(to_overrides(values))))
 
 

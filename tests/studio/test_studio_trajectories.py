@@ -209,3 +209,28 @@ def test_a_run_with_dumps_keeps_the_entropy_for_the_viewer(tmp_path, tiny_model_
     group = _get(client, "/group", run_dir="run", folder="dumps", step="1", uid=uid)
     assert group["rows"][0]["values"]["entropy"] == [1.0] * group["rows"][0]["length"]
     assert os.path.isfile(tmp_path / "run" / "dumps" / "1.jsonl")
+
+
+def test_requests_compose_configs_one_at_a_time():
+    """The viewer composes a run's config in a request thread while the form's checks compose theirs:
+    Hydra's one global state takes one composition at a time (it raised 'GlobalHydra is already
+    initialized' before)."""
+    import threading
+
+    from hybrid_rl.trainer.config.loader import get_config
+
+    errors, sizes = [], []
+
+    def compose(size: int) -> None:
+        for _ in range(2):
+            try:
+                sizes.append(get_config([f"data.train_batch_size={size}"]).data.train_batch_size == size)
+            except ValueError as error:
+                errors.append(str(error))
+
+    threads = [threading.Thread(target=compose, args=(size,)) for size in (2, 4, 8, 16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and sizes == [True] * 8

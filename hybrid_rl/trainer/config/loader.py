@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import os
 import sys
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
@@ -134,6 +135,10 @@ def check_override_keys(overrides: list[str], schema: ConfigSchema = PPO_SCHEMA)
         raise ValueError(unknown_key_message(key, valid, schema.module))
 
 
+_COMPOSING = threading.Lock()
+"""Held while :func:`get_config` composes (Hydra keeps its state in one global)."""
+
+
 def get_config(overrides: list[str] | None = None, schema: ConfigSchema = PPO_SCHEMA,
                config_dir: Optional[str] = None, config_name: Optional[str] = None) -> DictConfig:
     """Compose the config like ``python -m hybrid_rl.trainer.<schema.module> <overrides>`` (by
@@ -148,16 +153,17 @@ def get_config(overrides: list[str] | None = None, schema: ConfigSchema = PPO_SC
 
     overrides = list(overrides or [])
     check_override_keys(overrides, schema)
-    if GlobalHydra.instance().is_initialized():
-        # Inside a Hydra app (or a notebook that used hydra before): compose in a fresh context.
-        GlobalHydra.instance().clear()
     from hydra.errors import ConfigCompositionException
 
-    with initialize_config_dir(config_dir=os.path.abspath(config_dir or CONFIG_DIR), version_base="1.3"):
-        try:
-            cfg = compose(config_name=config_name or schema.config_name, overrides=overrides)
-        except ConfigCompositionException as e:
-            raise ValueError(composition_error_message(e)) from None
+    with _COMPOSING:  # GlobalHydra is one per process: the studio's request threads compose one at a time
+        if GlobalHydra.instance().is_initialized():
+            # Inside a Hydra app (or a notebook that used hydra before): compose in a fresh context.
+            GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=os.path.abspath(config_dir or CONFIG_DIR), version_base="1.3"):
+            try:
+                cfg = compose(config_name=config_name or schema.config_name, overrides=overrides)
+            except ConfigCompositionException as e:
+                raise ValueError(composition_error_message(e)) from None
     return cfg
 
 
