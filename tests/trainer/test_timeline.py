@@ -124,3 +124,19 @@ def test_no_jsonl_logger_no_timeline(tmp_path, tiny_model_dir):
     trainer.workers = WorkerGroups(FakeActorRollout(), None, FakePool())
     trainer.fit()
     assert not (tmp_path / "run" / TIMELINE_FILE).exists()
+
+
+def test_a_timeline_that_cannot_be_written_is_logged_once_and_the_run_goes_on(tmp_path, caplog):
+    (tmp_path / "elsewhere").write_text("")
+    (tmp_path / TIMELINE_FILE).symlink_to(tmp_path / "elsewhere")  # a link in its place is not followed
+    with caplog.at_level("WARNING"):
+        timeline = Timeline(str(tmp_path / TIMELINE_FILE))
+        timeline.record("trainer", "generate", 0, 1)
+    assert not timeline.enabled and (tmp_path / "elsewhere").read_text() == ""
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert message.startswith(f"the step timeline {tmp_path / TIMELINE_FILE} is not written from here on (")
+    full = Timeline("/dev/full")  # every write fails: no space left
+    with caplog.at_level("WARNING"):
+        full.record("trainer", "generate", 0, 1)
+        full.record("trainer", "update_actor", 1, 2)
+    assert not full.enabled and sum("No space left" in r.getMessage() for r in caplog.records) == 1

@@ -28,6 +28,7 @@ A :class:`Timeline` is safe to use from several threads; one without a path reco
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -36,6 +37,8 @@ from typing import Any, Iterator, Optional
 
 __all__ = ["NULL_TIMELINE", "TIMELINE_FILE", "SpanRun", "Timeline", "thread_lane"]
 
+logger = logging.getLogger(__name__)
+
 TIMELINE_FILE = "timeline.jsonl"
 """The timeline's file in the run folder (``trainer.default_local_dir``), beside ``metrics.jsonl``."""
 
@@ -43,7 +46,9 @@ TIMELINE_FILE = "timeline.jsonl"
 class Timeline:
     """Appends spans to ``path`` (created readable by its owner only); ``path=None``: records nothing.
 
-    ``step`` is the latest training step started: the trainer sets it, every lane's spans carry it.
+    ``step`` is the latest training step started: the trainer sets it, every lane's spans carry it. The
+    timeline is an aid, never a reason for a run to stop: a file that cannot be opened or written (a
+    link there, a full disk) is logged once and the timeline records nothing more.
     """
 
     def __init__(self, path: Optional[str]):
@@ -52,8 +57,11 @@ class Timeline:
         self._lock = threading.Lock()
         self._file = None
         if path is not None:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            self._file = os.fdopen(fd, "a", encoding="utf-8")
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o600)
+                self._file = os.fdopen(fd, "a", encoding="utf-8")
+            except OSError as error:
+                self._give_up(error)
 
     @property
     def enabled(self) -> bool:
@@ -69,9 +77,18 @@ class Timeline:
                "start": start, "end": end, **extra}
         line = json.dumps(row) + "\n"
         with self._lock:
-            if self._file is not None:  # closed meanwhile by the run's end: the span is dropped
+            if self._file is None:  # closed meanwhile by the run's end: the span is dropped
+                return
+            try:
                 self._file.write(line)
                 self._file.flush()  # a whole line at a time: the studio reads the file as it grows
+            except OSError as error:
+                self._file = None
+                self._give_up(error)
+
+    def _give_up(self, error: OSError) -> None:
+        logger.warning("the step timeline %s is not written from here on (%s); the run goes on. Fix: free the "
+                       "disk or remove what is in its place", self.path, error)
 
     @contextmanager
     def span(self, worker: str, name: str, **extra: Any) -> Iterator[None]:
