@@ -44,7 +44,8 @@ def step_batch(groups: int, n: int, response_length: int, seed: int = 0) -> Data
         tensors[key] = -torch.rand(rows, response_length, generator=g) * mask
     tensors["entropys"] = torch.rand(rows, response_length, generator=g) * mask
     tensors["advantages"] = torch.randn(rows, 1, generator=g) * mask
-    return DataProto.from_dict(tensors, non_tensors={"uid": np.array([f"u{i // n}" for i in range(rows)], dtype=object)})
+    uids = np.array([f"u{i // n}" for i in range(rows)], dtype=object)
+    return DataProto.from_dict(tensors, non_tensors={"uid": uids})
 
 
 def median_seconds(fn, repeats: int) -> float:
@@ -82,7 +83,8 @@ def main() -> None:
         page = sum(os.path.getsize(static / name) for name in ("trajectories.js", "trajectories.css"))
         print(f"step of {len(batch)} rows ({args.groups} groups x {args.n}, responses up to {args.response_length} "
               f"tokens; files {(os.path.getsize(verl) + os.path.getsize(side)) / 2**20:.1f} MiB): group list "
-              f"{cold * 1000:.0f} ms first, {step * 1000:.0f} ms after (parsed files kept); one group's token view {group * 1000:.0f} ms ({len(answer) / 2**10:.0f} KiB of JSON); "
+              f"{cold * 1000:.0f} ms first, {step * 1000:.0f} ms after (parsed files kept); one group's token view "
+              f"{group * 1000:.0f} ms ({len(answer) / 2**10:.0f} KiB of JSON); "
               f"the viewer's script and style {page / 2**10:.1f} KiB")
 
 

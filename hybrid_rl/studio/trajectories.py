@@ -124,14 +124,16 @@ def find_dumps(run_dir: Path, workspace: Workspace) -> RunDumps:
                 found.folders[name] = workspace.resolve(value)
             else:
                 found.notes.append(f"trainer.{key}={refusal}")
-    if not config:
+    if not config:  # a command-line run: its folders hold the dumps, their meta.json the config
         found.folders = _scanned(run_dir, workspace)
-    found.tokenizer, found.tool_format = _config_tokenizer(config) if config else (_meta_tokenizer(found, workspace), "hermes")
+        config = _meta_config(found, workspace)
+    if config:
+        found.tokenizer, found.tool_format = _config_tokenizer(config)
     return found
 
 
-def _meta_tokenizer(found: RunDumps, workspace: Workspace) -> Optional[str]:
-    """The tokenizer a dump folder's ``meta.json`` names in its ``config``, if any."""
+def _meta_config(found: RunDumps, workspace: Workspace) -> dict[str, Any]:
+    """The ``config`` of the first dump folder's ``meta.json`` that has one, else {}."""
     for folder in found.folders.values():
         meta = folder / META_FILE
         try:
@@ -140,8 +142,8 @@ def _meta_tokenizer(found: RunDumps, workspace: Workspace) -> Optional[str]:
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(config, dict):
-            return _config_tokenizer(config)[0]
-    return None
+            return config
+    return {}
 
 
 class Tokenizers:

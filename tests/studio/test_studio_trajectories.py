@@ -57,8 +57,9 @@ def _get(client, route, status=200, **params):
 def test_the_runs_config_names_its_dump_folders(client, run):
     out = _get(client, "", run_dir="run")
     newest = max(p.stat().st_mtime_ns for p in (run / "dumps" / "train").iterdir())
-    assert out["folders"] == [{"name": "train", "path": str(run / "dumps" / "train"), "steps": [1, 3], "updated": newest},
-                              {"name": "val", "path": str(run / "dumps" / "val"), "steps": [], "updated": 0}]
+    assert out["folders"] == [
+        {"name": "train", "path": str(run / "dumps" / "train"), "steps": [1, 3], "updated": newest},
+        {"name": "val", "path": str(run / "dumps" / "val"), "steps": [], "updated": 0}]
     assert out["notes"] == []
 
 
@@ -154,7 +155,8 @@ def test_nothing_outside_the_studios_folders_is_read(client, run, tmp_path_facto
     assert refusal.startswith(f"run_dir='{outside}' is outside the studio's folders")
     (run / "dumps" / "train" / "7.jsonl").symlink_to(outside / "dumps" / "5.jsonl")  # a link out
     (run / "dumps" / "train" / "7.sidecar.jsonl").symlink_to(outside / "dumps" / "5.sidecar.jsonl")
-    assert "link outside the studio's folders" in _get(client, "/step", 403, run_dir="run", folder="train", step="7")["error"]
+    linked = _get(client, "/step", 403, run_dir="run", folder="train", step="7")["error"]
+    assert "link outside the studio's folders" in linked
     (run / "studio_config.yaml").write_text(to_yaml({  # a dump folder and a tokenizer outside: named, not read
         "actor_rollout_ref.model.path": str(outside), "trainer.rollout_data_dir": str(outside / "dumps"),
         "trainer.validation_data_dir": "run/dumps/train"}))
@@ -164,10 +166,16 @@ def test_nothing_outside_the_studios_folders_is_read(client, run, tmp_path_facto
     group = _get(client, "/group", run_dir="run", folder="val", step="1", uid="plain")
     assert group["rows"][0]["pieces"] is None and group["notes"][-1].startswith(
         f"the tokenizer '{outside}' is outside the studio's folders")
-    assert local_client(create_app(TOKEN), token=None).get("/api/trajectories", params={"run_dir": "run"}).status_code == 401
+    tokenless = local_client(create_app(TOKEN), token=None)
+    assert tokenless.get("/api/trajectories", params={"run_dir": "run"}).status_code == 401
 
 
 def test_a_command_line_run_is_scanned_and_its_meta_names_the_tokenizer(client, run, tmp_path_factory, tokenizer):
+    (run / "studio_config.yaml").write_text("trainer:\n  total_training_steps: many\n")  # edited by hand, wrongly
+    out = _get(client, "", run_dir="run")
+    assert out["notes"][0].startswith(f"{run / 'studio_config.yaml'} does not compose (")
+    assert out["notes"][0].endswith("dump folders were looked for in the run folder instead")
+    assert [f["name"] for f in out["folders"]] == ["dumps/train"]
     (run / "studio_config.yaml").unlink()  # a run started from the command line
     outside = tmp_path_factory.mktemp("outside_scan")
     write_step(outside / "dumps", tokenizer, 4)

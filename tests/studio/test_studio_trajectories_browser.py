@@ -68,7 +68,8 @@ def _launch(url: str, values: dict) -> dict:
     with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
         answer = client.post("/api/runs", json={"values": values}).json()
         assert answer.get("confirm"), answer
-        answer = client.post("/api/runs", json={"values": values, "confirm_code": [c["path"] for c in answer["confirm"]]})
+        confirmed = [c["path"] for c in answer["confirm"]]
+        answer = client.post("/api/runs", json={"values": values, "confirm_code": confirmed})
         run_id = answer.json()["id"]
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
@@ -146,7 +147,8 @@ def test_a_group_shows_its_responses_with_grpos_advantages(finished_run, page):
         cards = page.locator(".traj-card")
         assert cards.count() == N
         rows = page.evaluate("trajectoryState.group.rows.map((r) => [r.score, r.advantage])")
-        shown = [float(a) for a in cards.locator("[data-advantage]").evaluate_all("els => els.map((e) => e.dataset.advantage)")]
+        shown = [float(a) for a in cards.locator("[data-advantage]").evaluate_all(
+            "els => els.map((e) => e.dataset.advantage)")]
         assert sorted(shown) == pytest.approx(sorted(a for _, a in rows), abs=1e-12)
         assert sum(shown) == pytest.approx(0.0, abs=1e-4)
         if len({s for s, _ in rows}) > 1:
@@ -190,7 +192,8 @@ def test_a_masked_observation_is_drawn_in_the_tool_colour(page, studio, tiny_mod
 
     agent = studio[1] / "agent_run"
     write_step(agent / "dumps", AutoTokenizer.from_pretrained(tiny_model_dir), 1)
-    (agent / "dumps" / "meta.json").write_text(json.dumps({"config": {"actor_rollout_ref": {"model": {"path": tiny_model_dir}}}}))
+    meta = {"config": {"actor_rollout_ref": {"model": {"path": tiny_model_dir}}}}  # as trainer.dump_replay_batch writes
+    (agent / "dumps" / "meta.json").write_text(json.dumps(meta))
     _open(page, agent)
     page.locator("#traj-group-table tbody tr[data-uid=calc]").click()
     page.wait_for_function("trajectoryState.group.uid == 'calc'")
