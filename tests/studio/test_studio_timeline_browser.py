@@ -47,8 +47,8 @@ def _named_steps(run_dir, step: int) -> set[str]:
 def _watch(page, run_dir) -> None:
     page.fill("#watch-dir", str(run_dir))
     page.click("#watch")
-    page.wait_for_function("(dir) => window.studioTimeline.state.data && window.studioTimeline.state.data.run_dir == dir"
-                           " && window.studioTimeline.state.drawn.length > 0", arg=str(run_dir.resolve()))
+    page.wait_for_function("(dir) => { const t = window.studioTimeline.state;"
+                           " return t.data && t.data.run_dir == dir && t.drawn.length > 0; }", arg=str(run_dir.resolve()))
 
 
 def _drawn(page) -> list[dict]:
@@ -79,6 +79,7 @@ def test_the_timeline_shows_every_named_step_of_a_step(page, finished_runs):  # 
     assert page.evaluate("window.studioTimeline.state.data.steps.map((s) => s.step)") == [1, 2]
     assert "steps 0\u20132 of 2" in page.locator("#timeline-info").inner_text()
     _shoot(page, "7_timeline_sync")
+    _check_hover_and_drag(page, drawn)
 
     page.fill("#timeline-first", "2")  # zoom to step 2
     page.fill("#timeline-last", "2")
@@ -87,6 +88,23 @@ def test_the_timeline_shows_every_named_step_of_a_step(page, finished_runs):  # 
     assert {b["step"] for b in _drawn(page)} == {2}
     page.click("#timeline-follow")
     page.wait_for_function("window.studioTimeline.state.data.first == 0")
+
+
+def _check_hover_and_drag(page, drawn) -> None:
+    """Hovering a bar names it; dragging across the chart zooms into that stretch; a double-click zooms out."""
+    box = page.locator("#timeline-canvas").bounding_box()
+    bar = next(b for b in drawn if b["name"] == "update_actor" and b["step"] == 1)
+    y = page.evaluate("window.studioTimeline.state.drawn.find((b) => b.name == 'update_actor').y") + 5
+    page.mouse.move(box["x"] + bar["x"] + bar["w"] / 2, box["y"] + y)
+    assert page.locator("#timeline-tip").inner_text().startswith("update_actor \u00b7 trainer \u00b7 step 1 \u00b7 ")
+    page.mouse.move(box["x"] + bar["x"], box["y"] + y)  # drag across update_actor of step 1
+    page.mouse.down()
+    page.mouse.move(box["x"] + bar["x"] + bar["w"], box["y"] + y, steps=4)
+    page.mouse.up()
+    zoomed = page.evaluate("window.studioTimeline.state.drawn.find((b) => b.name == 'update_actor' && b.step == 1).w")
+    assert zoomed > 0.9 * (box["width"] - 128)  # the bar now spans (almost) the whole plot
+    page.mouse.dblclick(box["x"] + bar["x"], box["y"] + y)
+    page.wait_for_function("window.studioTimeline.state.view === null")
 
 
 def test_the_decoupled_producer_and_trainer_share_the_axis(page, finished_runs):  # noqa: F811 (the fixture)

@@ -40,8 +40,10 @@
     const canvas = el("canvas", {id: "timeline-canvas", style: "display:block;cursor:crosshair"});
     const tip = el("div", {id: "timeline-tip", style: "position:absolute;display:none;background:#202124;color:#fff;"
       + "font-size:.8em;padding:.2em .5em;border-radius:4px;pointer-events:none;white-space:nowrap"});
-    const legend = el("div", {id: "timeline-legend", style: "display:flex;flex-wrap:wrap;gap:.2em 1em;font-size:.85em"});
-    const chart = el("div", {style: "position:relative;border:1px solid #dadce0;border-radius:6px;margin:.4em 0"}, canvas, tip);
+    const legend = el("div", {id: "timeline-legend",
+                              style: "display:flex;flex-wrap:wrap;gap:.2em 1em;font-size:.85em"});
+    const chart = el("div", {style: "position:relative;border:1px solid #dadce0;border-radius:6px;margin:.4em 0"},
+                     canvas, tip);
     box.append(el("div", {id: "timeline-controls"}, "steps ", first, " to ", last, " ", show, " ", follow, " ", info),
                chart, legend);
     show.addEventListener("click", () => { state.view = null; refresh(); });
@@ -188,7 +190,8 @@
     const legend = document.getElementById("timeline-legend");
     legend.innerHTML = "";
     for (const name of d.names.filter((n) => n !== "step")) {
-      const swatch = el("span", {style: `display:inline-block;width:.9em;height:.9em;margin-right:.3em;vertical-align:-.1em;`
+      const swatch = el("span", {style: "display:inline-block;width:.9em;height:.9em;margin-right:.3em;"
+        + `vertical-align:-.1em;`
         + `background:${colour(name)}` + (name.startsWith("wait") ? ";background-image:repeating-linear-gradient("
         + "45deg,#80868b 0 1px,transparent 1px 5px)" : "")});
       legend.append(el("span", {className: "timeline-name", dataset: {name}}, swatch, name));
@@ -221,8 +224,9 @@
       const [px, py] = at(e), hit = spanAt(px, py);
       tip.style.display = hit ? "block" : "none";
       if (!hit) return;
-      const s = hit.span, extra = ["batch", "version"].filter((k) => k in s).map((k) => ` \u00b7 ${k} ${s[k]}`).join("");
-      tip.textContent = `${s.name} \u00b7 ${s.worker} \u00b7 step ${s.step} \u00b7 ${(s.end - s.start).toFixed(3)} s${extra}`;
+      const s = hit.span, dot = " \u00b7 ";
+      const extra = ["batch", "version"].filter((k) => k in s).map((k) => `${dot}${k} ${s[k]}`).join("");
+      tip.textContent = `${s.name}${dot}${s.worker}${dot}step ${s.step}${dot}${(s.end - s.start).toFixed(3)} s${extra}`;
       tip.style.left = `${Math.min(px + 12, canvas.clientWidth - 260)}px`; tip.style.top = `${py + 14}px`;
     });
     canvas.addEventListener("mouseleave", () => { tip.style.display = "none"; });
