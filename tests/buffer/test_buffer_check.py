@@ -113,7 +113,7 @@ def test_main_ppo_ends_with_one_line_before_ray_starts(tmp_path, tiny_model_dir)
         tmp_path, tiny_model_dir, "trainer.n_gpus_per_node=1", "async_training.enable=true",
         "rollout.n_gpus_per_node=1",
         "async_training.max_head_offpolicyness=0", "async_training.buffer.storage_type=sql",
-        f"async_training.buffer.path='{UNREACHABLE}'")], tmp_path)
+        "actor_rollout_ref.rollout.calculate_log_probs=true", f"async_training.buffer.path='{UNREACHABLE}'")], tmp_path)
     _assert_one_line(result, "async_training.buffer.path='postgresql+psycopg://me:***@127.0.0.1:1/rl': cannot connect")
     assert "Ray" not in result.stdout + result.stderr  # no cluster was started, no worker ran
 

@@ -85,7 +85,8 @@ PPO_CASES: dict[str, Case] = {
                            f"trainer.default_local_dir='{UNWRITABLE}' cannot hold the run's files: cannot create a "
                            "folder in /proc ("),
     "stale_rows_without_correction": (lambda t: ["async_training.enable=true", "trainer.n_gpus_per_node=1",
-                                                 "rollout.n_gpus_per_node=1"],
+                                                 "rollout.n_gpus_per_node=1",
+                                                 "actor_rollout_ref.rollout.calculate_log_probs=true"],
                                       "async_training.max_head_offpolicyness=1 trains rows sampled by weights up to 1 "
                                       "version(s) old, but actor_rollout_ref.actor.policy_loss.loss_mode=vanilla "
                                       "without a rollout correction"),

@@ -23,7 +23,7 @@ PASSWORD = "Hunter2-s3cret"
 URL = f"postgresql+psycopg://alice:{PASSWORD}@127.0.0.1:1/rl"  # nothing listens on port 1
 SHOWN = "postgresql+psycopg://alice:***@127.0.0.1:1/rl"
 SQL_BUFFER = ["async_training.enable=true", "async_training.max_head_offpolicyness=0",
-              "async_training.buffer.storage_type=sql"]
+              "async_training.buffer.storage_type=sql", "actor_rollout_ref.rollout.calculate_log_probs=true"]
 TRACKERS = ("wandb", "mlflow", "swanlab")
 FAKE_TRACKER = '''
 import json, os

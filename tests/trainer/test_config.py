@@ -22,6 +22,7 @@ def _cfg(*overrides):
 
 
 ETA0 = ["async_training.max_head_offpolicyness=0"]  # the decoupled mode without stale rows: no correction needed
+BATCH_PATH = "async_training.partial_rollout=false"  # one prompt batch per engine call: no behaviour log-probs needed
 
 
 def _flat_keys(node, prefix=""):
@@ -147,9 +148,9 @@ def test_worker_group_checks_run_on_conversion():
         (["actor_rollout_ref.rollout.response_length=8"], r"rollout.response_length=8 differs from data.max_response_length=16"),
         (["critic.rollout_n=2", "algorithm.adv_estimator=gae"], r"critic.rollout_n=2 differs"),
         (["trainer.device=tpu"], r"trainer.device='tpu'"),
-        (["async_training.enable=true", "async_training.max_head_offpolicyness=0",
+        (["async_training.enable=true", "async_training.max_head_offpolicyness=0", BATCH_PATH,
           "async_training.trigger_parameter_sync_step=2"], r"trigger_parameter_sync_step=2 must be between 1 and"),
-        (["async_training.enable=true", "async_training.max_head_offpolicyness=-1"], r"max_head_offpolicyness=-1"),
+        (["async_training.enable=true", "async_training.max_head_offpolicyness=-1", BATCH_PATH], r"max_head_offpolicyness=-1"),
         (["algorithm.rollout_correction.rollout_is_threshold=inf"],
          r"^algorithm.rollout_correction.rollout_is_threshold=inf is invalid: must be finite numbers. Fix: use e.g. 2.0"),
         (["algorithm.rollout_correction.rollout_is_threshold='0.5_inf'"], r"rollout_is_threshold='0.5_inf' is invalid"),
@@ -157,19 +158,19 @@ def test_worker_group_checks_run_on_conversion():
           "actor_rollout_ref.rollout.calculate_log_probs=true"], r"rollout_rs_threshold=nan is invalid: must be finite"),
         (["algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[acc,format]", "algorithm.gdpo_reward_weights=[1,inf]"],
          r"^algorithm.gdpo_reward_weights=\[1.0, inf\] is invalid: must be finite numbers"),
-        (["async_training.enable=true", *ETA0, "rollout.n_gpus_per_node=0"], r"rollout.n_gpus_per_node=0"),
-        (["async_training.enable=true", *ETA0, "ray_init.num_cpus=2", "trainer.n_gpus_per_node=2"], r"sum to at most"),
-        (["async_training.enable=true", *ETA0, "algorithm.adv_estimator=remax"], r"remax generates a greedy baseline"),
-        (["async_training.enable=true", *ETA0, "async_training.partial_rollout=true"],
+        (["async_training.enable=true", *ETA0, BATCH_PATH, "rollout.n_gpus_per_node=0"], r"rollout.n_gpus_per_node=0"),
+        (["async_training.enable=true", *ETA0, BATCH_PATH, "ray_init.num_cpus=2", "trainer.n_gpus_per_node=2"], r"sum to at most"),
+        (["async_training.enable=true", *ETA0, BATCH_PATH, "algorithm.adv_estimator=remax"], r"remax generates a greedy baseline"),
+        (["async_training.enable=true", *ETA0],  # partial rollout is the decoupled mode's default
          r"^async_training.partial_rollout=true samples one response with several policy versions"),
-        (["async_training.enable=true", "ray_init.num_cpus=2", "trainer.n_gpus_per_node=1"],
+        (["async_training.enable=true", "ray_init.num_cpus=2", "trainer.n_gpus_per_node=1", BATCH_PATH],
          r"^async_training.max_head_offpolicyness=1 trains rows sampled by weights up to 1 version\(s\) old, but "
          r"actor_rollout_ref.actor.policy_loss.loss_mode=vanilla without a rollout correction .* Fix: set "
          r"actor_rollout_ref.actor.policy_loss.loss_mode=decoupled .*algorithm.rollout_correction.preset=token_tis"),
         (["async_training.enable=true", "async_training.max_head_offpolicyness=2", "ray_init.num_cpus=2",
           "trainer.n_gpus_per_node=1", "algorithm.rollout_correction.preset=metrics",
           "actor_rollout_ref.rollout.calculate_log_probs=true"], r"max_head_offpolicyness=2 trains rows"),
-        (["async_training.enable=true", "actor_rollout_ref.actor.policy_loss.loss_mode=decoupled"],
+        (["async_training.enable=true", "actor_rollout_ref.actor.policy_loss.loss_mode=decoupled", BATCH_PATH],
          r"loss_mode=decoupled needs the behaviour log-probs"),
     ],
 )
@@ -185,15 +186,15 @@ BEHAVIOUR = "actor_rollout_ref.rollout.calculate_log_probs=true"
 
 
 @pytest.mark.parametrize("overrides", [
-    ETA0,
+    [*ETA0, BATCH_PATH],
     ["async_training.max_head_offpolicyness=3", "async_training.trigger_parameter_sync_step=4",
      "actor_rollout_ref.actor.policy_loss.loss_mode=decoupled", BEHAVIOUR],
     ["algorithm.rollout_correction.preset=token_tis", BEHAVIOUR],
     ["algorithm.rollout_correction.rollout_rs=seq_mean_k3", "algorithm.rollout_correction.rollout_rs_threshold=0.01",
      BEHAVIOUR],
     ["algorithm.rollout_correction.bypass_mode=true", BEHAVIOUR],
-    [*ETA0, "async_training.partial_rollout=true", "actor_rollout_ref.rollout.multi_turn.enable=true", BEHAVIOUR],
-], ids=["eta0", "decoupled_loss", "rollout_is", "rollout_rs", "bypass", "partial_builtin_tool_loop"])
+    [*ETA0, "actor_rollout_ref.rollout.multi_turn.enable=true", BEHAVIOUR],
+], ids=["eta0_batch_path", "decoupled_loss", "rollout_is", "rollout_rs", "bypass", "partial_builtin_tool_loop"])
 def test_stale_rows_are_accepted_with_a_correction_or_without_staleness(overrides):
     """eta >= 1 needs the decoupled loss or a rollout correction (the vanilla loss alone trains stale
     rows as on-policy); each of these is one, and eta = 0 has no stale rows."""

@@ -32,8 +32,13 @@ DECOUPLED_LOSS = ["actor_rollout_ref.actor.policy_loss.loss_mode=decoupled",
 """eta >= 1 (the default) trains stale rows: AReaL's loss corrects them (the config checks require a correction)."""
 
 
+BATCH_PATH = "async_training.partial_rollout=false"
+"""One prompt batch per engine call: what these tests mean unless they set partial_rollout (the default: streaming)."""
+
+
 def _async_args(*extra):
-    return ["async_training.enable=true", "rollout.n_gpus_per_node=1", *extra]
+    path = [] if any(e.startswith("async_training.partial_rollout=") for e in extra) else [BATCH_PATH]
+    return ["async_training.enable=true", "rollout.n_gpus_per_node=1", *path, *extra]
 
 
 def test_eta_zero_reproduces_the_synchronous_run_and_resumes_exactly(tmp_path, tiny_model_dir):

@@ -50,7 +50,7 @@ def test_the_decoupled_mode_scores_with_the_reward_model_in_the_rollout_processe
     (root / "async").mkdir()
     _assert_ok(_run_cli(root / "async", tiny_model_dir, *RM_ARGS, f"reward_model.model.path={rm}",
                         "async_training.enable=true", "async_training.max_head_offpolicyness=0",
-                        "rollout.n_gpus_per_node=1"))
+                        "async_training.partial_rollout=false", "rollout.n_gpus_per_node=1"))
     sync = [r for r in _rows(root / "sync" / "run") if "critic/score/mean" in r]
     decoupled = [r for r in _rows(root / "async" / "run") if "critic/score/mean" in r]
     keys = ("critic/rm_score_raw/mean", "critic/rm_score/mean", "critic/rule_score/mean", "critic/score/mean",
@@ -79,12 +79,14 @@ def test_grpo_with_a_remote_reward_service(tmp_path, tiny_model_dir):
 
 
 def test_the_decoupled_mode_scores_with_a_remote_reward_service(tmp_path, tiny_model_dir):
-    """async_training with reward_model.model.path=<URL>: the producer's reward threads call the service."""
+    """async_training with reward_model.model.path=<URL>, streamed (partial rollout, the decoupled mode's
+    default): the producer's reward threads call the service for each finished group."""
     service = _Service()
     try:
         _assert_ok(_run_cli(tmp_path, tiny_model_dir, "reward_model.enable=true", f"reward_model.model.path={service.url}",
                             "async_training.enable=true", "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1",
                             "async_training.max_head_offpolicyness=0", "trainer.total_training_steps=2",
+                            "actor_rollout_ref.rollout.calculate_log_probs=true",
                             "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false"))
     finally:
         service.server.shutdown()

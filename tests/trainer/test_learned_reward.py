@@ -67,7 +67,8 @@ def test_two_labels_are_not_a_reward_model(tmp_path, rm_dir):
 def test_the_decoupled_mode_accepts_a_learned_reward_model(rm_dir):
     """It is hosted by the rollout processes (tests/trainer/test_e2e_rm.py runs it)."""
     cfg = _cfg(f"reward_model.model.path={rm_dir}", "async_training.enable=true", "rollout.n_gpus_per_node=1",
-               "trainer.n_gpus_per_node=1", "ray_init.num_cpus=2", "async_training.max_head_offpolicyness=0")
+               "trainer.n_gpus_per_node=1", "ray_init.num_cpus=2", "async_training.max_head_offpolicyness=0",
+               "actor_rollout_ref.rollout.calculate_log_probs=true")  # partial rollout (the default) needs them
     validate_config(cfg)
     plan = make_run_plan(cfg)
     assert plan.use_reward_model and plan.rollout_world_size == 1

@@ -451,7 +451,8 @@ def _check_async(cfg: PPOConfig) -> list[str]:
         errors.append("async_training.partial_rollout=true samples one response with several policy versions, so "
                       "every token needs the behaviour log-prob of the weights that sampled it, but "
                       "actor_rollout_ref.rollout.calculate_log_probs=false. Fix: set "
-                      "actor_rollout_ref.rollout.calculate_log_probs=true.")
+                      "actor_rollout_ref.rollout.calculate_log_probs=true, or async_training.partial_rollout=false "
+                      "(one prompt batch per engine call).")
     if estimator_needs(cfg).needs_greedy_baseline:
         errors.append(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} generates a greedy baseline inside each "
                       "training step, which the decoupled mode does not run; use one that needs none with "

@@ -388,12 +388,14 @@ class AsyncTrainingConfig:
     trigger_parameter_sync_step: int = bounded(1, ge=1, fix="use 1 (every update) or more")
     """veRL's name (Trinity-RFT: ``synchronizer.sync_interval``): push the weights to the rollout
     pool every this many trainer updates; must be <= max_head_offpolicyness + 1."""
-    partial_rollout: bool = False
-    """veRL fully-async's name. true: the rollout streams groups (one prompt's ``rollout.n`` rows) into the
-    buffer as each finishes, and a weight update interrupts the requests in flight, which continue from the
-    tokens already sampled with the new weights; every token keeps the version and log-prob that sampled it
-    (``rollout_versions``, ``rollout_log_probs``). false: one prompt batch per engine call (a weight update
-    waits for the batch); at eta 0 the run equals the synchronous run bit for bit."""
+    partial_rollout: bool = True
+    """veRL fully-async's name and default. true: the rollout streams groups (one prompt's ``rollout.n`` rows)
+    into the buffer as each finishes, and a weight update interrupts the requests in flight, which continue from
+    the tokens already sampled with the new weights; every token keeps the version and log-prob that sampled it
+    (``rollout_versions``, ``rollout_log_probs``; needs ``rollout.calculate_log_probs=true``). Streamed requests
+    carry no per-call seed and weight loads land between engine steps, so two runs of one seed may differ.
+    false: one prompt batch per engine call (a weight update waits for the batch); seeded runs reproduce, and
+    at eta 0 the run equals the synchronous run bit for bit."""
     buffer: BufferConfig = field(default_factory=BufferConfig)
     """Where experiences wait between the rollout and the trainer (memory or sql)."""
     weight_transport: str = "auto"
