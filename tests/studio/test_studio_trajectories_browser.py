@@ -36,6 +36,8 @@ N = 4
 """Responses per prompt (``rollout.n``)."""
 TOOL_COLOUR = "rgb(252, 232, 178)"
 """``--tool`` of static/trajectories.css."""
+PAGE_ERRORS: list[str] = []
+"""Uncaught errors of the page's scripts (each test ends with none)."""
 SCORER = ("def partial(data_source, solution_str, ground_truth, extra_info=None):\n"
           "    return 1.0 if str(ground_truth) in solution_str else (len(solution_str) % 3) / 4\n")
 
@@ -105,6 +107,7 @@ def page(studio):
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.on("pageerror", lambda error: PAGE_ERRORS.append(str(error)))
         page.goto(f"{studio[0]}/?token={TOKEN}")
         page.wait_for_selector("#traj-open")
         # the form's first check has answered: Hydra composes one config at a time (no request races it)
@@ -163,6 +166,7 @@ def test_a_group_shows_its_responses_with_grpos_advantages(finished_run, page):
                            "trajectoryState.group.rows.find((r) => r.row == c.dataset.row).score)")
     assert scores == sorted(scores)
     page.select_option("#traj-sort", "order")
+    assert PAGE_ERRORS == []
 
 
 def test_the_token_view_colours_by_the_log_prob_gap(finished_run, page):
@@ -185,6 +189,7 @@ def test_the_token_view_colours_by_the_log_prob_gap(finished_run, page):
     assert page.locator("#traj-modes input[value=entropy]").is_enabled()  # the run's entropys reached the dump
     page.check("#traj-modes input[value=entropy]")
     assert page.locator("#traj-legend").inner_text().startswith("white: 0, purple")
+    assert PAGE_ERRORS == []
 
 
 def test_a_masked_observation_is_drawn_in_the_tool_colour(page, studio, tiny_model_dir):
@@ -210,3 +215,4 @@ def test_a_masked_observation_is_drawn_in_the_tool_colour(page, studio, tiny_mod
     _shot(page, "trajectories_2_mask_multi_turn")
     page.locator(".traj-card").nth(1).click()  # the corrected row: an environment's user turn
     page.wait_for_function("document.querySelectorAll('#traj-tokens .tok[data-role=environment]').length > 0")
+    assert PAGE_ERRORS == []
