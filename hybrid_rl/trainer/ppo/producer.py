@@ -280,10 +280,11 @@ class RolloutProducer:
                     if may_start_batch(self._taken, self._ready, self._running, self._version, self.eta):
                         self._idle_s += time.perf_counter() - start
                         return True
-                    if not (self._jobs or self._pending):
-                        began = time.time()
+                    began, waited = time.time(), not (self._jobs or self._pending)
+                    if waited:
                         self._lock.wait(_POLL_S * 5)
-                        waiting.add(began, time.time())
+                if waited:  # the file is written outside the lock
+                    waiting.add(began, time.time())
             return False
         finally:
             waiting.flush()

@@ -172,11 +172,13 @@ class StreamingProducer(RolloutProducer):
                 self._submit_ready_groups()
                 with self._lock:
                     busy = bool(self._groups)
-                    if not busy and not (self._jobs or self._pending):
-                        pumping.flush()
-                        began = time.time()
+                    idle = not busy and not (self._jobs or self._pending)
+                    began = time.time()
+                    if idle:
                         self._lock.wait(0.1)
-                        waiting.add(began, time.time())
+                if idle:  # the file is written outside the lock
+                    pumping.flush()
+                    waiting.add(began, time.time())
                 if not busy:
                     continue
                 waiting.flush()
