@@ -3,7 +3,8 @@
 A 2-step run launched from the studio with both dump keys (the tiny test model; the embedded one when
 ``HYBRID_RL_STUDIO_SCREENSHOTS=DIR`` asks for screenshots) is opened in the viewer: a group lists its
 ``rollout.n`` responses whose advantages are GRPO's, and the token view colours by log-prob gap. A
-multi-turn dump (tests/studio/trajectory_dumps.py) shows its tool observation in the tool colour.
+multi-turn dump (tests/studio/trajectory_dumps.py) shows its tool observation in the tool colour, and
+a step dumped while the page is open is followed.
 Skipped, saying why, where Playwright or a system Chromium is missing.
 """
 
@@ -215,4 +216,8 @@ def test_a_masked_observation_is_drawn_in_the_tool_colour(page, studio, tiny_mod
     _shot(page, "trajectories_2_mask_multi_turn")
     page.locator(".traj-card").nth(1).click()  # the corrected row: an environment's user turn
     page.wait_for_function("document.querySelectorAll('#traj-tokens .tok[data-role=environment]').length > 0")
+    write_step(agent / "dumps", AutoTokenizer.from_pretrained(tiny_model_dir), 2)  # the run goes on: a new step
+    page.wait_for_function("document.querySelector('#traj-step').value == '2' && trajectoryState.group"
+                           " && trajectoryState.group.step == 2", timeout=20_000)  # followed within 5 s
+    assert page.locator("#traj-step option").all_inner_texts() == ["1", "2"]
     assert PAGE_ERRORS == []
