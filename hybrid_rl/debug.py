@@ -15,8 +15,9 @@ generated. ``reward`` scores the rows of a JSONL file (``data_source``,
 function (custom or built-in), under the same guard as training, and prints / writes them.
 ``replay`` re-runs the steps after generation and reward of step K of a finished run, from the
 checkpoint before K and the batch the run dumped (``trainer.dump_replay_batch``), with the run's
-key=value overrides, and sets each metric and the final weights beside the run's
-(:mod:`hybrid_rl.trainer.core.replay`); exit status 1 when a replay on the recording device differs.
+key=value overrides (none: the config the run recorded beside its dumps), and sets each metric and
+the final weights beside the run's (:mod:`hybrid_rl.trainer.core.replay`); exit status 1 when a replay
+on the recording device differs.
 """
 
 from __future__ import annotations

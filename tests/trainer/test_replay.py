@@ -79,6 +79,30 @@ def test_replay_of_step_2_is_bit_identical_on_cpu(recorded, capsys):
 
 
 @pytest.mark.slow
+def test_replay_without_overrides_reads_the_config_the_run_recorded(recorded, tmp_path):
+    """``replay RUN_DIR --step K`` alone: the run folder's replay.json names the dumps, whose meta.json
+    holds the config; a run folder without one, or a recorded secret, is one line naming the fix."""
+    tmp, overrides = recorded
+    pointer = json.loads((tmp / "run" / "replay.json").read_text())
+    assert pointer == {"rollout_data_dir": str(tmp / "dumps")} and os.stat(tmp / "run" / "replay.json").st_mode & 0o777 == 0o600
+    report = replay_step(str(tmp / "run"), 2, [])
+    assert all(m["equal"] for m in report["metrics"].values()) and report["weights"]["actor"]["equal"]
+    bare = tmp_path / "bare"
+    shutil.copytree(tmp / "run", bare, ignore=shutil.ignore_patterns("replay.json"))
+    assert "names no replay dumps (replay.json" in _one_line_error(str(bare), 2, [])
+    meta_path = tmp / "dumps" / "meta.json"
+    original = meta_path.read_text()
+    try:
+        meta = json.loads(original)
+        meta["config"]["trainer"]["project_name"] = "***"  # as a redacted secret would read
+        meta_path.write_text(json.dumps(meta))
+        message = _one_line_error(str(tmp / "run"), 2, [])
+        assert "hides trainer.project_name (secrets are never written)" in message
+    finally:
+        meta_path.write_text(original)
+
+
+@pytest.mark.slow
 def test_replay_of_step_1_starts_from_the_model_and_a_changed_batch_differs(recorded):
     tmp, overrides = recorded
     report = replay_step(str(tmp / "run"), 1, overrides)

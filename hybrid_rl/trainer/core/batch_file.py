@@ -27,13 +27,15 @@ import torch
 
 from hybrid_rl.protocol import DataProto
 
-__all__ = ["BATCH_FORMAT", "META_FILE", "batch_path", "code_identity", "config_digest", "load_batch", "read_meta",
-           "save_batch", "write_meta"]
+__all__ = ["BATCH_FORMAT", "META_FILE", "POINTER_FILE", "batch_path", "code_identity", "config_digest", "load_batch",
+           "read_meta", "read_pointer", "save_batch", "write_meta", "write_pointer"]
 
 BATCH_FORMAT = 1
 """Version of the ``{step}.batch.pt`` layout."""
 META_FILE = "meta.json"
 """Beside the dumps: the config, device and code the batches were made with."""
+POINTER_FILE = "replay.json"
+"""In the run folder: ``{"rollout_data_dir": <absolute dump folder>}``, so ``replay RUN_DIR`` finds the dumps."""
 
 
 def batch_path(folder: str, step: int) -> str:
@@ -127,3 +129,21 @@ def read_meta(folder: str) -> Optional[dict[str, Any]]:
         return None
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def write_pointer(run_dir: str, folder: str) -> str:
+    """Write ``{run_dir}/replay.json`` naming the dump folder (absolute), 0600. Returns its path."""
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, POINTER_FILE)
+    with _private(path) as f:
+        f.write(json.dumps({"rollout_data_dir": os.path.abspath(folder)}).encode("utf-8"))
+    return path
+
+
+def read_pointer(run_dir: str) -> Optional[str]:
+    """The dump folder ``{run_dir}/replay.json`` names, or None when the run wrote none."""
+    path = os.path.join(run_dir, POINTER_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f).get("rollout_data_dir")

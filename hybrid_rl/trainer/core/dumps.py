@@ -134,6 +134,7 @@ def build_dumps(trainer_cfg: Any, tokenizer: Any, config: Any = None,
         from hybrid_rl.trainer.config.loader import to_container
 
         batch_file.write_meta(made[0].folder, to_container(config), device or str(trainer_cfg.device))
+        batch_file.write_pointer(str(trainer_cfg.default_local_dir), made[0].folder)  # replay RUN_DIR finds them
     return made[0], made[1]
 
 

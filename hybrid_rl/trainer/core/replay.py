@@ -122,14 +122,15 @@ def _checkpoint_before(run_dir: str, step: int) -> Optional[str]:
 
 def replay_inputs(run_dir: str, step: int, overrides: Sequence[str], device: Optional[str] = None) -> ReplayInputs:
     """The checked inputs of a replay of ``step`` of the run in ``run_dir`` whose config is ``overrides``
-    (the run's key=value list); ``device`` (cpu / cuda): where to replay (default: the config's)."""
+    (the run's key=value list; none: the config the run recorded, :func:`recorded_config`); ``device``
+    (cpu / cuda): where to replay (default: the config's)."""
     from hybrid_rl.trainer.config.loader import get_config, to_ppo_config
 
     run_dir = os.path.abspath(os.path.expanduser(run_dir))
     if step < 1:
         raise ValueError(f"--step {step}: training steps count from 1. Fix: pass --step 1 or later.")
     extra = [f"trainer.default_local_dir={run_dir}"] + ([f"trainer.device={device}"] if device else [])
-    config = to_ppo_config(get_config([*overrides, *extra]))
+    config = to_ppo_config(get_config([*overrides, *extra]) if overrides else recorded_config(run_dir, extra))
     folder = config.trainer.rollout_data_dir
     if folder is None:
         raise ValueError(f"replay reads the batches a run dumped, but trainer.rollout_data_dir is null here. Fix: pass "
@@ -152,6 +153,27 @@ def replay_inputs(run_dir: str, step: int, overrides: Sequence[str], device: Opt
                                   resume_mode="disable" if checkpoint is None else "resume_path",
                                   resume_from_path=checkpoint)
     return ReplayInputs(dataclasses.replace(config, trainer=trainer), path, meta, checkpoint)
+
+
+def recorded_config(run_dir: str, extra: Sequence[str]) -> Any:
+    """The config a run recorded (``{run_dir}/replay.json`` names its dump folder, whose ``meta.json``
+    holds it), with ``extra`` (key=value) set over it; ValueError when the run recorded none or hid a secret."""
+    from omegaconf import OmegaConf
+
+    from hybrid_rl.trainer.config.loader import get_config
+    from hybrid_rl.utils.redact import REDACTED
+
+    folder = batch_file.read_pointer(run_dir)
+    meta = batch_file.read_meta(folder) if folder else None
+    if meta is None:
+        raise ValueError(f"{run_dir} names no replay dumps ({batch_file.POINTER_FILE} or the {batch_file.META_FILE} it "
+                         f"points to is missing). Fix: pass the run's key=value overrides after --step (its "
+                         f"trainer.rollout_data_dir included), or rerun with {DUMP_KEYS}.")
+    hidden = [k for k, v in _flat(meta["config"]).items() if isinstance(v, str) and REDACTED in v]
+    if hidden:
+        raise ValueError(f"{os.path.join(folder, batch_file.META_FILE)} hides {', '.join(hidden)} (secrets are never "
+                         "written). Fix: pass the run's key=value overrides after --step, those keys included.")
+    return OmegaConf.merge(get_config([]), meta["config"], OmegaConf.from_dotlist(list(extra)))
 
 
 def _refuse_unsupported(config: Any) -> None:
