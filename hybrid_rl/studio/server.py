@@ -30,7 +30,7 @@ from hybrid_rl.studio.runs import CHARTS, LaunchPlan, RunLauncher, read_runs
 from hybrid_rl.studio.schema import BEGINNER_KEYS, FieldSpec, config_schema
 from hybrid_rl.studio.timeline import add_timeline_routes
 from hybrid_rl.studio.trajectories import add_trajectory_routes
-from hybrid_rl.studio.workspace import Workspace, _leaves as _tree_leaves, code_paths, path_refusals
+from hybrid_rl.studio.workspace import Refused, Workspace, _leaves as _tree_leaves, code_paths, path_refusals
 
 STATIC_DIR = Path(__file__).with_name("static")
 
@@ -300,11 +300,8 @@ def _add_run_routes(app: Any, launcher: RunLauncher, workspace: Workspace) -> No
 
     @app.get("/api/watch")
     def watch(run_dir: str) -> Any:
-        if "\x00" in run_dir:
-            return _error(400, f"run_dir={run_dir!r} holds a NUL character, which no path can. Fix: remove it")
-        refusal = workspace.refusal(run_dir)
-        if refusal is not None:
-            return _error(403, f"run_dir={refusal}")
-        if not workspace.resolve(run_dir).is_dir():
-            return _error(400, f"{run_dir} is not a folder; give a run's trainer.default_local_dir")
-        return read_runs(str(workspace.resolve(run_dir)), workspace.inside)
+        try:
+            folder = workspace.run_folder(run_dir)
+        except Refused as refused:
+            return _error(refused.status, str(refused))
+        return read_runs(str(folder), workspace.inside)

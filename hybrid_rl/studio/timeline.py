@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hybrid_rl.studio.runs import Inside, _readable
-from hybrid_rl.studio.workspace import Workspace
+from hybrid_rl.studio.workspace import Refused, Workspace
 from hybrid_rl.trainer.core.timeline import TIMELINE_FILE
 
 __all__ = ["DEFAULT_STEPS", "MAX_SPANS", "add_timeline_routes", "read_timeline"]
@@ -163,14 +163,10 @@ def add_timeline_routes(app: Any, workspace: Workspace) -> None:
 
     @app.get("/api/timeline")
     def timeline(run_dir: str, first: Optional[str] = None, last: Optional[str] = None) -> Any:
-        if "\x00" in run_dir:
-            return error(400, f"run_dir={run_dir!r} holds a NUL character, which no path can. Fix: remove it")
-        refusal = workspace.refusal(run_dir)
-        if refusal is not None:
-            return error(403, f"run_dir={refusal}")
-        folder = workspace.resolve(run_dir)
-        if not folder.is_dir():
-            return error(400, f"{run_dir} is not a folder; give a run's trainer.default_local_dir")
+        try:
+            folder = workspace.run_folder(run_dir)
+        except Refused as refused:
+            return error(refused.status, str(refused))
         try:
             first_step, last_step = _step_number("first", first), _step_number("last", last)
         except ValueError as bad:

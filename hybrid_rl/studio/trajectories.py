@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from hybrid_rl.studio.trajectory_rows import group_rows, read_step, row_detail, row_uid, step_files
-from hybrid_rl.studio.workspace import Workspace
+from hybrid_rl.studio.workspace import Refused, Workspace
 
 __all__ = ["RunDumps", "TrajectoryError", "add_trajectory_routes", "find_dumps", "group_json", "step_json",
            "steps_json"]
@@ -49,12 +49,8 @@ SCAN_DEPTH = 2
 """How deep below a run folder without a studio config the dump folders are looked for."""
 
 
-class TrajectoryError(ValueError):
+class TrajectoryError(Refused):
     """A request the viewer cannot answer, with its HTTP status and one line."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass
@@ -192,17 +188,7 @@ class Tokenizers:
 
 def _run(run_dir: str, workspace: Workspace) -> RunDumps:
     """The run folder ``run_dir`` names, confined to ``workspace``; TrajectoryError (one line) otherwise."""
-    if not run_dir.strip():
-        raise TrajectoryError(400, "run_dir is missing. Fix: give a run's folder (trainer.default_local_dir)")
-    if "\x00" in run_dir:
-        raise TrajectoryError(400, f"run_dir={run_dir!r} holds a NUL character, which no path can. Fix: remove it")
-    refusal = workspace.refusal(run_dir)
-    if refusal is not None:
-        raise TrajectoryError(403, f"run_dir={refusal}")
-    folder = workspace.resolve(run_dir)
-    if not folder.is_dir():
-        raise TrajectoryError(400, f"run_dir={run_dir!r} is not a folder. Fix: give a run's trainer.default_local_dir")
-    return find_dumps(folder, workspace)
+    return find_dumps(workspace.run_folder(run_dir), workspace)
 
 
 def steps_json(run_dir: str, workspace: Workspace) -> dict[str, Any]:
@@ -272,7 +258,7 @@ def add_trajectory_routes(app: Any, workspace: Workspace) -> None:
     def answer(compute: Callable[[], dict[str, Any]]) -> Any:
         try:
             return compute()
-        except TrajectoryError as error:
+        except Refused as error:
             return JSONResponse({"error": str(error)}, status_code=error.status)
 
     @app.get("/api/trajectories")

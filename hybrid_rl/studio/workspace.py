@@ -17,8 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-__all__ = ["REMOTE_CODE_FOLDERS", "CodePath", "Workspace", "code_paths", "path_keys", "path_refusals",
+__all__ = ["REMOTE_CODE_FOLDERS", "CodePath", "Refused", "Workspace", "code_paths", "path_keys", "path_refusals",
            "remote_code_folders"]
+
+
+class Refused(ValueError):
+    """A request the studio refuses: its HTTP status and one line."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
 
 
 class Workspace:
@@ -45,6 +53,21 @@ class Workspace:
     def inside(self, path: Path) -> bool:
         """Whether the resolved ``path`` is one of the folders or lies below one."""
         return any(path == root or path.is_relative_to(root) for root in self.roots)
+
+    def run_folder(self, run_dir: str) -> Path:
+        """The run folder ``run_dir`` names (a run's ``trainer.default_local_dir``), resolved and inside the
+        workspace; :class:`Refused` with one line (400 empty / NUL / not a folder, 403 outside) otherwise."""
+        if not run_dir.strip():
+            raise Refused(400, "run_dir is missing. Fix: give a run's folder (trainer.default_local_dir)")
+        if "\x00" in run_dir:
+            raise Refused(400, f"run_dir={run_dir!r} holds a NUL character, which no path can. Fix: remove it")
+        refusal = self.refusal(run_dir)
+        if refusal is not None:
+            raise Refused(403, f"run_dir={refusal}")
+        folder = self.resolve(run_dir)
+        if not folder.is_dir():
+            raise Refused(400, f"run_dir={run_dir!r} is not a folder. Fix: give a run's trainer.default_local_dir")
+        return folder
 
     def refusal(self, text: str) -> Optional[str]:
         """None when ``text`` names a path inside the workspace, else the one-line reason it is refused

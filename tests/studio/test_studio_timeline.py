@@ -97,7 +97,7 @@ def test_bad_requests_get_one_line_and_nothing_outside_is_read(work, local_clien
     client = local_client(create_app(TOKEN))
     cases = [({"run_dir": str(outside)}, 403, f"run_dir={str(outside)!r} is outside the studio's folders"),
              ({"run_dir": "run\x00"}, 400, "run_dir='run\\x00' holds a NUL character, which no path can"),
-             ({"run_dir": "file.txt"}, 400, "file.txt is not a folder; give a run's trainer.default_local_dir"),
+             ({"run_dir": "file.txt"}, 400, "run_dir='file.txt' is not a folder. Fix: give a run's trainer.default_local_dir"),
              ({"run_dir": "run", "first": "two"}, 400, "first='two' is not a step number. Fix: give a whole number"),
              ({"run_dir": "run", "last": "-1"}, 400, "last='-1' is not a step number"),
              ({"run_dir": "run", "first": "3", "last": "2"}, 400, "first=3 is after last=2. Fix: give first <= last")]

@@ -28,7 +28,7 @@ import torch
 from hybrid_rl.protocol import DataProto
 
 __all__ = ["BATCH_FORMAT", "META_FILE", "POINTER_FILE", "batch_path", "code_identity", "config_digest", "load_batch",
-           "read_meta", "read_pointer", "save_batch", "write_meta", "write_pointer"]
+           "plain_json", "read_meta", "read_pointer", "save_batch", "write_meta", "write_pointer"]
 
 BATCH_FORMAT = 1
 """Version of the ``{step}.batch.pt`` layout."""
@@ -43,8 +43,8 @@ def batch_path(folder: str, step: int) -> str:
     return os.path.join(folder, f"{step}.batch.pt")
 
 
-def _plain(value: Any) -> Any:
-    """JSON for numpy and torch values inside a column (scalars, arrays); anything else as ``str``."""
+def plain_json(value: Any) -> Any:
+    """``json``'s ``default``: numpy and torch scalars and arrays as numbers and lists; anything else as ``str``."""
     if isinstance(value, (np.generic, torch.Tensor)) and np.ndim(value) == 0:
         return value.item()
     if isinstance(value, (np.ndarray, torch.Tensor)):
@@ -65,7 +65,7 @@ def save_batch(path: str, batch: DataProto) -> None:
     tensors = {key: value.detach().cpu().contiguous() for key, value in items}
     columns = {key: {"dtype": column.dtype.str if column.dtype != object else "object", "values": column.tolist()}
                for key, column in batch.non_tensor_batch.items()}
-    text = json.dumps({"non_tensor_batch": columns, "meta_info": batch.meta_info}, default=_plain)
+    text = json.dumps({"non_tensor_batch": columns, "meta_info": batch.meta_info}, default=plain_json)
     with _private(path) as f:
         torch.save({"format": BATCH_FORMAT, "tensors": tensors, "columns": text}, f)
 

@@ -219,18 +219,10 @@ def _turns(mask: np.ndarray, ids: np.ndarray, tokenizer: Any) -> list[dict[str, 
 
 
 # ---------------------------------------------------------------------- files
-def _plain(value: Any) -> Any:
-    """JSON for what ``json`` cannot write itself (numpy and torch scalars and arrays; else str)."""
-    if isinstance(value, (np.generic, torch.Tensor)) and np.ndim(value) == 0:
-        return value.item()
-    if isinstance(value, (np.ndarray, torch.Tensor)):
-        return value.tolist()
-    return str(value)
-
-
 def _write_private(path: str, lines: list[dict[str, Any]], compress: bool) -> None:
     """Write ``lines`` as JSONL to ``path``, created 0600 (replacing a file of an earlier run)."""
-    text = "".join(json.dumps(line, ensure_ascii=False, default=_plain) + "\n" for line in lines).encode("utf-8")
+    text = "".join(json.dumps(line, ensure_ascii=False, default=batch_file.plain_json) + "\n" for line in lines)
+    text = text.encode("utf-8")
     if compress:
         text = gzip.compress(text, compresslevel=6, mtime=0)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
