@@ -16,7 +16,7 @@ function (custom or built-in), under the same guard as training, and prints / wr
 ``replay`` re-runs the steps after generation and reward of step K of a finished run, from the
 checkpoint before K and the batch the run dumped (``trainer.dump_replay_batch``), with the run's
 key=value overrides (none: the config the run recorded beside its dumps), and sets each metric and
-the final weights beside the run's (:mod:`hybrid_rl.trainer.core.replay`); exit status 1 when a replay
+the final weights beside the run's (:mod:`hybrid_rl.trainer.ppo.replay`); exit status 1 when a replay
 on the recording device differs.
 """
 
@@ -123,7 +123,7 @@ def debug_reward(overrides: Sequence[str], input_path: str, output: Optional[str
 def debug_replay(overrides: Sequence[str], run_dir: str, step: int, device: Optional[str] = None,
                  json_path: Optional[str] = None) -> dict:
     """Replay ``step`` of the run in ``run_dir``; prints the comparison, returns the report."""
-    from hybrid_rl.trainer.core.replay import format_report, replay_step
+    from hybrid_rl.trainer.ppo.replay import format_report, replay_step
 
     report = replay_step(run_dir, step, overrides, device)
     print(format_report(report))
@@ -182,7 +182,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if args.command == "rollout":
             debug_rollout(overrides, args.prompts, args.output)
         elif args.command == "replay":
-            from hybrid_rl.trainer.core.replay import replay_differs, same_device
+            from hybrid_rl.trainer.ppo.replay import replay_differs, same_device
 
             report = debug_replay(overrides, args.run_dir, args.step, args.device, args.json_path)
             if same_device(report) and replay_differs(report):

@@ -57,6 +57,10 @@ class LocalFuture(WorkerGroupFuture):
                            self.method, self.workers[rank:rank + 1], error=self.error)
 
 
+RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT")
+"""What :meth:`Worker.init_process_group` sets in the process when the group did not."""
+
+
 def _process_group_up() -> bool:
     import torch.distributed as dist
 
@@ -83,6 +87,8 @@ class LocalWorkerGroup(WorkerGroup):
         # What the worker changes in this process, given back at shutdown (a notebook goes on).
         self._threads = (torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"))
         self._had_process_group = _process_group_up()  # the worker's own group is destroyed at shutdown
+        # its rendezvous address too: a child process started later must not inherit a port this one held
+        self._rendezvous_env = {key: os.environ.get(key) for key in RENDEZVOUS_ENV}
         if num_threads is not None:
             torch.set_num_threads(num_threads)
             os.environ["OMP_NUM_THREADS"] = str(num_threads)  # read by child processes, not by torch
@@ -137,6 +143,14 @@ class LocalWorkerGroup(WorkerGroup):
                 import torch.distributed as dist
 
                 dist.destroy_process_group()  # the worker's 1-rank group: later code in this process starts clean
+            self._restore_rendezvous_env()
+
+    def _restore_rendezvous_env(self) -> None:
+        for key, value in self._rendezvous_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
     def _restore_threads(self) -> None:
         import torch

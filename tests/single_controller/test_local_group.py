@@ -89,6 +89,25 @@ def test_colocated_views_and_shutdown_release_the_worker(monkeypatch):
     assert closed == ["critic"]
 
 
+def test_shutdown_gives_back_the_process_group_and_its_port(monkeypatch):
+    """The worker's own 1-rank group picked MASTER_ADDR/PORT for this process; after shutdown neither the
+    group nor the variables remain, so a run started later from here (a subprocess inherits the
+    environment) never tries to listen on a port this process held."""
+    import socket
+
+    import torch.distributed as dist
+
+    for key in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    wg = LocalWorkerGroup(RayClassWithInitArgs(ToyWorker, scale=1.0))
+    assert wg.all_reduce_rank_plus_one() == [1.0] and dist.is_initialized()
+    port = int(os.environ["MASTER_PORT"])
+    wg.shutdown()
+    assert not dist.is_initialized() and "MASTER_PORT" not in os.environ and "MASTER_ADDR" not in os.environ
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", port))  # free again
+
+
 def test_same_answers_as_a_one_rank_ray_group(tmp_path):
     """The same calls on a 1-rank Ray group and in-process give equal outputs."""
     import ray

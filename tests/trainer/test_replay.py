@@ -20,7 +20,7 @@ from hybrid_rl.protocol import DataProto
 from hybrid_rl.trainer import get_config, run_ppo
 from hybrid_rl.trainer.core import batch_file
 from hybrid_rl.trainer.core.dumps import StepDumps
-from hybrid_rl.trainer.core.replay import format_report, replay_step, replayed_steps
+from hybrid_rl.trainer.ppo.replay import format_report, replay_step, replayed_steps
 from test_e2e import _overrides
 
 PINNED = {"version": "0.0.test", "commit": "0" * 40}

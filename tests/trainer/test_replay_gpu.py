@@ -10,7 +10,7 @@ import torch
 
 from hybrid_rl.trainer import get_config, run_ppo
 from hybrid_rl.trainer.core import batch_file
-from hybrid_rl.trainer.core.replay import format_report, replay_step
+from hybrid_rl.trainer.ppo.replay import format_report, replay_step
 from test_replay import LEARNED, PINNED, recorded_overrides
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

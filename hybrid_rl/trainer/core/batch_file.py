@@ -1,6 +1,6 @@
 """The replay files of ``trainer.dump_replay_batch``: each step's whole batch, and the run's ``meta.json``.
 
-The sidecar keeps each row's real response tokens; replay (:mod:`hybrid_rl.trainer.core.replay`)
+The sidecar keeps each row's real response tokens; replay (:mod:`hybrid_rl.trainer.ppo.replay`)
 needs the padded batch the update consumed. ``{global_step}.batch.pt`` holds it, every row (never cut
 by ``trainer.dump_max_rows_per_step``), as written after the step's update::
 
