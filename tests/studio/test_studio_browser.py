@@ -7,6 +7,7 @@ saves a screenshot of each stage (``docs/studio/`` holds the committed ones).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -35,27 +36,36 @@ SCREENSHOTS = os.path.abspath(os.environ["HYBRID_RL_STUDIO_SCREENSHOTS"]) if os.
     "HYBRID_RL_STUDIO_SCREENSHOTS") else None  # resolved before the test changes directory
 
 
-@pytest.fixture(scope="module")
-def studio_url(tmp_path_factory):
+@contextlib.contextmanager
+def serving_studio(tmp_path_factory, cwd_name: str):
+    """``(url, cwd)`` of a studio served on a free loopback port from a thread, its working directory a
+    new temporary folder ``cwd_name`` (launched runs start there: Hydra writes main_ppo.log there) and its
+    folders the session's temporary ones (a test's run folder, the tiny model)."""
     from hybrid_rl.studio.server import create_app
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    # launched runs start in the server's working directory (Hydra writes main_ppo.log there)
-    home = os.getcwd()
-    os.chdir(tmp_path_factory.mktemp("studio_cwd"))
-    # the session's temporary folders (the test's run folder, the tiny model) are the studio's too
+    home, cwd = os.getcwd(), tmp_path_factory.mktemp(cwd_name)
+    os.chdir(cwd)
     app = create_app(TOKEN, roots=(str(tmp_path_factory.getbasetemp()),), port=port)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=30)
-    os.chdir(home)
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}", cwd
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        os.chdir(home)
+
+
+@pytest.fixture(scope="module")
+def studio_url(tmp_path_factory):
+    with serving_studio(tmp_path_factory, "studio_cwd") as (url, _):
+        yield url
 
 
 @pytest.fixture(scope="module")

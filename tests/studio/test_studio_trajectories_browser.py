@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import threading
 import time
 
 import pytest
@@ -22,12 +20,12 @@ import pytest
 from installed import import_installed, require_installed
 
 from tests.studio.conftest import TOKEN
+from tests.studio.test_studio_browser import serving_studio
 from tests.studio.trajectory_dumps import write_step
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 require_installed("chromium", None if CHROMIUM else "no chromium on PATH (apt-get install chromium)")
 sync_api = import_installed("playwright.sync_api", "test tools")
-uvicorn = import_installed("uvicorn", "studio")
 httpx = import_installed("httpx", "studio")
 
 pytestmark = pytest.mark.slow
@@ -46,23 +44,8 @@ SCORER = ("def partial(data_source, solution_str, ground_truth, extra_info=None)
 @pytest.fixture(scope="module")
 def studio(tmp_path_factory):
     """``(url, cwd)`` of a studio serving the session's temporary folders."""
-    from hybrid_rl.studio.server import create_app
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    home, cwd = os.getcwd(), tmp_path_factory.mktemp("trajectory_studio")
-    os.chdir(cwd)
-    app = create_app(TOKEN, roots=(str(tmp_path_factory.getbasetemp()),), port=port)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", cwd
-    server.should_exit = True
-    thread.join(timeout=30)
-    os.chdir(home)
+    with serving_studio(tmp_path_factory, "trajectory_studio") as served:
+        yield served
 
 
 def _launch(url: str, values: dict) -> dict:
