@@ -12,25 +12,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 
 import pytest
 
-from installed import import_installed, require_installed
+from installed import import_installed
 
 from tests.studio.conftest import TOKEN
-from tests.studio.test_studio_browser import serving_studio
+# the browser tests' skip rule (Chromium, Playwright), screenshot folder and studio server
+from tests.studio.test_studio_browser import CHROMIUM, SCREENSHOTS, serving_studio, sync_api
 from tests.studio.trajectory_dumps import write_step
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-require_installed("chromium", None if CHROMIUM else "no chromium on PATH (apt-get install chromium)")
-sync_api = import_installed("playwright.sync_api", "test tools")
 httpx = import_installed("httpx", "studio")
 
 pytestmark = pytest.mark.slow
-SCREENSHOTS = os.path.abspath(os.environ["HYBRID_RL_STUDIO_SCREENSHOTS"]) if os.environ.get(
-    "HYBRID_RL_STUDIO_SCREENSHOTS") else None
 N = 4
 """Responses per prompt (``rollout.n``)."""
 TOOL_COLOUR = "rgb(252, 232, 178)"
